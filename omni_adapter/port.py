@@ -1,0 +1,149 @@
+"""The engine port: what the gateway needs from an inference engine.
+
+The gateway drives every engine through these types and never imports an
+engine library itself; each adapter (``vllm``, ``omni``, ``openai-http``)
+translates them at its own boundary, like vLLM's ``EngineClient`` protocol.
+This module holds types only: no logic, no engine imports.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+Modality = Literal["text", "audio", "image", "video"]
+FinishReason = Literal["stop", "length", "tool_calls", "abort"]
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What an engine accepts and produces; drives 422s at create/append time."""
+
+    input_modalities: frozenset[str]
+    output_modalities: frozenset[str]
+    #: True when the engine prefills input before it is complete.
+    incremental: bool
+    model_names: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class SamplingOptions:
+    """The OpenAI sampling fields a session was created with."""
+
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+
+
+@dataclass(frozen=True)
+class EngineRequest:
+    """Everything an engine session needs except the streamed input itself."""
+
+    request_id: str
+    model: str
+    #: Chat history placed before the streamed input (system prompt, turns).
+    messages: tuple[dict[str, Any], ...]
+    sampling: SamplingOptions
+    output_modalities: tuple[str, ...] = ("text",)
+    #: Text the assistant has already emitted (replayed after a hand-off);
+    #: generation continues after it.
+    assistant_prefix: str = ""
+
+
+@dataclass(frozen=True)
+class InputChunk:
+    """One contiguous piece of the streamed user input, already decoded."""
+
+    sequence_id: int
+    modality: Modality
+    data: bytes
+    #: ``pcm16`` / ``wav`` for audio, ``png`` / ``jpeg`` for images, ...
+    format: str | None = None
+    mime_type: str | None = None
+    sample_rate: int | None = None
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    text: str
+
+
+@dataclass(frozen=True)
+class AudioDelta:
+    #: Raw pcm16 little-endian mono samples.
+    pcm16: bytes
+    sample_rate: int
+    transcript: str = ""
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True)
+class Finished:
+    finish_reason: FinishReason
+    usage: Usage
+
+
+@dataclass(frozen=True)
+class EngineError:
+    message: str
+    #: Stable code for the error envelope, e.g. ``engine_error``.
+    code: str = "engine_error"
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+OutputEvent = TextDelta | AudioDelta | Finished | EngineError
+
+
+class EngineSession(Protocol):
+    """One streamed request inside the engine.
+
+    ``feed`` receives contiguous chunks in order; ``end_input`` says no more
+    will come; ``events`` yields only the answer to the complete input (never
+    the throwaway tokens of intermediate prefill steps) and ends after one
+    ``Finished`` or ``EngineError``. ``abort`` is safe to call at any time,
+    more than once.
+    """
+
+    async def feed(self, chunks: Sequence[InputChunk]) -> None: ...
+
+    async def end_input(self) -> None: ...
+
+    def events(self) -> AsyncIterator[OutputEvent]: ...
+
+    async def abort(self) -> None: ...
+
+
+class Engine(Protocol):
+    """One per process, opened and closed by the app lifespan."""
+
+    capabilities: Capabilities
+
+    def open_session(self, request: EngineRequest) -> EngineSession: ...
+
+    async def check_health(self) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+
+class EngineUnavailableError(Exception):
+    """The engine cannot take work right now (dead, starting, unreachable)."""
+
+
+class EngineRejectedError(Exception):
+    """The engine refused a request as invalid (the client's fault)."""
