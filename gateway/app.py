@@ -1,0 +1,98 @@
+"""The application factory and the lifespan that owns every resource."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from gateway import errors
+from gateway.dependencies import Resources
+from gateway.metrics import Metrics
+from gateway.middleware import RequestIdMiddleware
+from gateway.ops import router as ops_router
+from gateway.runner import RunnerPool, SessionRunner
+from gateway.sessions.router import router as sessions_router
+from gateway.sessions.service import SessionService, run_reaper
+from gateway.settings import Settings
+from gateway.store.connection import open_redis
+from gateway.store.redis_store import SessionStore
+from gateway.validation import validation_error
+from omni_adapter.factory import EngineChoice, open_engine
+from omni_adapter.port import Engine
+
+logger = logging.getLogger(__name__)
+
+
+def create_app(settings: Settings | None = None, *, engine: Engine | None = None) -> FastAPI:
+    """Build the app. Pass ``engine`` to share one already open (tests); it is then not closed here."""
+    settings = settings or Settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Resources]]:
+        async with open_redis(settings.redis_url, settings.redis_timeout_sec) as client:
+            own_engine = engine is None
+            active = engine or await open_engine(EngineChoice(
+                kind=settings.engine, model=settings.model, served_model_name=settings.served_model_name,
+                dtype=settings.dtype, max_model_len=settings.max_model_len,
+                kv_cache_space_gib=settings.kv_cache_space_gib))
+            store = SessionStore(client, timeout_sec=settings.redis_timeout_sec)
+            metrics = Metrics()
+            runners = RunnerPool(lambda sid: SessionRunner(sid, store, active, metrics))
+            service = SessionService(settings, store, active.capabilities, runners, metrics)
+            reaper = asyncio.create_task(run_reaper(service, settings.reaper_interval_sec), name="reaper")
+            logger.info("omni-gateway ready: replica %s, models %s", settings.replica_id,
+                        ", ".join(active.capabilities.model_names))
+            try:
+                yield {"resources": Resources(settings, store, active, service, metrics)}
+            finally:
+                reaper.cancel()
+                await asyncio.gather(reaper, return_exceptions=True)
+                await runners.aclose()
+                if own_engine:
+                    await active.aclose()
+
+    app = FastAPI(title="omni-gateway", version="0.1.0", lifespan=lifespan,
+                  description="Streaming-input sessions in front of vLLM / vLLM-Omni.")
+    app.add_middleware(RequestIdMiddleware)
+    app.include_router(sessions_router)
+    app.include_router(ops_router)
+    _install_error_handlers(app)
+    return app
+
+
+def _envelope(error: errors.GatewayError, request: Request) -> JSONResponse:
+    resources = getattr(request.state, "resources", None)
+    if resources is not None:
+        resources.metrics.errors.labels(error.code).inc()
+    headers = {"Retry-After": "1"} if isinstance(error, errors.ServiceUnavailable) else None
+    return JSONResponse(error.envelope(), status_code=error.status_code, headers=headers)
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(errors.GatewayError)
+    async def gateway_error(request: Request, exc: errors.GatewayError) -> JSONResponse:
+        return _envelope(exc, request)
+
+    @app.exception_handler(RequestValidationError)
+    async def request_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return _envelope(validation_error(exc.errors()), request)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        error = errors.GatewayError(str(exc.detail))
+        error.status_code = exc.status_code  # type: ignore[misc]
+        error.code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")  # type: ignore[misc]
+        error.type = "invalid_request_error"  # type: ignore[misc]
+        return _envelope(error, request)
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        logger.exception("unhandled error")
+        return _envelope(errors.GatewayError("internal error; the request id is in the logs"), request)

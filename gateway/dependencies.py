@@ -1,0 +1,40 @@
+"""Typed access to what the lifespan opened (no untyped ``app.state`` bag)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from starlette.requests import Request
+
+from gateway.metrics import Metrics
+from gateway.sessions.service import SessionService
+from gateway.settings import Settings
+from gateway.store.redis_store import SessionStore
+from omni_adapter.port import Engine
+
+
+@dataclass(frozen=True)
+class Resources:
+    """Everything the lifespan yields; requests reach it as ``request.state.resources``."""
+
+    settings: Settings
+    store: SessionStore
+    engine: Engine
+    service: SessionService
+    metrics: Metrics
+
+
+def get_resources(request: Request) -> Resources:
+    return request.state.resources
+
+
+def get_service(request: Request) -> SessionService:
+    return get_resources(request).service
+
+
+def get_store(request: Request) -> SessionStore:
+    return get_resources(request).store
+
+
+def get_settings(request: Request) -> Settings:
+    return get_resources(request).settings

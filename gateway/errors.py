@@ -1,0 +1,187 @@
+"""The gateway's one error tree; the handler in ``gateway.app`` renders it.
+
+Every error a client can see is one of these, with a status code and a
+stable ``code`` for the envelope ``{"error": {"message", "type", "code",
+"param"}}`` (vLLM's / OpenAI's shape). Routes and services raise them; only
+the handler knows HTTP.
+
+    GatewayError (500 internal_error)
+    ├── InvalidRequest (400 invalid_request)
+    │   └── InvalidJson (400 invalid_json)
+    ├── ValidationFailed (422 validation_error)
+    │   ├── InvalidPayload (422 invalid_payload)
+    │   ├── UnsupportedModality (422 unsupported_modality)
+    │   └── EmptyInput (422 empty_input)
+    ├── SessionNotFound (404 session_not_found)
+    ├── ModelNotFound (404 model_not_found)
+    ├── SessionExpired (410 session_expired)
+    ├── ConflictError (409 conflict)
+    │   ├── SequenceConflict (409 sequence_conflict)
+    │   ├── SequenceOutOfWindow (409 sequence_out_of_window)
+    │   ├── InputClosed (409 input_closed)
+    │   ├── SessionClosed (409 session_closed)
+    │   │   └── SessionCancelled (409 session_cancelled)
+    │   ├── IncompleteInput (409 incomplete_input)  stored when gaps outlive the timeout
+    │   └── TooManyChunks (409 too_many_chunks)
+    ├── PayloadTooLarge (413)
+    │   ├── ChunkTooLarge (413 chunk_too_large)
+    │   └── SessionPayloadTooLarge (413 payload_too_large)  closes the session
+    └── ServiceUnavailable (503 service_unavailable)
+        ├── StreamingInputDisabled (503 streaming_input_disabled)
+        ├── StoreUnavailable (503 store_unavailable)
+        └── EngineUnavailable (503 engine_unavailable)
+"""
+
+from __future__ import annotations
+
+from http import HTTPStatus
+from typing import Any, ClassVar
+
+
+class GatewayError(Exception):
+    status_code: ClassVar[int] = HTTPStatus.INTERNAL_SERVER_ERROR
+    code: ClassVar[str] = "internal_error"
+    type: ClassVar[str] = "server_error"
+
+    def __init__(self, message: str, *, param: str | None = None, **details: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        #: Extra envelope fields (e.g. ``missing_sequence_ids``).
+        self.details = details
+
+    def envelope(self) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "message": self.message,
+            "type": self.type,
+            "code": self.code,
+            "param": self.param,
+        }
+        body.update(self.details)
+        return {"error": body}
+
+
+class InvalidRequest(GatewayError):
+    status_code = HTTPStatus.BAD_REQUEST
+    code = "invalid_request"
+    type = "invalid_request_error"
+
+
+class InvalidJson(InvalidRequest):
+    code = "invalid_json"
+
+
+class ValidationFailed(GatewayError):
+    status_code = HTTPStatus.UNPROCESSABLE_ENTITY
+    code = "validation_error"
+    type = "invalid_request_error"
+
+
+class InvalidPayload(ValidationFailed):
+    code = "invalid_payload"
+
+
+class UnsupportedModality(ValidationFailed):
+    code = "unsupported_modality"
+
+
+class EmptyInput(ValidationFailed):
+    code = "empty_input"
+
+
+class SessionNotFound(GatewayError):
+    status_code = HTTPStatus.NOT_FOUND
+    code = "session_not_found"
+    type = "invalid_request_error"
+
+
+class ModelNotFound(GatewayError):
+    status_code = HTTPStatus.NOT_FOUND
+    code = "model_not_found"
+    type = "invalid_request_error"
+
+
+class SessionExpired(GatewayError):
+    status_code = HTTPStatus.GONE
+    code = "session_expired"
+    type = "invalid_request_error"
+
+
+class ConflictError(GatewayError):
+    status_code = HTTPStatus.CONFLICT
+    code = "conflict"
+    type = "invalid_request_error"
+
+
+class SequenceConflict(ConflictError):
+    code = "sequence_conflict"
+
+
+class SequenceOutOfWindow(ConflictError):
+    code = "sequence_out_of_window"
+
+
+class InputClosed(ConflictError):
+    code = "input_closed"
+
+
+class SessionClosed(ConflictError):
+    code = "session_closed"
+
+
+class SessionCancelled(SessionClosed):
+    code = "session_cancelled"
+
+
+class IncompleteInput(ConflictError):
+    code = "incomplete_input"
+
+
+class TooManyChunks(ConflictError):
+    code = "too_many_chunks"
+
+
+class PayloadTooLarge(GatewayError):
+    status_code = HTTPStatus.REQUEST_ENTITY_TOO_LARGE
+    code = "payload_too_large"
+    type = "invalid_request_error"
+
+
+class ChunkTooLarge(PayloadTooLarge):
+    code = "chunk_too_large"
+
+
+class SessionPayloadTooLarge(PayloadTooLarge):
+    code = "payload_too_large"
+    #: The state the session was in before this closed it (for metrics).
+    previous_state: Any = None
+
+
+class ServiceUnavailable(GatewayError):
+    status_code = HTTPStatus.SERVICE_UNAVAILABLE
+    code = "service_unavailable"
+    type = "server_error"
+
+
+class StreamingInputDisabled(ServiceUnavailable):
+    code = "streaming_input_disabled"
+
+
+class StoreUnavailable(ServiceUnavailable):
+    code = "store_unavailable"
+
+
+class EngineUnavailable(ServiceUnavailable):
+    code = "engine_unavailable"
+
+
+#: Declared on every route (``responses=``) so the OpenAPI document shows the envelope.
+def error_responses(*errors: type[GatewayError]) -> dict[int | str, dict[str, Any]]:
+    from gateway.sessions.models import ErrorEnvelope
+
+    responses: dict[int | str, dict[str, Any]] = {}
+    for error in errors:
+        entry = responses.setdefault(int(error.status_code), {"model": ErrorEnvelope, "description": ""})
+        codes = [c for c in entry["description"].split(", ") if c]
+        entry["description"] = ", ".join([*codes, error.code])
+    return responses

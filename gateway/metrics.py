@@ -1,0 +1,50 @@
+"""Prometheus metrics of one replica, on a registry of its own (no globals).
+
+Gauges count the live sessions this replica moved into each state; summed
+over replicas they give the cluster's view, because each transition is
+performed by exactly one replica (the one whose Lua script made it).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from gateway.sessions.states import SessionState
+
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+SECONDS_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+LIVE_STATES = (SessionState.OPEN, SessionState.STREAMING, SessionState.GENERATING)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.sessions = Gauge("omni_gateway_sessions", "Live sessions by state", ["state"], registry=r)
+        self.transitions = Counter("omni_gateway_session_transitions", "Sessions entering a state",
+                                   ["state"], registry=r)
+        self.chunks = Counter("omni_gateway_chunks", "Chunks received", ["modality", "outcome"], registry=r)
+        self.chunk_bytes = Counter("omni_gateway_chunk_bytes", "Payload bytes accepted", ["modality"],
+                                   registry=r)
+        self.append_latency = Histogram("omni_gateway_append_latency_seconds",
+                                        "Time to acknowledge a chunk", buckets=LATENCY_BUCKETS, registry=r)
+        self.engine_start = Histogram("omni_gateway_engine_start_seconds",
+                                      "Session creation to engine session open", buckets=SECONDS_BUCKETS,
+                                      registry=r)
+        self.ttft = Histogram("omni_gateway_ttft_after_input_seconds",
+                              "End of input to the first output token", buckets=SECONDS_BUCKETS, registry=r)
+        self.errors = Counter("omni_gateway_errors", "Errors returned to clients", ["code"], registry=r)
+        self.engine_errors = Counter("omni_gateway_engine_errors", "Engine sessions that failed", ["code"],
+                                     registry=r)
+
+    def transition(self, before: SessionState | None, after: SessionState) -> None:
+        if before == after:
+            return
+        if before in LIVE_STATES:
+            self.sessions.labels(before.value).dec()
+        if after in LIVE_STATES:
+            self.sessions.labels(after.value).inc()
+        self.transitions.labels(after.value).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

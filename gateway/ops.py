@@ -1,0 +1,37 @@
+"""Operations routes: liveness, readiness and Prometheus metrics."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from gateway import errors
+from gateway.dependencies import Resources, get_resources
+
+router = APIRouter(tags=["operations"])
+Res = Annotated[Resources, Depends(get_resources)]
+
+
+@router.get("/healthz")
+async def healthz() -> dict[str, str]:
+    """The process is up and serving HTTP."""
+    return {"status": "ok"}
+
+
+@router.get("/readyz", responses=errors.error_responses(errors.StoreUnavailable, errors.EngineUnavailable))
+async def readyz(resources: Res) -> dict[str, str]:
+    """Ready for traffic: Redis answers and the engine is healthy."""
+    await resources.store.ping()
+    try:
+        await resources.engine.check_health()
+    except Exception as exc:
+        raise errors.EngineUnavailable("the engine is not healthy") from exc
+    return {"status": "ready"}
+
+
+@router.get("/metrics", response_class=Response,
+            responses={200: {"content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}}}})
+async def metrics(resources: Res) -> Response:
+    return Response(resources.metrics.render(), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,1 @@
+"""Output: OpenAI-shaped frames, the SSE stream and the result poll."""

@@ -1,0 +1,67 @@
+"""OpenAI ``chat.completion.chunk`` frames and the final ``chat.completion``.
+
+The frame order is the contract of seeds/003: a role frame (only once the
+answer starts), content deltas, a terminal frame with ``finish_reason``,
+then ``[DONE]``. The session id is the ``id`` so an OpenAI client can parse
+the stream as its own.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from omni_adapter.port import Usage
+
+DONE = "[DONE]"
+
+
+def _dumps(obj: dict[str, Any]) -> str:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+
+
+def usage_dict(usage: Usage) -> dict[str, int]:
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens,
+    }
+
+
+@dataclass(frozen=True)
+class FrameBuilder:
+    session_id: str
+    model: str
+    created: int
+
+    def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> str:
+        return _dumps({"id": self.session_id, "object": "chat.completion.chunk",
+                       "created": self.created, "model": self.model, "choices": choices, **extra})
+
+    def role(self) -> str:
+        return self._chunk([{"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}])
+
+    def content(self, text: str) -> str:
+        return self._chunk([{"index": 0, "delta": {"content": text}, "finish_reason": None}])
+
+    def finish(self, finish_reason: str) -> str:
+        return self._chunk([{"index": 0, "delta": {}, "finish_reason": finish_reason}])
+
+    def usage(self, usage: Usage) -> str:
+        """The extra frame OpenAI sends for ``stream_options.include_usage``."""
+        return self._chunk([], usage=usage_dict(usage))
+
+    def completion(self, text: str, finish_reason: str, usage: Usage) -> dict[str, Any]:
+        return {
+            "id": self.session_id,
+            "object": "chat.completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [{
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "finish_reason": finish_reason,
+            }],
+            "usage": usage_dict(usage),
+        }

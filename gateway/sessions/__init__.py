@@ -1,0 +1,1 @@
+"""The streaming-input session API (Mode B of the RFC)."""

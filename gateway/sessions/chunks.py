@@ -1,0 +1,78 @@
+"""Turn a chunk as the client sent it (JSON or raw bytes) into a stored record.
+
+Both forms end as the same ``ChunkRecord``, so dedupe compares the bytes the
+client meant, whichever way they came.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import wave
+from collections.abc import Mapping
+
+from gateway import errors
+from gateway.sessions.models import ChunkIn
+from gateway.store.records import ChunkRecord
+
+PCM16_DEFAULT_RATE = 16_000
+RAW_MODALITIES = ("text", "audio", "image", "video")
+
+
+def record_from_json(chunk: ChunkIn, max_chunk_bytes: int) -> ChunkRecord:
+    if chunk.text is not None:
+        data = chunk.text.encode()
+    else:
+        try:
+            data = base64.b64decode(chunk.payload or "", validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise errors.InvalidPayload("payload is not valid base64", param="payload") from exc
+    return _record(chunk.sequence_id, chunk.modality, data, chunk.format, chunk.mime_type,
+                   chunk.sample_rate, chunk.end_of_input, max_chunk_bytes)
+
+
+def record_from_raw(headers: Mapping[str, str], body: bytes, max_chunk_bytes: int) -> ChunkRecord:
+    """A raw ``application/octet-stream`` chunk described by ``X-*`` headers."""
+    raw_seq = headers.get("x-sequence-id")
+    if raw_seq is None or not raw_seq.isdigit():
+        raise errors.ValidationFailed("X-Sequence-Id must be an integer >= 0", param="X-Sequence-Id")
+    modality = headers.get("x-modality", "text")
+    if modality not in RAW_MODALITIES:
+        raise errors.ValidationFailed(f"X-Modality must be one of {', '.join(RAW_MODALITIES)}",
+                                      param="X-Modality")
+    end = headers.get("x-end-of-input", "false").lower()
+    if end not in ("true", "false", "1", "0"):
+        raise errors.ValidationFailed("X-End-Of-Input must be true or false", param="X-End-Of-Input")
+    rate = headers.get("x-sample-rate")
+    if rate is not None and not (rate.isdigit() and int(rate) > 0):
+        raise errors.ValidationFailed("X-Sample-Rate must be a positive integer", param="X-Sample-Rate")
+    return _record(int(raw_seq), modality, body, headers.get("x-format"), headers.get("x-mime-type"),
+                   int(rate) if rate else None, end in ("true", "1"), max_chunk_bytes)
+
+
+def _record(seq: int, modality: str, data: bytes, fmt: str | None, mime: str | None,
+            rate: int | None, end: bool, max_chunk_bytes: int) -> ChunkRecord:
+    if len(data) > max_chunk_bytes:
+        raise errors.ChunkTooLarge(
+            f"chunk of {len(data)} bytes exceeds the per-chunk cap of {max_chunk_bytes} bytes")
+    if not data:
+        raise errors.InvalidPayload("a chunk carries at least one byte", param="payload")
+    audio_ms = _audio_ms(data, fmt, rate) if modality == "audio" else 0
+    if modality == "audio" and fmt in (None, "pcm16") and rate is None:
+        rate = PCM16_DEFAULT_RATE
+    return ChunkRecord(seq, modality, data, fmt, mime, rate, end, audio_ms)
+
+
+def _audio_ms(data: bytes, fmt: str | None, rate: int | None) -> int:
+    """Duration of an audio chunk, for ``min_length: {"audio_ms": N}``."""
+    if fmt == "wav":
+        try:
+            with wave.open(io.BytesIO(data)) as wav:
+                return int(wav.getnframes() * 1000 / wav.getframerate())
+        except (wave.Error, EOFError) as exc:
+            raise errors.InvalidPayload("audio payload is not a valid WAV file", param="payload") from exc
+    if fmt in (None, "pcm16"):
+        return int(len(data) / 2 * 1000 / (rate or PCM16_DEFAULT_RATE))
+    # Compressed formats (mp3, ogg...): duration unknown without decoding.
+    return 0

@@ -1,0 +1,148 @@
+"""Request and response bodies of the session API."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from gateway.sessions.policies import StartPolicy
+from gateway.sessions.states import SessionState
+
+Modality = Literal["text", "audio", "image", "video"]
+
+
+class StrictModel(BaseModel):
+    #: Unknown fields are a client bug worth a 422, not something to drop silently.
+    model_config = ConfigDict(extra="forbid")
+
+
+class ErrorDetail(BaseModel):
+    #: Some errors carry more, e.g. ``missing_sequence_ids``.
+    model_config = ConfigDict(extra="allow")
+
+    message: str
+    type: str
+    code: str
+    param: str | None = None
+
+
+class ErrorEnvelope(BaseModel):
+    error: ErrorDetail
+
+
+class ChunkIn(StrictModel):
+    """One input chunk. Give ``text`` for text, or ``payload`` (base64) for any modality."""
+
+    sequence_id: int = Field(ge=0, strict=True)
+    modality: Modality = "text"
+    text: str | None = None
+    payload: str | None = Field(None, description="base64 of the raw bytes")
+    format: str | None = Field(None, description="audio: pcm16 | wav; image: png | jpeg; ...")
+    mime_type: str | None = None
+    sample_rate: int | None = Field(None, gt=0, description="for pcm16 audio; default 16000")
+    end_of_input: bool = False
+
+    @model_validator(mode="after")
+    def _one_body(self) -> ChunkIn:
+        if (self.text is None) == (self.payload is None):
+            raise ValueError("give exactly one of `text` and `payload`")
+        if self.text is not None and self.modality != "text":
+            raise ValueError("`text` is only for modality 'text'; send other modalities as `payload`")
+        return self
+
+
+class AudioOptions(StrictModel):
+    voice: str | None = None
+    format: str | None = None
+
+
+class StreamOptions(StrictModel):
+    include_usage: bool = False
+
+
+class CreateSessionRequest(StrictModel):
+    model: str | None = None
+    messages: list[dict[str, Any]] = Field(
+        default_factory=list, description="system prompt / history placed before the streamed input")
+    modalities: list[Literal["text", "audio"]] = Field(default_factory=lambda: ["text"])
+    audio: AudioOptions | None = None
+    start_policy: StartPolicy | None = None
+    min_length: dict[Literal["bytes", "chunks", "audio_ms"], int] | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    repetition_penalty: float | None = Field(None, gt=0)
+    stream_options: StreamOptions | None = None
+    metadata: dict[str, str] | None = None
+    first_chunk: ChunkIn | None = None
+
+    @field_validator("messages")
+    @classmethod
+    def _messages_are_chat_messages(cls, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        for message in messages:
+            if message.get("role") not in ("system", "user", "assistant"):
+                raise ValueError("each message needs a role: system, user or assistant")
+            if not isinstance(message.get("content"), str):
+                raise ValueError("message content must be a string")
+        return messages
+
+    @field_validator("min_length")
+    @classmethod
+    def _one_threshold(cls, value: dict[str, int] | None) -> dict[str, int] | None:
+        if value is not None and (len(value) != 1 or min(value.values()) < 1):
+            raise ValueError("min_length takes exactly one of bytes, chunks, audio_ms, a positive integer")
+        return value
+
+
+class FinishRequest(StrictModel):
+    final_sequence_id: int | None = Field(None, ge=0, strict=True)
+
+
+class SessionView(BaseModel):
+    session_id: str
+    state: SessionState
+    start_policy: StartPolicy
+    model: str
+    created_at: float
+    expires_at: float
+    expires_in: float
+    next_sequence_id: int
+    received_chunks: int
+    buffered_bytes: int
+    missing_sequence_ids: list[int]
+    owner: str | None
+
+
+class CreatedSession(SessionView):
+    started: bool
+
+
+class ChunkAccepted(BaseModel):
+    session_id: str
+    sequence_id: int
+    state: SessionState
+    duplicate: bool
+    #: True when this chunk opened the engine session.
+    started: bool
+    next_sequence_id: int
+
+
+class FinishAccepted(BaseModel):
+    session_id: str
+    state: SessionState
+    next_sequence_id: int
+    missing_sequence_ids: list[int]
+
+
+class SessionResult(BaseModel):
+    session_id: str
+    state: SessionState
+    completion: dict[str, Any] | None = None
+    error: ErrorDetail | None = None

@@ -1,0 +1,168 @@
+"""HTTP routes of the session API: parse, call the service, shape the response."""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Header, Query, Request, Response, status
+from pydantic import ValidationError
+from sse_starlette import EventSourceResponse
+
+from gateway import errors
+from gateway.dependencies import get_service, get_settings, get_store
+from gateway.output.sse import parse_last_event_id, session_events
+from gateway.sessions.chunks import record_from_json, record_from_raw
+from gateway.sessions.models import (
+    ChunkAccepted,
+    ChunkIn,
+    CreatedSession,
+    CreateSessionRequest,
+    FinishAccepted,
+    FinishRequest,
+    SessionResult,
+    SessionView,
+)
+from gateway.sessions.service import SessionService
+from gateway.settings import Settings
+from gateway.store.records import SessionRecord
+from gateway.store.redis_store import SessionStore, now_ms
+from gateway.validation import read_body_capped, validation_error
+
+router = APIRouter(prefix="/v1/streaming_input/sessions", tags=["sessions"])
+
+Service = Annotated[SessionService, Depends(get_service)]
+
+_COMMON = (errors.SessionNotFound, errors.SessionExpired, errors.StoreUnavailable)
+_INPUT = (*_COMMON, errors.InvalidJson, errors.ValidationFailed, errors.SessionClosed)
+
+#: JSON chunks carry base64 (4/3 of the bytes) plus a few fields.
+_JSON_OVERHEAD = 64 * 1024
+
+
+def session_view(record: SessionRecord) -> SessionView:
+    expires_ms = record.int("expires_at")
+    return SessionView(
+        session_id=record.session_id,
+        state=record.state,
+        start_policy=record.fields["policy"],
+        model=record.fields["model"],
+        created_at=record.int("created_at") / 1000,
+        expires_at=expires_ms / 1000,
+        expires_in=max(0.0, (expires_ms - now_ms()) / 1000),
+        next_sequence_id=record.int("next_seq"),
+        received_chunks=record.int("received"),
+        buffered_bytes=record.int("bytes"),
+        missing_sequence_ids=record.missing_sequence_ids,
+        owner=record.fields.get("owner") or None,
+    )
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=CreatedSession,
+             responses=errors.error_responses(errors.InvalidJson, errors.ValidationFailed,
+                                              errors.ModelNotFound, errors.ChunkTooLarge,
+                                              errors.StoreUnavailable, errors.StreamingInputDisabled))
+async def create_session(body: CreateSessionRequest, service: Service,
+                         settings: Annotated[Settings, Depends(get_settings)]) -> CreatedSession:
+    first = record_from_json(body.first_chunk, settings.max_chunk_bytes) if body.first_chunk else None
+    record, started = await service.create(body, first)
+    return CreatedSession(**session_view(record).model_dump(), started=started)
+
+
+_CHUNK_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {"schema": {"$ref": "#/components/schemas/ChunkIn"}},
+            "application/octet-stream": {
+                "schema": {"type": "string", "format": "binary"},
+                "description": "raw payload; X-Sequence-Id (required), X-Modality, X-End-Of-Input, "
+                               "X-Format, X-Sample-Rate, X-Mime-Type headers describe it",
+            },
+        },
+    }
+}
+
+
+@router.post("/{session_id}/chunks", status_code=status.HTTP_202_ACCEPTED, response_model=ChunkAccepted,
+             openapi_extra=_CHUNK_BODY,
+             responses={200: {"model": ChunkAccepted, "description": "exact duplicate, nothing changed"},
+                        **errors.error_responses(*_INPUT, errors.UnsupportedModality, errors.SequenceConflict,
+                                                 errors.SequenceOutOfWindow, errors.InputClosed,
+                                                 errors.TooManyChunks, errors.ChunkTooLarge,
+                                                 errors.SessionPayloadTooLarge)})
+async def append_chunk(session_id: str, request: Request, response: Response, service: Service,
+                       settings: Annotated[Settings, Depends(get_settings)]) -> ChunkAccepted:
+    service.check_enabled()
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if content_type == "application/octet-stream":
+        body = await read_body_capped(request, settings.max_chunk_bytes)
+        chunk = record_from_raw(request.headers, body, settings.max_chunk_bytes)
+    elif content_type in ("application/json", ""):
+        limit = math.ceil(settings.max_chunk_bytes * 4 / 3) + _JSON_OVERHEAD
+        body = await read_body_capped(request, limit)
+        try:
+            parsed = ChunkIn.model_validate_json(body)
+        except ValidationError as exc:
+            raise validation_error(exc.errors()) from exc
+        chunk = record_from_json(parsed, settings.max_chunk_bytes)
+    else:
+        raise errors.InvalidRequest("send chunks as application/json or application/octet-stream",
+                                    param="Content-Type")
+    outcome = await service.append(session_id, chunk)
+    if outcome.duplicate:
+        response.status_code = status.HTTP_200_OK
+    return ChunkAccepted(session_id=session_id, sequence_id=chunk.sequence_id, state=outcome.state,
+                         duplicate=outcome.duplicate, started=outcome.started,
+                         next_sequence_id=outcome.next_sequence_id)
+
+
+@router.post("/{session_id}/finish", status_code=status.HTTP_202_ACCEPTED, response_model=FinishAccepted,
+             responses=errors.error_responses(*_INPUT, errors.InputClosed, errors.SequenceOutOfWindow,
+                                              errors.EmptyInput))
+async def finish_session(session_id: str, service: Service, body: FinishRequest | None = None) -> FinishAccepted:
+    outcome = await service.finish(session_id, body.final_sequence_id if body else None)
+    return FinishAccepted(session_id=session_id, state=outcome.state,
+                          next_sequence_id=outcome.next_sequence_id,
+                          missing_sequence_ids=outcome.missing_sequence_ids)
+
+
+@router.get("/{session_id}", response_model=SessionView, responses=errors.error_responses(*_COMMON))
+async def get_session(session_id: str, service: Service) -> SessionView:
+    return session_view(await service.view(session_id))
+
+
+@router.get("/{session_id}/events",
+            response_class=EventSourceResponse,
+            responses={200: {"content": {"text/event-stream": {"schema": {"type": "string"}}},
+                             "description": "chat.completion.chunk frames, then [DONE]; resumable"},
+                       **errors.error_responses(*_COMMON, errors.InvalidRequest)})
+async def stream_events(session_id: str, service: Service, store: Annotated[SessionStore, Depends(get_store)],
+                        settings: Annotated[Settings, Depends(get_settings)],
+                        last_event_id: Annotated[str | None, Header()] = None) -> EventSourceResponse:
+    after = parse_last_event_id(last_event_id)
+    await service.view(session_id)  # 404 / 410 before the first byte
+    return EventSourceResponse(session_events(store, session_id, after), ping=int(settings.sse_ping_sec),
+                               headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+@router.get("/{session_id}/result", response_model=SessionResult,
+            responses={202: {"model": SessionResult, "description": "still running; poll again"},
+                       **errors.error_responses(*_COMMON)})
+async def get_result(session_id: str, service: Service, response: Response,
+                     wait: Annotated[float, Query(ge=0, le=60, description="long-poll seconds")] = 0.0,
+                     ) -> SessionResult:
+    record = await service.result(session_id, wait)
+    if not record.state.is_terminal:
+        response.status_code = status.HTTP_202_ACCEPTED
+        response.headers["Retry-After"] = "1"
+    error = record.json("error")
+    return SessionResult(session_id=session_id, state=record.state, completion=record.json("result"),
+                         error=error["error"] if error else None)
+
+
+@router.delete("/{session_id}", status_code=status.HTTP_204_NO_CONTENT,
+               responses=errors.error_responses(*_COMMON, errors.SessionClosed))
+async def cancel_session(session_id: str, service: Service) -> Response:
+    await service.cancel(session_id)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)

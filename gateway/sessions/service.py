@@ -1,0 +1,197 @@
+"""The session use cases: create, append, finish, view, cancel, result.
+
+Routers call these with parsed input and get domain objects or domain
+errors back. Every state change is delegated to one store call (one Lua
+script); the service adds validation against the engine's capabilities,
+start-policy thresholds, metrics, and hands started sessions to the runner.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from dataclasses import asdict
+from typing import Any
+
+from gateway import errors
+from gateway.metrics import Metrics
+from gateway.runner import RunnerPool, error_json
+from gateway.sessions.models import CreateSessionRequest
+from gateway.sessions.policies import StartThresholds
+from gateway.sessions.states import SessionState
+from gateway.settings import Settings
+from gateway.store.records import ChunkRecord, InputOutcome, SessionRecord
+from gateway.store.redis_store import SessionStore
+from omni_adapter.port import Capabilities, SamplingOptions
+
+#: Upper bound of ``/result?wait=``, so a poll never pins a connection for long.
+MAX_RESULT_WAIT_SEC = 60.0
+
+
+class SessionService:
+    def __init__(self, settings: Settings, store: SessionStore, capabilities: Capabilities,
+                 runners: RunnerPool, metrics: Metrics) -> None:
+        self._settings = settings
+        self._store = store
+        self._capabilities = capabilities
+        self._runners = runners
+        self._metrics = metrics
+
+    # --- validation shared by create and append ----------------------------
+
+    def check_enabled(self) -> None:
+        if not self._settings.enabled:
+            raise errors.StreamingInputDisabled("streaming input is disabled on this service")
+
+    def _check_modality(self, chunk: ChunkRecord) -> None:
+        if chunk.modality not in self._capabilities.input_modalities:
+            accepted = ", ".join(sorted(self._capabilities.input_modalities))
+            raise errors.UnsupportedModality(
+                f"the engine does not take {chunk.modality} input (it takes: {accepted})", param="modality")
+
+    def _too_large_json(self) -> str:
+        return error_json(errors.SessionPayloadTooLarge(
+            f"the session's input exceeds {self._settings.max_payload_per_session} bytes; session closed"))
+
+    # --- use cases -----------------------------------------------------------
+
+    async def create(self, body: CreateSessionRequest, first: ChunkRecord | None) -> tuple[SessionRecord, bool]:
+        self.check_enabled()
+        model = self._resolve_model(body.model)
+        unsupported = set(body.modalities) - self._capabilities.output_modalities
+        if unsupported:
+            raise errors.UnsupportedModality(
+                f"the engine cannot produce {', '.join(sorted(unsupported))} output", param="modalities")
+        if first is not None:
+            self._check_modality(first)
+        session_id = f"sis-{uuid.uuid4().hex}"
+        outcome = await self._store.create(session_id, self._meta_fields(body, model),
+                                           self._settings.replica_id, first, self._too_large_json())
+        self._metrics.transition(None, SessionState.OPEN)
+        if first is not None:
+            self._count_chunk(first, outcome)
+        self._after_input(session_id, SessionState.OPEN, outcome)
+        return await self._store.view(session_id), outcome.started
+
+    async def append(self, session_id: str, chunk: ChunkRecord) -> InputOutcome:
+        self.check_enabled()
+        self._check_modality(chunk)
+        started_at = time.perf_counter()
+        try:
+            outcome = await self._store.append(session_id, chunk, self._settings.replica_id,
+                                               self._too_large_json())
+        except errors.SessionPayloadTooLarge as exc:
+            self._metrics.transition(exc.previous_state, SessionState.FAILED)
+            raise
+        self._metrics.append_latency.observe(time.perf_counter() - started_at)
+        self._count_chunk(chunk, outcome)
+        self._after_input(session_id, outcome.previous_state, outcome)
+        return outcome
+
+    async def finish(self, session_id: str, final_sequence_id: int | None) -> InputOutcome:
+        outcome = await self._store.finish(session_id, final_sequence_id, self._settings.replica_id)
+        self._after_input(session_id, outcome.previous_state, outcome)
+        return outcome
+
+    async def view(self, session_id: str) -> SessionRecord:
+        record = await self._store.view(session_id)
+        if record.state is SessionState.EXPIRED:
+            raise errors.SessionExpired(f"session {session_id!r} expired after being idle")
+        return record
+
+    async def cancel(self, session_id: str) -> None:
+        cancelled = error_json(errors.SessionCancelled("the session was cancelled by the client"))
+        before = await self._store.cancel(session_id, cancelled)
+        self._metrics.transition(before, SessionState.CANCELLED)
+
+    async def result(self, session_id: str, wait_sec: float) -> SessionRecord:
+        """The session once terminal, or as it is when ``wait_sec`` runs out."""
+        deadline = time.monotonic() + min(max(wait_sec, 0.0), MAX_RESULT_WAIT_SEC)
+        while True:
+            # Read the last frame id before the state: a terminal frame written
+            # in between then wakes the blocking read below at once.
+            last = await self._store.last_frame_id(session_id)
+            record = await self.view(session_id)
+            remaining = deadline - time.monotonic()
+            if record.state.is_terminal or remaining <= 0:
+                return record
+            await self._store.read_frames(session_id, last, block_ms=max(1, int(remaining * 1000)))
+
+    async def reap(self) -> None:
+        expired = error_json(errors.SessionExpired("the session expired after being idle"))
+        # expire.lua fills in the ids; it only knows them at that moment.
+        incomplete = error_json(errors.IncompleteInput(
+            "input was not complete when the session timed out", missing_sequence_ids="__MISSING__",
+        )).replace('"__MISSING__"', "[__MISSING__]")
+        for ended in await self._store.reap(expired, incomplete):
+            self._metrics.transition(ended.previous_state, ended.state)
+
+    # --- helpers ---------------------------------------------------------------
+
+    def _resolve_model(self, requested: str | None) -> str:
+        names = self._capabilities.model_names
+        if requested is None:
+            return names[0]
+        if requested not in names:
+            raise errors.ModelNotFound(f"model {requested!r} is not served here (served: {', '.join(names)})",
+                                       param="model")
+        return requested
+
+    def _meta_fields(self, body: CreateSessionRequest, model: str) -> dict[str, Any]:
+        s = self._settings
+        policy = body.start_policy or s.start_policy
+        thresholds = StartThresholds.for_policy(policy, body.min_length, s.min_length_bytes)
+        stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+        sampling = SamplingOptions(
+            max_tokens=body.max_completion_tokens or body.max_tokens, temperature=body.temperature,
+            top_p=body.top_p, top_k=body.top_k, seed=body.seed, stop=tuple(stop),
+            presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
+            repetition_penalty=body.repetition_penalty)
+        request = {
+            "messages": body.messages,
+            "modalities": body.modalities,
+            "sampling": {**asdict(sampling), "stop": stop},
+            "include_usage": bool(body.stream_options and body.stream_options.include_usage),
+            "metadata": body.metadata or {},
+        }
+        timeout_ms = int(s.session_timeout_sec * 1000)
+        return {
+            "state": SessionState.OPEN.value, "policy": policy.value, "model": model,
+            "request": json.dumps(request), "created_at": int(time.time() * 1000),
+            "next_seq": 0, "max_seq": -1, "received": 0, "bytes": 0,
+            "contig_chunks": 0, "contig_bytes": 0, "contig_audio_ms": 0,
+            "start_early": 0 if thresholds is None else 1,
+            "start_chunks": thresholds.chunks if thresholds else 0,
+            "start_bytes": thresholds.bytes if thresholds else 0,
+            "start_audio_ms": thresholds.audio_ms if thresholds else 0,
+            "max_ooo": s.max_out_of_order, "max_bytes": s.max_payload_per_session,
+            "max_chunks": s.max_chunks_per_session,
+            "timeout_ms": timeout_ms, "result_ttl_ms": int(s.result_ttl_sec * 1000),
+            # Generation is not idle time; give it at least an hour before keys lapse.
+            "generation_ttl_ms": max(timeout_ms, 3_600_000),
+        }
+
+    def _count_chunk(self, chunk: ChunkRecord, outcome: InputOutcome) -> None:
+        self._metrics.chunks.labels(chunk.modality, "duplicate" if outcome.duplicate else "accepted").inc()
+        if not outcome.duplicate:
+            self._metrics.chunk_bytes.labels(chunk.modality).inc(len(chunk.payload))
+
+    def _after_input(self, session_id: str, before: SessionState, outcome: InputOutcome) -> None:
+        self._metrics.transition(before, outcome.state)
+        if outcome.started:
+            self._runners.start(session_id)
+
+
+async def run_reaper(service: SessionService, interval_sec: float) -> None:
+    """Background task: expire idle sessions every ``interval_sec``."""
+    import logging
+
+    log = logging.getLogger(__name__)
+    while True:
+        try:
+            await service.reap()
+        except errors.StoreUnavailable:
+            log.warning("reaper: store unavailable, retrying")
+        await asyncio.sleep(interval_sec)

@@ -1,0 +1,64 @@
+"""Service settings, read from ``OMNI_GATEWAY_*`` environment variables.
+
+The names mirror the RFC's suggested configuration (section 7.5:
+``enabled``, ``session_timeout_sec``, ``max_payload_per_session``,
+``start_policy``) plus limits, the Redis URL and the engine choice. With no
+variables at all the service runs the embedded default: the in-process vLLM
+engine with SmolLM2-135M on the CPU and an in-process store.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from gateway.sessions.policies import StartPolicy
+
+MiB = 1024 * 1024
+
+
+def _default_replica_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="OMNI_GATEWAY_", extra="ignore")
+
+    # RFC 7.5
+    enabled: bool = True
+    session_timeout_sec: float = Field(300.0, gt=0)
+    max_payload_per_session: int = Field(64 * MiB, gt=0)
+    start_policy: StartPolicy = StartPolicy.ON_FIRST_CHUNK
+    #: Used by ``on_min_length`` when a session gives no ``min_length``.
+    min_length_bytes: int = Field(256, ge=1)
+
+    # Limits
+    max_chunk_bytes: int = Field(16 * MiB, gt=0)
+    max_out_of_order: int = Field(64, ge=1)
+    max_chunks_per_session: int = Field(100_000, ge=1)
+    result_ttl_sec: float = Field(3600.0, gt=0)
+
+    # Store
+    #: Real Redis when set (required for more than one replica);
+    #: an in-process fakeredis otherwise.
+    redis_url: str | None = None
+    redis_timeout_sec: float = Field(2.0, gt=0)
+    reaper_interval_sec: float = Field(1.0, gt=0)
+
+    # Engine
+    engine: Literal["vllm"] = "vllm"
+    #: A local model folder; empty means the embedded default (SmolLM2-135M).
+    model: str | None = None
+    served_model_name: str | None = None
+    dtype: str = "float32"
+    max_model_len: int = Field(4096, ge=16)
+    kv_cache_space_gib: int = Field(2, ge=1)
+
+    # Output
+    sse_ping_sec: float = Field(15.0, gt=0)
+    replica_id: str = Field(default_factory=_default_replica_id)

@@ -1,0 +1,1 @@
+"""Session state in Redis: key names, Lua scripts and the store class."""

@@ -1,0 +1,40 @@
+"""Every Redis key name the gateway uses, in one place.
+
+All keys of one session share the hash tag ``{<session id>}`` so the
+multi-key Lua scripts run on Redis Cluster (one slot per session). The
+expiry index is the only key outside a session's slot; it is a hint for the
+reaper, never the truth (the truth is ``expires_at`` in the meta hash).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+PREFIX = "sis"
+
+#: Sorted set: session id -> the time (ms) the reaper should look at it again.
+EXPIRY_INDEX = f"{PREFIX}:expiry-index"
+
+
+class SessionKeys(NamedTuple):
+    #: Hash: state, counters, settings and the stored result.
+    meta: str
+    #: Hash: sequence id -> chunk record (header line + payload bytes).
+    chunks: str
+    #: Hash: sequence id -> "<sha256>:<bytes>:<audio ms>" for dedupe and counting.
+    digests: str
+    #: Stream: newly contiguous sequence ids, then "end" or "abort", for the owner.
+    input: str
+    #: Stream: output frames; entry ids are the SSE event ids.
+    output: str
+
+
+def session_keys(session_id: str) -> SessionKeys:
+    base = f"{PREFIX}:{{{session_id}}}"
+    return SessionKeys(
+        meta=f"{base}:meta",
+        chunks=f"{base}:chunks",
+        digests=f"{base}:digests",
+        input=f"{base}:in",
+        output=f"{base}:out",
+    )

@@ -1,0 +1,157 @@
+-- Shared by every session script. KEYS are always the five keys of one
+-- session (gateway.store.keys.SessionKeys order), so each script touches a
+-- single cluster slot. TRANSITIONS / TERMINAL are generated from
+-- gateway.sessions.states and pasted in front of this file.
+local META, CHUNKS, DIGESTS, INPUT, OUTPUT = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+
+local function num(value)
+  if value == false or value == nil or value == '' then return nil end
+  return tonumber(value)
+end
+
+local function meta_num(field)
+  return num(redis.call('HGET', META, field))
+end
+
+-- Keys die after the session can no longer be used: the idle deadline (or
+-- the generation budget) plus the time terminal results stay readable.
+local function refresh_ttl(state, now)
+  local keep = meta_num('result_ttl_ms')
+  local at
+  if TERMINAL[state] then
+    at = now + keep
+  elseif state == 'generating' then
+    at = now + meta_num('generation_ttl_ms') + keep
+  else
+    at = meta_num('expires_at') + keep
+  end
+  for i = 1, 5 do redis.call('PEXPIREAT', KEYS[i], at) end
+end
+
+local function move(from, to, now)
+  -- Callers check the state first; reaching this is a bug, so stop loudly.
+  if not TRANSITIONS[from][to] then error('illegal transition ' .. from .. ' -> ' .. to) end
+  redis.call('HSET', META, 'state', to, 'updated_at', now)
+end
+
+-- End a live session: state, reason, abort its engine work, tell subscribers.
+local function close_session(from, to, now, error_json)
+  move(from, to, now)
+  if error_json then
+    redis.call('HSET', META, 'error', error_json)
+    redis.call('XADD', OUTPUT, '*', 'e', 'error', 'd', error_json, 't', '1')
+  end
+  redis.call('XADD', INPUT, '*', 'abort', to)
+  refresh_ttl(to, now)
+end
+
+local function split_record(record)
+  local digest, bytes, audio_ms = string.match(record, '^([^:]*):(%d+):(%d+)$')
+  return digest, tonumber(bytes), tonumber(audio_ms)
+end
+
+local function early_start_due()
+  if redis.call('HGET', META, 'start_early') ~= '1' then return false end
+  local need_chunks = meta_num('start_chunks')
+  local need_bytes = meta_num('start_bytes')
+  local need_ms = meta_num('start_audio_ms')
+  return (need_chunks > 0 and meta_num('contig_chunks') >= need_chunks)
+      or (need_bytes > 0 and meta_num('contig_bytes') >= need_bytes)
+      or (need_ms > 0 and meta_num('contig_audio_ms') >= need_ms)
+end
+
+-- Hand every newly contiguous chunk to the owner's input stream, then open
+-- the engine session if the start policy (or the end of input) says so.
+-- Returns the state before, the state after, and 1 if engine work starts now.
+local function advance(state, now, replica)
+  local next_seq = meta_num('next_seq')
+  local contig_chunks, contig_bytes, contig_ms =
+    meta_num('contig_chunks'), meta_num('contig_bytes'), meta_num('contig_audio_ms')
+  while true do
+    local record = redis.call('HGET', DIGESTS, next_seq)
+    if not record then break end
+    local _, bytes, audio_ms = split_record(record)
+    contig_chunks, contig_bytes, contig_ms = contig_chunks + 1, contig_bytes + bytes, contig_ms + audio_ms
+    redis.call('XADD', INPUT, '*', 's', next_seq)
+    next_seq = next_seq + 1
+  end
+  redis.call('HSET', META, 'next_seq', next_seq, 'contig_chunks', contig_chunks,
+    'contig_bytes', contig_bytes, 'contig_audio_ms', contig_ms)
+
+  local final_seq = meta_num('final_seq')
+  local complete = final_seq ~= nil and next_seq > final_seq
+  local started = 0
+  local after = state
+  if complete and (state == 'open' or state == 'streaming') then
+    after = 'generating'
+    redis.call('XADD', INPUT, '*', 'end', now)
+    redis.call('HSET', META, 'input_done_at', now)
+  elseif state == 'open' and early_start_due() then
+    after = 'streaming'
+  end
+  if after ~= state then
+    move(state, after, now)
+    if state == 'open' then
+      started = 1
+      redis.call('HSET', META, 'owner', replica, 'started_at', now)
+    end
+  end
+  return state, after, started, next_seq
+end
+
+local function touch(now)
+  redis.call('HSET', META, 'expires_at', now + meta_num('timeout_ms'), 'updated_at', now)
+end
+
+-- One chunk into a live session. Returns the reply table of append.lua.
+local function append_chunk(now, replica, seq, record, blob, eoi, too_large_json)
+  local state = redis.call('HGET', META, 'state')
+  if not state then return {'not_found'} end
+  if state == 'expired' then return {'expired'} end
+  if TERMINAL[state] then return {'closed', state} end
+
+  local known = redis.call('HGET', DIGESTS, seq)
+  if known then
+    if split_record(known) == split_record(record) then
+      return {'duplicate', state, state, 0, meta_num('next_seq')}
+    end
+    return {'conflict'}
+  end
+
+  local final_seq = meta_num('final_seq')
+  local max_seq = meta_num('max_seq')
+  if final_seq ~= nil and (seq > final_seq or eoi == 1) then return {'input_closed', final_seq} end
+  if eoi == 1 and seq < max_seq then return {'input_closed', max_seq} end
+  local next_seq = meta_num('next_seq')
+  if seq >= next_seq + meta_num('max_ooo') then return {'out_of_window', next_seq} end
+  if meta_num('received') >= meta_num('max_chunks') then return {'too_many'} end
+
+  local _, nbytes = split_record(record)
+  local total = meta_num('bytes') + nbytes
+  if total > meta_num('max_bytes') then
+    close_session(state, 'failed', now, too_large_json)
+    return {'too_large', state}
+  end
+
+  redis.call('HSET', DIGESTS, seq, record)
+  redis.call('HSET', CHUNKS, seq, blob)
+  redis.call('HSET', META, 'bytes', total, 'received', meta_num('received') + 1,
+    'max_seq', math.max(max_seq, seq))
+  if eoi == 1 then redis.call('HSET', META, 'final_seq', seq) end
+
+  local before, after, started, new_next = advance(state, now, replica)
+  touch(now)
+  refresh_ttl(after, now)
+  return {'accepted', after, before, started, new_next}
+end
+
+-- Sequence ids between the contiguous prefix and the highest id expected
+-- that have not arrived (bounded by the ordering window).
+local function missing_ids()
+  local missing = {}
+  local last = meta_num('final_seq') or meta_num('max_seq')
+  for seq = meta_num('next_seq'), last do
+    if redis.call('HEXISTS', DIGESTS, seq) == 0 then table.insert(missing, seq) end
+  end
+  return missing
+end

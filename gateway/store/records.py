@@ -1,0 +1,96 @@
+"""What the store keeps and returns: chunk records and script outcomes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.sessions.states import SessionState
+
+
+@dataclass(frozen=True)
+class ChunkRecord:
+    """One input chunk as stored: a JSON header line, then the raw payload."""
+
+    sequence_id: int
+    modality: str
+    payload: bytes
+    format: str | None = None
+    mime_type: str | None = None
+    sample_rate: int | None = None
+    end_of_input: bool = False
+    #: Duration of audio input, for ``min_length: {"audio_ms": N}``.
+    audio_ms: int = 0
+
+    def _header(self) -> dict[str, Any]:
+        return {
+            "m": self.modality,
+            "f": self.format,
+            "t": self.mime_type,
+            "r": self.sample_rate,
+            "e": self.end_of_input,
+            "a": self.audio_ms,
+        }
+
+    def to_blob(self) -> bytes:
+        # json.dumps never emits a raw newline, so the first one ends the header.
+        return json.dumps(self._header(), separators=(",", ":")).encode() + b"\n" + self.payload
+
+    @classmethod
+    def from_blob(cls, sequence_id: int, blob: bytes) -> ChunkRecord:
+        header, _, payload = blob.partition(b"\n")
+        h = json.loads(header)
+        return cls(sequence_id, h["m"], payload, h["f"], h["t"], h["r"], h["e"], h["a"])
+
+    def digest_record(self) -> str:
+        """``<sha256>:<bytes>:<audio ms>``: identity for dedupe, sizes for counting."""
+        sha = hashlib.sha256(json.dumps(self._header(), sort_keys=True).encode())
+        sha.update(self.payload)
+        return f"{sha.hexdigest()}:{len(self.payload)}:{self.audio_ms}"
+
+
+@dataclass(frozen=True)
+class InputOutcome:
+    """The result of a create / append / finish that was accepted."""
+
+    state: SessionState
+    previous_state: SessionState
+    #: True when this call opened the session's engine work (this replica owns it).
+    started: bool
+    next_sequence_id: int
+    duplicate: bool = False
+    missing_sequence_ids: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class SessionRecord:
+    """The meta hash of a session, decoded."""
+
+    session_id: str
+    fields: dict[str, str]
+    missing_sequence_ids: list[int]
+
+    @property
+    def state(self) -> SessionState:
+        return SessionState(self.fields["state"])
+
+    def int(self, name: str, default: int = 0) -> int:
+        value = self.fields.get(name)
+        return int(value) if value not in (None, "") else default
+
+    def json(self, name: str) -> Any:
+        value = self.fields.get(name)
+        return json.loads(value) if value else None
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One SSE frame as stored in the output stream."""
+
+    id: str
+    event: str
+    data: str
+    #: The stream ends after this frame ([DONE] or an error).
+    last: bool

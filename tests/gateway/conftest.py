@@ -1,0 +1,31 @@
+"""Store fixtures: every store test runs against a real redis-server and fakeredis."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+import redis.asyncio as aioredis
+
+from gateway.store.connection import open_redis
+from gateway.store.redis_store import SessionStore
+from tests.redis_server import redis_server
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    with redis_server() as url:
+        yield url
+
+
+@pytest.fixture(params=["real", "fake"])
+async def redis_client(request: pytest.FixtureRequest) -> AsyncIterator[aioredis.Redis]:
+    url = request.getfixturevalue("redis_url") if request.param == "real" else None
+    async with open_redis(url, timeout_sec=2.0) as client:
+        await client.flushdb()
+        yield client
+
+
+@pytest.fixture
+def store(redis_client: aioredis.Redis) -> SessionStore:
+    return SessionStore(redis_client, timeout_sec=2.0)

@@ -1,0 +1,186 @@
+"""The Lua scripts behind every state change, against real Redis and fakeredis."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gateway import errors
+from gateway.sessions.states import SessionState
+from gateway.store.records import ChunkRecord
+from gateway.store.redis_store import SessionStore
+
+TOO_LARGE = json.dumps({"error": {"code": "payload_too_large"}})
+EXPIRED = json.dumps({"error": {"code": "session_expired"}})
+INCOMPLETE = '{"error":{"code":"incomplete_input","missing_sequence_ids":[__MISSING__]}}'
+
+
+def fields(**overrides: object) -> dict[str, object]:
+    base: dict[str, object] = {
+        "state": "open", "next_seq": 0, "max_seq": -1, "received": 0, "bytes": 0,
+        "contig_chunks": 0, "contig_bytes": 0, "contig_audio_ms": 0,
+        "start_early": 1, "start_chunks": 1, "start_bytes": 0, "start_audio_ms": 0,
+        "max_ooo": 4, "max_bytes": 100, "max_chunks": 10,
+        "timeout_ms": 60_000, "result_ttl_ms": 60_000, "generation_ttl_ms": 60_000,
+    }
+    base.update(overrides)
+    return base
+
+
+def text(seq: int, body: str, end: bool = False) -> ChunkRecord:
+    return ChunkRecord(seq, "text", body.encode(), end_of_input=end)
+
+
+async def new_session(store: SessionStore, sid: str = "s1", **overrides: object) -> None:
+    await store.create(sid, fields(**overrides), "r1", None, TOO_LARGE)
+
+
+async def input_events(store: SessionStore, sid: str = "s1") -> list[tuple[str, int]]:
+    return [(e.kind, e.sequence_id) for e in await store.read_input(sid, "0-0", block_ms=10)]
+
+
+async def test_out_of_order_chunks_reach_the_input_stream_in_order(store: SessionStore) -> None:
+    await new_session(store, start_early=0)
+    for seq in (2, 1):
+        outcome = await store.append("s1", text(seq, f"c{seq}"), "r1", TOO_LARGE)
+        assert outcome.next_sequence_id == 0 and outcome.state is SessionState.OPEN
+    outcome = await store.append("s1", text(0, "c0"), "r1", TOO_LARGE)
+    assert outcome.next_sequence_id == 3
+    assert await input_events(store) == [("chunk", 0), ("chunk", 1), ("chunk", 2)]
+    chunks = await store.load_chunks("s1", [0, 1, 2])
+    assert [c.payload for c in chunks] == [b"c0", b"c1", b"c2"]
+
+
+async def test_duplicate_is_idempotent_and_conflict_changes_nothing(store: SessionStore) -> None:
+    await new_session(store, start_early=0)
+    await store.append("s1", text(0, "same"), "r1", TOO_LARGE)
+    again = await store.append("s1", text(0, "same"), "r1", TOO_LARGE)
+    assert again.duplicate
+    with pytest.raises(errors.SequenceConflict):
+        await store.append("s1", text(0, "other"), "r1", TOO_LARGE)
+    view = await store.view("s1")
+    assert view.int("received") == 1 and view.int("bytes") == 4
+    assert await input_events(store) == [("chunk", 0)]
+
+
+async def test_window_and_chunk_count_limits(store: SessionStore) -> None:
+    await new_session(store, start_early=0, max_chunks=2)
+    with pytest.raises(errors.SequenceOutOfWindow):
+        await store.append("s1", text(4, "x"), "r1", TOO_LARGE)
+    await store.append("s1", text(3, "x"), "r1", TOO_LARGE)
+    await store.append("s1", text(0, "x"), "r1", TOO_LARGE)
+    with pytest.raises(errors.TooManyChunks):
+        await store.append("s1", text(1, "x"), "r1", TOO_LARGE)
+    assert (await store.view("s1")).missing_sequence_ids == [1, 2]
+
+
+async def test_session_cap_closes_the_session_and_tells_subscribers(store: SessionStore) -> None:
+    await new_session(store, start_early=0, max_bytes=10)
+    await store.append("s1", text(0, "12345678"), "r1", TOO_LARGE)
+    with pytest.raises(errors.SessionPayloadTooLarge):
+        await store.append("s1", text(1, "123"), "r1", TOO_LARGE)
+    view = await store.view("s1")
+    assert view.state is SessionState.FAILED
+    assert view.json("error") == {"error": {"code": "payload_too_large"}}
+    frames = await store.read_frames("s1", "0-0", block_ms=10)
+    assert [(f.event, f.last) for f in frames] == [("error", True)]
+    with pytest.raises(errors.SessionClosed):
+        await store.append("s1", text(1, "1"), "r1", TOO_LARGE)
+
+
+async def test_on_first_chunk_starts_once_and_end_moves_to_generating(store: SessionStore) -> None:
+    await new_session(store)
+    first = await store.append("s1", text(1, "b"), "r1", TOO_LARGE)
+    assert not first.started and first.state is SessionState.OPEN
+    second = await store.append("s1", text(0, "a"), "r1", TOO_LARGE)
+    assert second.started and second.state is SessionState.STREAMING
+    last = await store.append("s1", text(2, "c", end=True), "r2", TOO_LARGE)
+    assert not last.started and last.state is SessionState.GENERATING
+    assert (await store.view("s1")).fields["owner"] == "r1"
+    assert [k for k, _ in await input_events(store)] == ["chunk", "chunk", "chunk", "end"]
+    with pytest.raises(errors.InputClosed):
+        await store.append("s1", text(3, "d"), "r1", TOO_LARGE)
+    assert (await store.append("s1", text(2, "c", end=True), "r1", TOO_LARGE)).duplicate
+
+
+async def test_min_length_waits_for_enough_contiguous_bytes(store: SessionStore) -> None:
+    await new_session(store, start_chunks=0, start_bytes=6)
+    assert not (await store.append("s1", text(0, "abc"), "r1", TOO_LARGE)).started
+    assert not (await store.append("s1", text(2, "ghi"), "r1", TOO_LARGE)).started
+    assert (await store.append("s1", text(1, "def"), "r1", TOO_LARGE)).started
+
+
+async def test_finish_reports_gaps_then_completes_input(store: SessionStore) -> None:
+    await new_session(store, start_early=0)
+    await store.append("s1", text(0, "a"), "r1", TOO_LARGE)
+    await store.append("s1", text(2, "c"), "r1", TOO_LARGE)
+    outcome = await store.finish("s1", 3, "r1")
+    assert outcome.state is SessionState.OPEN and outcome.missing_sequence_ids == [1, 3]
+    again = await store.finish("s1", 3, "r1")
+    assert again.missing_sequence_ids == [1, 3]
+    with pytest.raises(errors.InputClosed):
+        await store.finish("s1", 5, "r1")
+    await store.append("s1", text(1, "b"), "r1", TOO_LARGE)
+    done = await store.append("s1", text(3, "d"), "r1", TOO_LARGE)
+    assert done.state is SessionState.GENERATING and done.started
+    assert (await store.finish("s1", None, "r1")).state is SessionState.GENERATING
+
+
+async def test_finish_without_chunks_is_refused(store: SessionStore) -> None:
+    await new_session(store)
+    with pytest.raises(errors.EmptyInput):
+        await store.finish("s1", None, "r1")
+
+
+async def test_reaper_expires_idle_sessions_and_fails_incomplete_ones(store: SessionStore) -> None:
+    await new_session(store, "idle", timeout_ms=1, start_early=0)
+    await new_session(store, "gappy", timeout_ms=1, start_early=0)
+    await store.append("gappy", text(1, "b"), "r1", TOO_LARGE)
+    await store.finish("gappy", 1, "r1")
+    await new_session(store, "fresh", timeout_ms=60_000)
+    import asyncio
+    await asyncio.sleep(0.01)
+    ended = {o.session_id: o.state for o in await store.reap(EXPIRED, INCOMPLETE)}
+    assert ended == {"idle": SessionState.EXPIRED, "gappy": SessionState.FAILED}
+    assert (await store.view("gappy")).json("error")["error"]["missing_sequence_ids"] == [0]
+    with pytest.raises(errors.SessionExpired):
+        await store.append("idle", text(0, "late"), "r1", TOO_LARGE)
+    assert await store.reap(EXPIRED, INCOMPLETE) == []
+    assert (await store.view("fresh")).state is SessionState.OPEN
+
+
+async def test_cancel_aborts_and_is_idempotent(store: SessionStore) -> None:
+    await new_session(store)
+    await store.append("s1", text(0, "a"), "r1", TOO_LARGE)
+    assert await store.cancel("s1", EXPIRED) is SessionState.STREAMING
+    assert await store.cancel("s1", EXPIRED) is SessionState.CANCELLED
+    assert (await input_events(store))[-1] == ("abort", -1)
+    with pytest.raises(errors.SessionClosed):
+        await store.append("s1", text(1, "b"), "r1", TOO_LARGE)
+    with pytest.raises(errors.SessionNotFound):
+        await store.cancel("nope", EXPIRED)
+
+
+async def test_publish_only_while_generating(store: SessionStore) -> None:
+    await new_session(store)
+    await store.append("s1", text(0, "a", end=True), "r1", TOO_LARGE)
+    ids = await store.publish("s1", [("", "role", False), ("", "hi", False)])
+    assert ids is not None and len(ids) == 2
+    assert await store.last_frame_id("s1") == ids[-1]
+    done = await store.publish("s1", [("", "[DONE]", True)], completion={"ok": 1})
+    assert done is not None
+    view = await store.view("s1")
+    assert view.state is SessionState.COMPLETED and view.json("result") == {"ok": 1}
+    assert await store.publish("s1", [("", "late", False)]) is None
+    frames = await store.read_frames("s1", ids[0], block_ms=10)
+    assert [f.data for f in frames] == ["hi", "[DONE]"] and frames[-1].last
+
+
+async def test_first_chunk_is_atomic_with_create(store: SessionStore) -> None:
+    with pytest.raises(errors.SequenceOutOfWindow):
+        await store.create("s1", fields(), "r1", text(9, "far"), TOO_LARGE)
+    with pytest.raises(errors.SessionNotFound):
+        await store.view("s1")
+    outcome = await store.create("s1", fields(), "r1", text(0, "a"), TOO_LARGE)
+    assert outcome.started and outcome.state is SessionState.STREAMING
