@@ -108,7 +108,9 @@ local function append_chunk(now, replica, seq, record, blob, eoi, too_large_json
   local state = redis.call('HGET', META, 'state')
   if not state then return {'not_found'} end
   if state == 'expired' then return {'expired'} end
-  if TERMINAL[state] then return {'closed', state} end
+  -- A completed session falls through: its input is closed, so retries of
+  -- its chunks are duplicates and anything new is input_closed.
+  if state == 'failed' or state == 'cancelled' then return {'closed', state} end
 
   local known = redis.call('HGET', DIGESTS, seq)
   if known then

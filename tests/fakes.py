@@ -1,0 +1,94 @@
+"""A scripted engine for fast tests beside the real-engine ones (never shipped)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+
+from omni_adapter.port import (
+    Capabilities,
+    EngineError,
+    EngineRejectedError,
+    EngineRequest,
+    Finished,
+    InputChunk,
+    OutputEvent,
+    TextDelta,
+    Usage,
+)
+
+
+@dataclass
+class Script:
+    """How the fake answers: ``echo: <input>`` word by word, or an error."""
+
+    error_after_words: int | None = None
+    #: Never finish on its own (until aborted): for cancel-during-generation tests.
+    hang: bool = False
+    word_delay_sec: float = 0.0
+
+
+@dataclass
+class ScriptedSession:
+    request: EngineRequest
+    script: Script
+    fed: list[InputChunk] = field(default_factory=list)
+    ended: bool = False
+    aborted: bool = False
+    _wake: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def feed(self, chunks: Sequence[InputChunk]) -> None:
+        for chunk in chunks:
+            if chunk.modality != "text":
+                raise EngineRejectedError("text only")
+        self.fed.extend(chunks)
+
+    async def end_input(self) -> None:
+        self.ended = True
+        self._wake.set()
+
+    async def abort(self) -> None:
+        self.aborted = True
+        self._wake.set()
+
+    async def events(self) -> AsyncIterator[OutputEvent]:
+        await self._wake.wait()
+        if self.aborted:
+            return
+        text = b"".join(c.data for c in self.fed).decode()
+        words = f"echo: {text}".split(" ")
+        for i, word in enumerate(words):
+            if self.script.error_after_words == i:
+                yield EngineError("scripted failure", code="engine_error")
+                return
+            await asyncio.sleep(self.script.word_delay_sec)
+            if self.aborted:
+                return
+            yield TextDelta(word if i == 0 else " " + word)
+        while self.script.hang and not self.aborted:
+            await asyncio.sleep(0.01)
+        if not self.aborted:
+            yield Finished("stop", Usage(prompt_tokens=len(text), completion_tokens=len(words)))
+
+
+@dataclass
+class ScriptedEngine:
+    script: Script = field(default_factory=Script)
+    capabilities: Capabilities = field(default_factory=lambda: Capabilities(
+        input_modalities=frozenset({"text"}), output_modalities=frozenset({"text"}),
+        incremental=True, model_names=("scripted",)))
+    sessions: list[ScriptedSession] = field(default_factory=list)
+    healthy: bool = True
+
+    def open_session(self, request: EngineRequest) -> ScriptedSession:
+        session = ScriptedSession(request, self.script)
+        self.sessions.append(session)
+        return session
+
+    async def check_health(self) -> None:
+        if not self.healthy:
+            raise RuntimeError("scripted engine marked unhealthy")
+
+    async def aclose(self) -> None:
+        return None

@@ -1,0 +1,60 @@
+"""Helpers to drive the app in-process: client fixture factory and SSE parsing."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from asgi_lifespan import LifespanManager
+
+from gateway.app import create_app
+from gateway.settings import Settings
+from omni_adapter.port import Engine
+
+BASE = "/v1/streaming_input/sessions"
+
+
+@asynccontextmanager
+async def app_client(settings: Settings, engine: Engine) -> AsyncIterator[httpx.AsyncClient]:
+    app = create_app(settings, engine=engine)
+    async with LifespanManager(app) as manager:
+        transport = httpx.ASGITransport(app=manager.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
+            yield client
+
+
+@dataclass(frozen=True)
+class SseEvent:
+    id: str | None
+    event: str | None
+    data: str
+
+    def json(self) -> Any:
+        return json.loads(self.data)
+
+
+def parse_sse(body: str) -> list[SseEvent]:
+    events = []
+    for block in body.replace("\r\n", "\n").split("\n\n"):
+        fields: dict[str, str] = {}
+        for line in block.split("\n"):
+            if not line or line.startswith(":"):
+                continue
+            name, _, value = line.partition(":")
+            fields[name] = value[1:] if value.startswith(" ") else value
+        if "data" in fields:
+            events.append(SseEvent(fields.get("id"), fields.get("event"), fields["data"]))
+    return events
+
+
+def content_of(events: list[SseEvent]) -> str:
+    text = []
+    for event in events:
+        if event.event is None and event.data != "[DONE]":
+            for choice in event.json()["choices"]:
+                text.append(choice["delta"].get("content") or "")
+    return "".join(text)

@@ -1,0 +1,369 @@
+"""The session API over HTTP, with real Redis and the scripted engine.
+
+Every error case of DESIGN.md section 2: status, envelope code, and the
+session's state afterwards. The real-engine runs are in tests/integration.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+
+from gateway.settings import Settings
+from tests.fakes import Script, ScriptedEngine
+from tests.gateway.client import BASE, app_client, content_of, parse_sse
+
+MiB = 1024 * 1024
+
+
+@pytest.fixture
+def engine() -> ScriptedEngine:
+    return ScriptedEngine()
+
+
+@pytest.fixture
+def settings(redis_url: str) -> Settings:
+    return Settings(redis_url=redis_url, max_chunk_bytes=16 * MiB, max_payload_per_session=24 * MiB,
+                    reaper_interval_sec=0.05, max_out_of_order=8)
+
+
+@pytest.fixture
+async def client(settings: Settings, engine: ScriptedEngine) -> AsyncIterator[httpx.AsyncClient]:
+    async with app_client(settings, engine) as c:
+        yield c
+
+
+async def create(client: httpx.AsyncClient, **body: object) -> str:
+    response = await client.post(BASE, json=body)
+    assert response.status_code == 201, response.text
+    return response.json()["session_id"]
+
+
+async def append(client: httpx.AsyncClient, sid: str, seq: int, text: str, **extra: object) -> httpx.Response:
+    return await client.post(f"{BASE}/{sid}/chunks", json={"sequence_id": seq, "text": text, **extra})
+
+
+async def view(client: httpx.AsyncClient, sid: str) -> dict:
+    response = await client.get(f"{BASE}/{sid}")
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def assert_error(response: httpx.Response, status: int, code: str, param: str | None = None) -> dict:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert error["code"] == code
+    assert set(error) >= {"message", "type", "code", "param"}
+    if param is not None:
+        assert error["param"] == param
+    return error
+
+
+# --- happy paths -------------------------------------------------------------
+
+
+async def test_streamed_session_produces_openai_frames_and_result(client: httpx.AsyncClient) -> None:
+    sid = await create(client, messages=[{"role": "system", "content": "be brief"}])
+    assert (await append(client, sid, 1, "world")).status_code == 202
+    first = await append(client, sid, 0, "hello ")
+    assert first.status_code == 202 and first.json()["started"] is True
+    assert (await client.post(f"{BASE}/{sid}/finish")).status_code == 202
+
+    body = (await client.get(f"{BASE}/{sid}/events")).text
+    events = parse_sse(body)
+    assert all(e.id for e in events)
+    assert events[0].json()["choices"][0]["delta"] == {"role": "assistant"}
+    assert events[-1].data == "[DONE]"
+    assert events[-2].json()["choices"][0] == {"index": 0, "delta": {}, "finish_reason": "stop"}
+    assert {e.json()["object"] for e in events[:-1]} == {"chat.completion.chunk"}
+    assert {e.json()["id"] for e in events[:-1]} == {sid}
+    assert content_of(events) == "echo: hello world"
+
+    result = await client.get(f"{BASE}/{sid}/result")
+    assert result.status_code == 200
+    completion = result.json()["completion"]
+    assert completion["choices"][0]["message"]["content"] == "echo: hello world"
+    assert completion["usage"]["total_tokens"] == completion["usage"]["prompt_tokens"] + 3
+
+
+async def test_last_event_id_replays_exactly_the_rest(client: httpx.AsyncClient) -> None:
+    sid = await create(client, first_chunk={"sequence_id": 0, "text": "a b c", "end_of_input": True})
+    events = parse_sse((await client.get(f"{BASE}/{sid}/events")).text)
+    middle = events[2].id
+    resumed = parse_sse((await client.get(f"{BASE}/{sid}/events", headers={"Last-Event-ID": middle})).text)
+    assert [e.id for e in resumed] == [e.id for e in events[3:]]
+    bad = await client.get(f"{BASE}/{sid}/events", headers={"Last-Event-ID": "nonsense"})
+    assert_error(bad, 400, "invalid_request", "Last-Event-ID")
+
+
+async def test_two_subscribers_see_the_same_stream(client: httpx.AsyncClient) -> None:
+    sid = await create(client, start_policy="on_end_only")
+    readers = [asyncio.create_task(client.get(f"{BASE}/{sid}/events")) for _ in range(2)]
+    await asyncio.sleep(0.05)
+    await append(client, sid, 0, "together", end_of_input=True)
+    bodies = [(await r).text for r in readers]
+    assert bodies[0] == bodies[1] and content_of(parse_sse(bodies[0])) == "echo: together"
+
+
+async def test_raw_octet_stream_chunk(client: httpx.AsyncClient) -> None:
+    sid = await create(client, start_policy="on_end_only")
+    response = await client.post(
+        f"{BASE}/{sid}/chunks", content="raw text".encode(),
+        headers={"Content-Type": "application/octet-stream", "X-Sequence-Id": "0", "X-End-Of-Input": "true"})
+    assert response.status_code == 202, response.text
+    result = await client.get(f"{BASE}/{sid}/result", params={"wait": 5})
+    assert result.json()["completion"]["choices"][0]["message"]["content"] == "echo: raw text"
+    bad = await client.post(f"{BASE}/{sid}/chunks", content=b"x",
+                            headers={"Content-Type": "application/octet-stream", "X-Sequence-Id": "-1"})
+    assert_error(bad, 422, "validation_error", "X-Sequence-Id")
+
+
+async def test_result_polls_with_202_then_200(client: httpx.AsyncClient) -> None:
+    sid = await create(client, start_policy="on_end_only")
+    pending = await client.get(f"{BASE}/{sid}/result")
+    assert pending.status_code == 202 and pending.headers["retry-after"] == "1"
+    assert pending.json()["state"] == "open"
+    waiter = asyncio.create_task(client.get(f"{BASE}/{sid}/result", params={"wait": 10}))
+    await asyncio.sleep(0.1)
+    await append(client, sid, 0, "late", end_of_input=True)
+    done = await waiter
+    assert done.status_code == 200 and done.json()["state"] == "completed"
+
+
+async def test_start_policies(client: httpx.AsyncClient) -> None:
+    end_only = await create(client, start_policy="on_end_only")
+    assert (await append(client, end_only, 0, "x" * 100)).json()["state"] == "open"
+    by_bytes = await create(client, start_policy="on_min_length", min_length={"bytes": 8})
+    assert (await append(client, by_bytes, 0, "1234")).json()["state"] == "open"
+    second = await append(client, by_bytes, 1, "5678")
+    assert second.json()["state"] == "streaming" and second.json()["started"]
+    by_chunks = await create(client, start_policy="on_min_length", min_length={"chunks": 2})
+    assert (await append(client, by_chunks, 0, "a")).json()["state"] == "open"
+    assert (await append(client, by_chunks, 1, "b")).json()["state"] == "streaming"
+    view_ = await view(client, by_chunks)
+    assert view_["start_policy"] == "on_min_length" and view_["owner"]
+
+
+# --- ordering and dedupe -----------------------------------------------------
+
+
+async def test_duplicate_conflict_and_window(client: httpx.AsyncClient) -> None:
+    sid = await create(client, start_policy="on_end_only")
+    assert (await append(client, sid, 0, "same")).status_code == 202
+    dup = await append(client, sid, 0, "same")
+    assert dup.status_code == 200 and dup.json()["duplicate"] is True
+    assert_error(await append(client, sid, 0, "different"), 409, "sequence_conflict", "sequence_id")
+    assert_error(await append(client, sid, 9, "far"), 409, "sequence_out_of_window", "sequence_id")
+    state = await view(client, sid)
+    assert state["received_chunks"] == 1 and state["buffered_bytes"] == 4 and state["state"] == "open"
+
+
+async def test_finish_reports_missing_ids_and_is_idempotent(client: httpx.AsyncClient) -> None:
+    sid = await create(client, start_policy="on_end_only")
+    await append(client, sid, 0, "a")
+    await append(client, sid, 2, "c")
+    finish = await client.post(f"{BASE}/{sid}/finish", json={"final_sequence_id": 3})
+    assert finish.status_code == 202 and finish.json()["missing_sequence_ids"] == [1, 3]
+    assert (await view(client, sid))["missing_sequence_ids"] == [1, 3]
+    again = await client.post(f"{BASE}/{sid}/finish", json={"final_sequence_id": 3})
+    assert again.status_code == 202 and again.json()["missing_sequence_ids"] == [1, 3]
+    assert_error(await client.post(f"{BASE}/{sid}/finish", json={"final_sequence_id": 5}), 409, "input_closed")
+    assert_error(await append(client, sid, 4, "beyond"), 409, "input_closed")
+    await append(client, sid, 1, "b")
+    await append(client, sid, 3, "d")
+    result = await client.get(f"{BASE}/{sid}/result", params={"wait": 5})
+    assert result.json()["completion"]["choices"][0]["message"]["content"] == "echo: abcd"
+    assert (await client.post(f"{BASE}/{sid}/finish")).status_code == 202
+
+
+async def test_append_after_end_of_input_is_refused(client: httpx.AsyncClient) -> None:
+    sid = await create(client, start_policy="on_end_only")
+    await append(client, sid, 0, "all", end_of_input=True)
+    assert_error(await append(client, sid, 1, "more"), 409, "input_closed")
+
+
+# --- malformed input ---------------------------------------------------------
+
+
+async def test_malformed_bodies(client: httpx.AsyncClient) -> None:
+    bad_json = await client.post(BASE, content=b"{not json", headers={"Content-Type": "application/json"})
+    assert_error(bad_json, 400, "invalid_json")
+    assert_error(await client.post(BASE, json={"surprise": 1}), 422, "validation_error", "surprise")
+    sid = await create(client)
+    url = f"{BASE}/{sid}/chunks"
+    assert_error(await client.post(url, content=b"{", headers={"Content-Type": "application/json"}),
+                 400, "invalid_json")
+    assert_error(await client.post(url, json={"sequence_id": 0, "payload": "@@not base64@@"}),
+                 422, "invalid_payload", "payload")
+    assert_error(await client.post(url, json={"sequence_id": -1, "text": "x"}),
+                 422, "validation_error", "sequence_id")
+    assert_error(await client.post(url, json={"sequence_id": 1.5, "text": "x"}),
+                 422, "validation_error", "sequence_id")
+    assert_error(await client.post(url, json={"sequence_id": "1", "text": "x"}),
+                 422, "validation_error", "sequence_id")
+    assert_error(await client.post(url, json={"sequence_id": 0, "modality": "smell", "payload": "eA=="}),
+                 422, "validation_error", "modality")
+    assert_error(await client.post(url, json={"sequence_id": 0, "text": "x", "extra": 1}),
+                 422, "validation_error", "extra")
+    assert_error(await client.post(url, content=b"x", headers={"Content-Type": "text/plain"}),
+                 400, "invalid_request", "Content-Type")
+    state = await view(client, sid)
+    assert state["state"] == "open" and state["received_chunks"] == 0
+
+
+async def test_modality_the_engine_cannot_take_is_refused_at_append(client: httpx.AsyncClient) -> None:
+    sid = await create(client)
+    audio = base64.b64encode(b"\x00\x01" * 160).decode()
+    response = await client.post(f"{BASE}/{sid}/chunks",
+                                 json={"sequence_id": 0, "modality": "audio", "payload": audio})
+    assert_error(response, 422, "unsupported_modality", "modality")
+    assert (await view(client, sid))["received_chunks"] == 0
+    assert_error(await client.post(BASE, json={"modalities": ["text", "audio"]}),
+                 422, "unsupported_modality", "modalities")
+    assert_error(await client.post(BASE, json={"model": "gpt-9"}), 404, "model_not_found", "model")
+
+
+async def test_chunk_over_the_cap_is_refused_and_session_stays(client: httpx.AsyncClient) -> None:
+    sid = await create(client, start_policy="on_end_only")
+    big = base64.b64encode(b"x" * (20 * MiB)).decode()
+    assert_error(await client.post(f"{BASE}/{sid}/chunks", json={"sequence_id": 0, "payload": big}),
+                 413, "chunk_too_large")
+    raw = await client.post(f"{BASE}/{sid}/chunks", content=b"x" * (20 * MiB),
+                            headers={"Content-Type": "application/octet-stream", "X-Sequence-Id": "0"})
+    assert_error(raw, 413, "chunk_too_large")
+    assert (await view(client, sid))["state"] == "open"
+    assert (await append(client, sid, 0, "fine")).status_code == 202
+
+
+async def test_session_cap_closes_the_session(client: httpx.AsyncClient) -> None:
+    sid = await create(client, start_policy="on_end_only")
+    ten_mib = b"x" * (10 * MiB)
+    raw = {"Content-Type": "application/octet-stream"}
+    for seq in (0, 1):
+        ok = await client.post(f"{BASE}/{sid}/chunks", content=ten_mib, headers={**raw, "X-Sequence-Id": str(seq)})
+        assert ok.status_code == 202
+    over = await client.post(f"{BASE}/{sid}/chunks", content=ten_mib, headers={**raw, "X-Sequence-Id": "2"})
+    assert_error(over, 413, "payload_too_large")
+    assert (await view(client, sid))["state"] == "failed"
+    assert_error(await append(client, sid, 3, "more"), 409, "session_closed")
+    events = parse_sse((await client.get(f"{BASE}/{sid}/events")).text)
+    assert [(e.event, e.json()["error"]["code"]) for e in events] == [("error", "payload_too_large")]
+    result = (await client.get(f"{BASE}/{sid}/result")).json()
+    assert result["state"] == "failed" and result["error"]["code"] == "payload_too_large"
+
+
+# --- lifetime ----------------------------------------------------------------
+
+
+async def test_unknown_session_is_404_everywhere(client: httpx.AsyncClient) -> None:
+    sid = "sis-does-not-exist"
+    for response in (
+        await client.get(f"{BASE}/{sid}"),
+        await append(client, sid, 0, "x"),
+        await client.post(f"{BASE}/{sid}/finish"),
+        await client.get(f"{BASE}/{sid}/events"),
+        await client.get(f"{BASE}/{sid}/result"),
+        await client.delete(f"{BASE}/{sid}"),
+    ):
+        assert_error(response, 404, "session_not_found")
+
+
+async def test_idle_session_expires_and_aborts_engine_work(
+    redis_url: str, engine: ScriptedEngine,
+) -> None:
+    settings = Settings(redis_url=redis_url, session_timeout_sec=0.3, reaper_interval_sec=0.05)
+    async with app_client(settings, engine) as client:
+        sid = await create(client)
+        await append(client, sid, 0, "started")
+        assert (await view(client, sid))["state"] == "streaming"
+        await asyncio.sleep(0.8)
+        for response in (await client.get(f"{BASE}/{sid}"), await append(client, sid, 1, "late"),
+                         await client.post(f"{BASE}/{sid}/finish"), await client.get(f"{BASE}/{sid}/result")):
+            assert_error(response, 410, "session_expired")
+        assert engine.sessions[0].aborted
+
+
+async def test_gaps_at_timeout_fail_the_session_with_the_missing_ids(redis_url: str, engine: ScriptedEngine) -> None:
+    settings = Settings(redis_url=redis_url, session_timeout_sec=0.3, reaper_interval_sec=0.05)
+    async with app_client(settings, engine) as client:
+        sid = await create(client, start_policy="on_end_only")
+        await append(client, sid, 0, "a")
+        await client.post(f"{BASE}/{sid}/finish", json={"final_sequence_id": 2})
+        await asyncio.sleep(0.8)
+        result = (await client.get(f"{BASE}/{sid}/result")).json()
+        assert result["state"] == "failed"
+        assert result["error"]["code"] == "incomplete_input"
+        assert result["error"]["missing_sequence_ids"] == [1, 2]
+
+
+async def test_cancel_aborts_engine_and_closes_input(client: httpx.AsyncClient, engine: ScriptedEngine) -> None:
+    engine.script = Script(hang=True)
+    sid = await create(client)
+    await append(client, sid, 0, "thinking", end_of_input=True)
+    await asyncio.sleep(0.1)
+    assert (await client.delete(f"{BASE}/{sid}")).status_code == 204
+    assert (await client.delete(f"{BASE}/{sid}")).status_code == 204
+    await asyncio.sleep(0.1)
+    assert engine.sessions[0].aborted
+    assert_error(await append(client, sid, 1, "after"), 409, "session_closed")
+    events = parse_sse((await client.get(f"{BASE}/{sid}/events")).text)
+    assert events[-1].event == "error" and events[-1].json()["error"]["code"] == "session_cancelled"
+    assert (await view(client, sid))["state"] == "cancelled"
+
+
+async def test_engine_failure_mid_stream_sends_error_event(client: httpx.AsyncClient,
+                                                           engine: ScriptedEngine) -> None:
+    engine.script = Script(error_after_words=2)
+    sid = await create(client, first_chunk={"sequence_id": 0, "text": "one two three", "end_of_input": True})
+    events = parse_sse((await client.get(f"{BASE}/{sid}/events")).text)
+    assert events[0].json()["choices"][0]["delta"] == {"role": "assistant"}
+    assert events[-1].event == "error" and events[-1].json()["error"]["code"] == "engine_error"
+    assert "[DONE]" not in [e.data for e in events]
+    assert (await view(client, sid))["state"] == "failed"
+
+
+# --- operations --------------------------------------------------------------
+
+
+async def test_health_readiness_and_metrics(client: httpx.AsyncClient, engine: ScriptedEngine) -> None:
+    assert (await client.get("/healthz")).json() == {"status": "ok"}
+    assert (await client.get("/readyz")).status_code == 200
+    engine.healthy = False
+    assert_error(await client.get("/readyz"), 503, "engine_unavailable")
+    sid = await create(client, start_policy="on_end_only")
+    await append(client, sid, 0, "count me")
+    await append(client, sid, 0, "count me")
+    metrics = (await client.get("/metrics")).text
+    assert 'omni_gateway_chunks_total{modality="text",outcome="accepted"} 1.0' in metrics
+    assert 'omni_gateway_chunks_total{modality="text",outcome="duplicate"} 1.0' in metrics
+    assert 'omni_gateway_sessions{state="open"} 1.0' in metrics
+    assert "omni_gateway_append_latency_seconds_count 2.0" in metrics
+    response = await client.get(f"{BASE}/{sid}")
+    assert response.headers["x-request-id"]
+
+
+async def test_store_outage_is_503_with_envelope(engine: ScriptedEngine) -> None:
+    from tests.redis_server import free_port
+
+    settings = Settings(redis_url=f"redis://127.0.0.1:{free_port()}/0", redis_timeout_sec=0.5)
+    async with app_client(settings, engine) as client:
+        response = await client.post(BASE, json={})
+        assert_error(response, 503, "store_unavailable")
+        assert response.headers["retry-after"] == "1"
+        assert_error(await client.get("/readyz"), 503, "store_unavailable")
+
+
+async def test_disabled_service_refuses_sessions(redis_url: str, engine: ScriptedEngine) -> None:
+    async with app_client(Settings(redis_url=redis_url, enabled=False), engine) as client:
+        assert_error(await client.post(BASE, json={}), 503, "streaming_input_disabled")
+
+
+def test_envelope_types_are_json_serializable() -> None:
+    from gateway import errors
+
+    assert json.loads(json.dumps(errors.SessionNotFound("x").envelope()))["error"]["code"] == "session_not_found"
