@@ -66,8 +66,9 @@ class ScriptedSession:
             if self.aborted:
                 return
             yield TextDelta(word if i == 0 else " " + word)
-        while self.script.hang and not self.aborted:
-            await asyncio.sleep(0.01)
+        if self.script.hang:
+            self._wake.clear()
+            await self._wake.wait()  # set again only by abort()
         if not self.aborted:
             yield Finished("stop", Usage(prompt_tokens=len(text), completion_tokens=len(words)))
 

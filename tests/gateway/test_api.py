@@ -113,7 +113,7 @@ async def test_two_subscribers_see_the_same_stream(client: httpx.AsyncClient) ->
 async def test_raw_octet_stream_chunk(client: httpx.AsyncClient) -> None:
     sid = await create(client, start_policy="on_end_only")
     response = await client.post(
-        f"{BASE}/{sid}/chunks", content="raw text".encode(),
+        f"{BASE}/{sid}/chunks", content=b"raw text",
         headers={"Content-Type": "application/octet-stream", "X-Sequence-Id": "0", "X-End-Of-Input": "true"})
     assert response.status_code == 202, response.text
     result = await client.get(f"{BASE}/{sid}/result", params={"wait": 5})
