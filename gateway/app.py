@@ -64,7 +64,26 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
     app.include_router(sessions_router)
     app.include_router(ops_router)
     _install_error_handlers(app)
+    app.openapi = lambda: _openapi_with_envelope(app)  # type: ignore[method-assign]
     return app
+
+
+def _openapi_with_envelope(app: FastAPI) -> dict:
+    """FastAPI documents its own 422 body; ours is the error envelope, so say so."""
+    if app.openapi_schema is None:
+        from fastapi.openapi.utils import get_openapi
+
+        spec = get_openapi(title=app.title, version=app.version, description=app.description,
+                           routes=app.routes)
+        envelope = {"$ref": "#/components/schemas/ErrorEnvelope"}
+        for operation in (op for path in spec["paths"].values() for op in path.values()):
+            invalid = operation["responses"].get("422")
+            if invalid is not None:
+                invalid["content"] = {"application/json": {"schema": envelope}}
+        for name in ("HTTPValidationError", "ValidationError"):
+            spec.get("components", {}).get("schemas", {}).pop(name, None)
+        app.openapi_schema = spec
+    return app.openapi_schema
 
 
 def _envelope(error: errors.GatewayError, request: Request) -> JSONResponse:

@@ -88,3 +88,8 @@ def _convert_gguf(gguf_path: Path, out_dir: Path) -> None:
         del model.config.quantization_config
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    print(ensure_default_model())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
@@ -14,6 +15,10 @@ from tests.redis_server import redis_server
 
 @pytest.fixture(scope="session")
 def redis_url() -> Iterator[str]:
+    """A real Redis: CI's (``OMNI_GATEWAY_TEST_REDIS_URL``) or one started here."""
+    if url := os.environ.get("OMNI_GATEWAY_TEST_REDIS_URL"):
+        yield url
+        return
     with redis_server() as url:
         yield url
 

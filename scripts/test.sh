@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Set up (if needed) and run the whole test suite: unit tests, store tests
+# against a real redis-server and fakeredis, and integration tests against
+# the real vLLM engine. Extra arguments go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./scripts/setup.sh
+.venv/bin/ruff check gateway omni_adapter tests bench
+exec .venv/bin/python -m pytest "$@"
