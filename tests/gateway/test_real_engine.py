@@ -1,0 +1,139 @@
+"""The gateway end to end: real redis-server, real vLLM engine (SmolLM2, CPU).
+
+The headline property: streaming changes nothing but latency. A session fed
+in many chunks, out of order, with duplicates, under ``on_first_chunk``
+answers exactly like the same input sent as one chunk under ``on_end_only``,
+and its prompt is exactly the one-shot chat-template tokenization.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+
+from gateway.settings import Settings
+from omni_adapter.port import Engine
+from tests.gateway.client import BASE, app_client, content_of, parse_sse
+
+pytestmark = pytest.mark.engine
+
+MESSAGES = [{"role": "system", "content": "Answer in one short sentence."}]
+QUESTION = ("Here is a list of fruits:  apples, pears,\n\nplums and 12 cherries. "
+            "Which fruit is red? Don't explain.")
+SAMPLING = {"temperature": 0, "max_tokens": 12, "stream_options": {"include_usage": True}}
+
+
+@pytest.fixture
+async def client(redis_url: str, vllm_engine: Engine) -> AsyncIterator[httpx.AsyncClient]:
+    async with app_client(Settings(redis_url=redis_url), vllm_engine) as c:
+        yield c
+
+
+def split_text(text: str, pieces: int, rng: random.Random) -> list[str]:
+    cuts = sorted(rng.sample(range(1, len(text)), pieces - 1))
+    return [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+
+
+async def run_one_shot(client: httpx.AsyncClient) -> tuple[str, dict]:
+    response = await client.post(BASE, json={
+        **SAMPLING, "messages": MESSAGES, "start_policy": "on_end_only",
+        "first_chunk": {"sequence_id": 0, "text": QUESTION, "end_of_input": True}})
+    sid = response.json()["session_id"]
+    events = parse_sse((await client.get(f"{BASE}/{sid}/events")).text)
+    return content_of(events), events[-2].json()["usage"]
+
+
+async def run_streamed(client: httpx.AsyncClient, rng: random.Random) -> tuple[str, dict, list]:
+    response = await client.post(BASE, json={**SAMPLING, "messages": MESSAGES, "start_policy": "on_first_chunk"})
+    sid = response.json()["session_id"]
+    subscriber = asyncio.create_task(client.get(f"{BASE}/{sid}/events"))
+    pieces = split_text(QUESTION, 9, rng)
+    order = list(range(len(pieces)))
+    # Shuffle within small windows: out of order, but inside the ordering window.
+    for start in range(0, len(order), 3):
+        window = order[start:start + 3]
+        rng.shuffle(window)
+        order[start:start + 3] = window
+    states = []
+    for seq in order:
+        chunk = {"sequence_id": seq, "text": pieces[seq], "end_of_input": seq == len(pieces) - 1}
+        first = await client.post(f"{BASE}/{sid}/chunks", json=chunk)
+        assert first.status_code == 202, first.text
+        states.append(first.json()["state"])
+        retry = await client.post(f"{BASE}/{sid}/chunks", json=chunk)
+        assert retry.status_code == 200 and retry.json()["duplicate"]
+        await asyncio.sleep(0.05)
+    events = parse_sse((await subscriber).text)
+    return content_of(events), events[-2].json()["usage"], states
+
+
+async def test_streaming_changes_nothing_but_latency(client: httpx.AsyncClient, vllm_engine: Engine) -> None:
+    one_shot_text, one_shot_usage = await run_one_shot(client)
+    streamed_text, streamed_usage, states = await run_streamed(client, random.Random(7))
+
+    assert one_shot_text.strip(), "the model produced no text"
+    assert streamed_text == one_shot_text
+    assert "streaming" in states, "the engine session never opened before the end of input"
+    assert streamed_usage["prompt_tokens"] == one_shot_usage["prompt_tokens"]
+
+    from transformers import AutoTokenizer
+
+    from omni_adapter.model_bootstrap import ensure_default_model
+
+    tokenizer = AutoTokenizer.from_pretrained(ensure_default_model())
+    one_shot_ids = tokenizer.apply_chat_template(
+        [*MESSAGES, {"role": "user", "content": QUESTION}], add_generation_prompt=True, tokenize=True)
+    if isinstance(one_shot_ids, dict):
+        one_shot_ids = one_shot_ids["input_ids"]
+    assert streamed_usage["prompt_tokens"] == len(one_shot_ids)
+    assert streamed_usage["completion_tokens"] >= 1
+
+
+async def test_result_and_readiness_with_the_real_engine(client: httpx.AsyncClient) -> None:
+    assert (await client.get("/readyz")).json() == {"status": "ready"}
+    response = await client.post(BASE, json={
+        "temperature": 0, "max_tokens": 4,
+        "first_chunk": {"sequence_id": 0, "text": "Say hi.", "end_of_input": True}})
+    sid = response.json()["session_id"]
+    result = await client.get(f"{BASE}/{sid}/result", params={"wait": 60})
+    assert result.status_code == 200, result.text
+    completion = result.json()["completion"]
+    assert completion["object"] == "chat.completion"
+    assert completion["choices"][0]["finish_reason"] == "length"
+    assert completion["usage"]["completion_tokens"] == 4
+    assert completion["choices"][0]["message"]["content"]
+
+
+async def test_failure_before_generation_is_one_error_event(client: httpx.AsyncClient) -> None:
+    response = await client.post(BASE, json={"start_policy": "on_first_chunk"})
+    sid = response.json()["session_id"]
+    await client.post(f"{BASE}/{sid}/chunks", json={"sequence_id": 0, "text": "partial input"})
+    assert (await client.delete(f"{BASE}/{sid}")).status_code == 204
+    events = parse_sse((await client.get(f"{BASE}/{sid}/events")).text)
+    assert len(events) == 1 and events[0].event == "error"
+    assert events[0].json()["error"]["code"] == "session_cancelled"
+
+
+async def test_cancel_mid_generation_aborts_the_engine(client: httpx.AsyncClient) -> None:
+    response = await client.post(BASE, json={
+        "temperature": 0, "max_tokens": 200,
+        "first_chunk": {"sequence_id": 0, "text": "Write a long story about a cat.", "end_of_input": True}})
+    sid = response.json()["session_id"]
+    for _ in range(100):
+        view = (await client.get(f"{BASE}/{sid}")).json()
+        last = await client.get(f"{BASE}/{sid}/result")
+        if last.status_code == 202 and view["state"] == "generating":
+            break
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.5)
+    assert (await client.delete(f"{BASE}/{sid}")).status_code == 204
+    events = parse_sse((await client.get(f"{BASE}/{sid}/events")).text)
+    assert events[-1].event == "error" and events[-1].json()["error"]["code"] == "session_cancelled"
+    tokens_at_cancel = len(events)
+    await asyncio.sleep(1.0)
+    events_later = parse_sse((await client.get(f"{BASE}/{sid}/events")).text)
+    assert len(events_later) == tokens_at_cancel, "frames kept coming after the cancel"
