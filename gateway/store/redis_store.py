@@ -204,21 +204,22 @@ class SessionStore:
         fields = {_text(flat[i]): _text(flat[i + 1]) for i in range(0, len(flat), 2)}
         return SessionRecord(session_id, fields, [int(v) for v in missing])
 
-    async def read_input(self, session_id: str, after: str, block_ms: int) -> list[InputEvent]:
-        key = session_keys(session_id).input
+    async def _xread(self, key: str, after: str, block_ms: int, count: int) -> list[tuple[str, dict[str, str]]]:
+        """Entries of one stream after ``after``, waiting up to ``block_ms`` for the first."""
         async with self._call(block_ms / 1000):
-            reply = await self._redis.xread({key: after}, block=block_ms, count=512)
+            reply = await self._redis.xread({key: after}, block=block_ms, count=count)
+        return [(_text(entry_id), {_text(k): _text(v) for k, v in raw.items()})
+                for _, entries in reply or () for entry_id, raw in entries]
+
+    async def read_input(self, session_id: str, after: str, block_ms: int) -> list[InputEvent]:
         events: list[InputEvent] = []
-        for _, entries in reply or ():
-            for entry_id, raw in entries:
-                fields = {_text(k): _text(v) for k, v in raw.items()}
-                entry = _text(entry_id)
-                if "s" in fields:
-                    events.append(InputEvent(entry, "chunk", int(fields["s"])))
-                elif "end" in fields:
-                    events.append(InputEvent(entry, "end", value=fields["end"]))
-                else:
-                    events.append(InputEvent(entry, "abort", value=fields["abort"]))
+        for entry, fields in await self._xread(session_keys(session_id).input, after, block_ms, 512):
+            if "s" in fields:
+                events.append(InputEvent(entry, "chunk", int(fields["s"])))
+            elif "end" in fields:
+                events.append(InputEvent(entry, "end", value=fields["end"]))
+            else:
+                events.append(InputEvent(entry, "abort", value=fields["abort"]))
         return events
 
     async def load_chunks(self, session_id: str, sequence_ids: Sequence[int]) -> list[ChunkRecord]:
@@ -254,15 +255,8 @@ class SessionStore:
         return SessionState(_text(reply[1])) if _text(reply[0]) == "failed" else None
 
     async def read_frames(self, session_id: str, after: str, block_ms: int) -> list[Frame]:
-        key = session_keys(session_id).output
-        async with self._call(block_ms / 1000):
-            reply = await self._redis.xread({key: after}, block=block_ms, count=256)
-        frames: list[Frame] = []
-        for _, entries in reply or ():
-            for entry_id, raw in entries:
-                fields = {_text(k): _text(v) for k, v in raw.items()}
-                frames.append(Frame(_text(entry_id), fields["e"], fields["d"], fields["t"] == "1"))
-        return frames
+        entries = await self._xread(session_keys(session_id).output, after, block_ms, 256)
+        return [Frame(entry, f["e"], f["d"], f["t"] == "1") for entry, f in entries]
 
     async def last_frame_id(self, session_id: str) -> str:
         async with self._call():
