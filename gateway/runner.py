@@ -83,6 +83,12 @@ class SessionRunner:
         feeder = asyncio.create_task(self._feed(session, timing), name=f"feed-{self.session_id}")
         try:
             await self._relay(session, record, timing)
+        except asyncio.CancelledError:
+            # Only shutdown cancels a runner. Until another replica can take
+            # the session over, the honest answer to its client is a failure,
+            # not a stream that never ends.
+            await self._fail(errors.EngineUnavailable("the replica running this session shut down"))
+            raise
         except errors.GatewayError as exc:
             logger.warning("session %s: runner stopped: %s", self.session_id, exc.code)
         except Exception:

@@ -367,3 +367,15 @@ def test_envelope_types_are_json_serializable() -> None:
     from gateway import errors
 
     assert json.loads(json.dumps(errors.SessionNotFound("x").envelope()))["error"]["code"] == "session_not_found"
+
+
+async def test_shutdown_fails_sessions_this_replica_was_running(redis_url: str) -> None:
+    engine = ScriptedEngine(Script(hang=True))
+    settings = Settings(redis_url=redis_url)
+    async with app_client(settings, engine) as client:
+        sid = await create(client, first_chunk={"sequence_id": 0, "text": "long job", "end_of_input": True})
+        await asyncio.sleep(0.1)
+    async with app_client(settings, engine) as client:
+        result = (await client.get(f"{BASE}/{sid}/result")).json()
+        assert result["state"] == "failed" and result["error"]["code"] == "engine_unavailable"
+        assert engine.sessions[0].aborted
