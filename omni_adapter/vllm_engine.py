@@ -1,0 +1,478 @@
+"""The ``vllm`` adapter: the engine port over an in-process ``AsyncLLM``.
+
+A session is one ``AsyncLLM.generate()`` call whose prompt is an async
+generator of ``StreamingInput``. While the user's input is still arriving, each
+boundary-safe batch of tokens (see :mod:`omni_adapter.text_stream`) goes in as
+an *intermediate* input with ``max_tokens=1``: the engine prefills it, samples
+one token and discards that token when the next input arrives, so the prompt
+stays exactly the input. After ``end_input`` the *final* input carries the rest
+of the tokens, the chat template's generation prompt and the user's sampling
+parameters; its outputs are the answer.
+
+Two engine behaviours shape the input generator:
+
+* ``RequestOutputCollector`` merges queued DELTA outputs when the consumer
+  lags, so a throwaway token could merge into the answer. The generator yields
+  the next input only after the previous intermediate output was received,
+  batching whatever arrived meanwhile, and the answer starts only after all of
+  them.
+* vLLM rejects stop strings with streaming input, so they are matched here on
+  the output text (the request is then aborted).
+
+Inputs are passed as rendered token inputs (``tokens_input``), so vLLM neither
+re-tokenizes nor re-renders them.
+
+vLLM is imported lazily: importing this module needs no vLLM, and nothing from
+``vllm.*`` (types or exceptions) leaves it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import weakref
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from omni_adapter.port import (
+    Capabilities,
+    EngineError,
+    EngineRejectedError,
+    EngineRequest,
+    EngineUnavailableError,
+    Finished,
+    FinishReason,
+    InputChunk,
+    OutputEvent,
+    SamplingOptions,
+    TextDelta,
+    Usage,
+)
+from omni_adapter.text_stream import IncrementalTokenizer, StreamingTokenizer
+
+if TYPE_CHECKING:
+    from vllm.engine.protocol import StreamingInput
+    from vllm.outputs import RequestOutput
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+logger = logging.getLogger(__name__)
+
+TEXT_ONLY = frozenset({"text"})
+_FINISH_REASONS: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
+
+
+@dataclass
+class VllmEngineConfig:
+    """What the in-process engine is started with."""
+
+    model: str
+    served_model_name: str
+    dtype: str = "float32"
+    max_model_len: int = 4096
+    #: CPU KV cache size; exported as ``VLLM_CPU_KVCACHE_SPACE`` unless set.
+    kv_cache_space_gib: int = 2
+    gpu_memory_utilization: float = 0.5
+    seed: int = 0
+    enforce_eager: bool = False
+
+
+async def open_vllm_engine(config: VllmEngineConfig) -> VllmEngine:
+    """Start the engine: 20-100 s, most of it torch.compile unless ``enforce_eager``.
+
+    Like vLLM's own API server, this blocks the event loop while the engine
+    process starts: it runs in the app lifespan, before anything is served.
+    """
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(config.kv_cache_space_gib))
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    args = AsyncEngineArgs(
+        model=config.model,
+        served_model_name=config.served_model_name,
+        dtype=config.dtype,  # type: ignore[arg-type]
+        max_model_len=config.max_model_len,
+        gpu_memory_utilization=config.gpu_memory_utilization,
+        seed=config.seed,
+        enforce_eager=config.enforce_eager,
+        disable_log_stats=True,
+    )
+    try:
+        llm = AsyncLLM.from_engine_args(args)
+    except Exception as exc:
+        raise EngineUnavailableError(f"the vLLM engine failed to start: {exc}") from exc
+    try:
+        streaming = StreamingTokenizer(llm.get_tokenizer())  # type: ignore[arg-type]
+    except BaseException:
+        llm.shutdown()
+        raise
+    return VllmEngine(llm, streaming, config.served_model_name)
+
+
+class VllmEngine:
+    """One ``AsyncLLM`` shared by every session of the process."""
+
+    def __init__(self, llm: AsyncLLM, streaming: StreamingTokenizer, model_name: str) -> None:
+        self._llm = llm
+        self._streaming = streaming
+        self._max_model_len: int = llm.model_config.max_model_len
+        self._sessions: weakref.WeakSet[VllmSession] = weakref.WeakSet()
+        self._closed = False
+        self.capabilities = Capabilities(
+            input_modalities=TEXT_ONLY,
+            output_modalities=TEXT_ONLY,
+            incremental=streaming.incremental,
+            model_names=(model_name,),
+        )
+
+    def open_session(self, request: EngineRequest) -> VllmSession:
+        if self._closed:
+            raise EngineUnavailableError("the engine is closed")
+        if request.model not in self.capabilities.model_names:
+            raise EngineRejectedError(f"model {request.model!r} is not served by this engine")
+        if not set(request.output_modalities) <= TEXT_ONLY:
+            raise EngineRejectedError("this engine produces text only")
+        try:
+            prefix, suffix = self._streaming.chat_frame(request.messages)
+        except Exception as exc:
+            raise EngineRejectedError(f"the chat template cannot render the messages: {exc}") from exc
+        # Built once here to reject invalid options now, not after the input.
+        requested = request.sampling.max_tokens
+        sampling_params(request.sampling, max_tokens=1 if requested is None else requested)
+        tokens = self._streaming.open(prefix, suffix + request.assistant_prefix)
+        session = VllmSession(self._llm, request, tokens, self._max_model_len)
+        self._sessions.add(session)
+        return session
+
+    async def check_health(self) -> None:
+        if self._closed:
+            raise EngineUnavailableError("the engine is closed")
+        try:
+            await self._llm.check_health()
+        except Exception as exc:
+            raise EngineUnavailableError(f"the vLLM engine is not healthy: {exc}") from exc
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for session in list(self._sessions):
+            await session.abort()
+        self._llm.shutdown()
+        # AsyncLLM.__del__ shuts down again. Frames kept alive by tracebacks
+        # stored during its start hold it until interpreter exit, where that
+        # second call fails on torn-down module globals; once is enough.
+        self._llm.shutdown = _already_shut_down  # type: ignore[method-assign]
+
+
+class VllmSession:
+    """One streamed request: token batches in, answer text out."""
+
+    def __init__(
+        self,
+        llm: AsyncLLM,
+        request: EngineRequest,
+        tokens: IncrementalTokenizer,
+        max_model_len: int,
+    ) -> None:
+        self._llm = llm
+        self._request = request
+        self._tokens = tokens
+        self._max_model_len = max_model_len
+        self._stops = StopStrings(request.sampling.stop)
+        self._events: asyncio.Queue[OutputEvent] = asyncio.Queue()
+        #: Committed ids not yet handed to the engine.
+        self._ready: list[int] = []
+        self._fed = 0
+        self._completion_tokens = 0
+        self._input_ended = False
+        #: An intermediate input was yielded and its one output not yet seen.
+        self._awaiting_ack = False
+        self._final_sent = False
+        #: Input closed for good: the generator must end without a final input.
+        self._closing = False
+        self._terminal = False
+        self._wake = asyncio.Event()
+        self._driver: asyncio.Task[None] | None = None
+        self._inputs: AsyncGenerator[StreamingInput, None] | None = None
+
+    async def feed(self, chunks: Sequence[InputChunk]) -> None:
+        for chunk in chunks:
+            if chunk.modality != "text":
+                raise EngineRejectedError(f"this engine accepts text only, not {chunk.modality}")
+        if self._closing:
+            return
+        if self._input_ended:
+            raise EngineRejectedError("the input has already ended")
+        for chunk in chunks:
+            self._ready += self._tokens.push(chunk.data)
+        await self._check_length()
+        self._start()
+
+    async def end_input(self) -> None:
+        if self._closing or self._input_ended:
+            return
+        self._ready += self._tokens.finish()
+        await self._check_length()
+        self._input_ended = True
+        self._start()
+
+    async def events(self) -> AsyncIterator[OutputEvent]:
+        while True:
+            event = await self._events.get()
+            yield event
+            if isinstance(event, Finished | EngineError):
+                return
+
+    async def abort(self) -> None:
+        if self._terminal:
+            return
+        await self._close_request()
+        self._finish("abort")
+
+    async def _check_length(self) -> None:
+        """Fail the session on input that leaves no room to generate.
+
+        Raised to the caller too: it is the client's fault, at append time.
+        """
+        prompt_tokens = self._fed + len(self._ready)
+        if prompt_tokens < self._max_model_len:
+            return
+        message = (
+            f"the input is at least {prompt_tokens} tokens, which leaves no room to "
+            f"generate within the model's context of {self._max_model_len} tokens"
+        )
+        self._fail(
+            EngineError(
+                message,
+                code="invalid_request",
+                details={"prompt_tokens": prompt_tokens, "max_model_len": self._max_model_len},
+            )
+        )
+        await self._close_request()
+        raise EngineRejectedError(message)
+
+    def _start(self) -> None:
+        self._wake.set()
+        if self._driver is None:
+            self._driver = asyncio.get_running_loop().create_task(
+                self._drive(), name=f"vllm-session-{self._request.request_id}"
+            )
+
+    async def _drive(self) -> None:
+        """Run the generation and turn its outputs into events."""
+        from vllm.sampling_params import RequestOutputKind
+
+        self._inputs = self._input_stream()
+        # Used by the engine to validate the request and to close it after
+        # the input stream ends; each input carries its own parameters.
+        params = sampling_params(self._request.sampling, max_tokens=1)
+        params.output_kind = RequestOutputKind.DELTA
+        try:
+            async for output in self._llm.generate(
+                self._inputs, params, self._request.request_id
+            ):
+                if not self._final_sent:
+                    # The single output of an intermediate input: its token is
+                    # thrown away by the engine; it only means "prefilled".
+                    self._awaiting_ack = False
+                    self._wake.set()
+                elif not self._terminal:
+                    await self._on_output(output)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._fail(engine_error_from(exc))
+        else:
+            self._fail(EngineError("the engine ended the request without a result"))
+        # The engine no longer reads the input; make sure it is closed.
+        self._closing = self._closing or not self._final_sent
+        await self._close_inputs()
+
+    async def _on_output(self, output: RequestOutput) -> None:
+        if not output.outputs:
+            return
+        completion = output.outputs[0]
+        self._completion_tokens += len(completion.token_ids)
+        text, stopped = self._stops.feed(completion.text)
+        if text:
+            self._events.put_nowait(TextDelta(text))
+        if stopped:
+            self._finish("stop")
+            # Ends the generate() loop with an "abort" output, ignored.
+            await self._llm.abort(self._request.request_id)
+            return
+        if completion.finish_reason is None:
+            return
+        if tail := self._stops.flush():
+            self._events.put_nowait(TextDelta(tail))
+        reason = _FINISH_REASONS.get(completion.finish_reason)
+        if reason is None:
+            self._fail(EngineError(f"generation failed ({completion.finish_reason})"))
+        else:
+            self._finish(reason)
+
+    async def _input_stream(self) -> AsyncGenerator[StreamingInput, None]:
+        """The prompt generator consumed by the engine.
+
+        Ending it normally tells the engine the input is complete; that may
+        only happen after the final input. Raising ``CancelledError`` is how
+        an aborted session ends it without the engine starting an answer.
+        """
+        from vllm.engine.protocol import StreamingInput
+        from vllm.inputs import tokens_input
+        from vllm.sampling_params import RequestOutputKind, SamplingParams
+
+        prefill_only = SamplingParams(
+            max_tokens=1, temperature=0.0, output_kind=RequestOutputKind.DELTA
+        )
+        while True:
+            # One token stays behind until the end so the final input, which
+            # starts the answer, is never empty.
+            while not self._closing and (
+                self._awaiting_ack or not (self._input_ended or len(self._ready) > 1)
+            ):
+                self._wake.clear()
+                await self._wake.wait()
+            if self._closing:
+                raise asyncio.CancelledError
+            if self._input_ended:
+                break
+            batch, self._ready = self._ready[:-1], self._ready[-1:]
+            self._fed += len(batch)
+            self._awaiting_ack = True
+            yield StreamingInput(tokens_input(batch), prefill_only)
+        batch, self._ready = self._ready, []
+        self._fed += len(batch)
+        room = self._max_model_len - self._fed
+        requested = self._request.sampling.max_tokens
+        final = sampling_params(
+            self._request.sampling, max_tokens=room if requested is None else min(requested, room)
+        )
+        final.output_kind = RequestOutputKind.DELTA
+        self._final_sent = True
+        yield StreamingInput(tokens_input(batch), final)
+        if self._closing:
+            raise asyncio.CancelledError
+
+    def _finish(self, reason: FinishReason) -> None:
+        if self._terminal:
+            return
+        self._terminal = True
+        usage = Usage(prompt_tokens=self._fed, completion_tokens=self._completion_tokens)
+        self._events.put_nowait(Finished(reason, usage))
+
+    def _fail(self, error: EngineError) -> None:
+        if self._terminal:
+            return
+        self._terminal = True
+        self._events.put_nowait(error)
+
+    async def _close_request(self) -> None:
+        """Stop the engine request and the input generator, from outside the driver."""
+        self._closing = True
+        self._wake.set()
+        driver = self._driver
+        if driver is None:
+            return
+        if driver is not asyncio.current_task() and not driver.done():
+            # generate() aborts the request and cancels the engine's reader
+            # of the input generator when it is cancelled.
+            driver.cancel()
+            await asyncio.wait([driver])
+        try:
+            await self._llm.abort(self._request.request_id)
+        except Exception:
+            logger.debug("abort of %s failed", self._request.request_id, exc_info=True)
+        await self._close_inputs()
+
+    async def _close_inputs(self) -> None:
+        self._wake.set()
+        if self._inputs is None:
+            return
+        # RuntimeError: suspended inside the engine's reader task, where it
+        # raises CancelledError as soon as it resumes (``_closing``).
+        with contextlib.suppress(RuntimeError):
+            await self._inputs.aclose()
+
+
+class StopStrings:
+    """Stop strings matched on the streamed text, as vLLM does for one-shot input.
+
+    Text that could still be the start of a stop string is held back, so no
+    part of a stop string is ever emitted.
+    """
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        self._stops = tuple(s for s in stops if s)
+        self._hold = max((len(s) for s in self._stops), default=1) - 1
+        self._text = ""
+        self._emitted = 0
+
+    def feed(self, delta: str) -> tuple[str, bool]:
+        """Add output text; return the text safe to emit and whether a stop hit."""
+        search_from = max(0, len(self._text) - self._hold)
+        self._text += delta
+        hits = [i for s in self._stops if (i := self._text.find(s, search_from)) >= 0]
+        if hits:
+            return self._emit(min(hits)), True
+        return self._emit(len(self._text) - self._hold), False
+
+    def flush(self) -> str:
+        return self._emit(len(self._text))
+
+    def _emit(self, end: int) -> str:
+        if end <= self._emitted:
+            return ""
+        text = self._text[self._emitted : end]
+        self._emitted = end
+        return text
+
+
+def _already_shut_down(timeout: float | None = None) -> None:
+    return None
+
+
+def sampling_params(options: SamplingOptions, *, max_tokens: int) -> SamplingParams:
+    """The OpenAI options as vLLM parameters, without stop strings.
+
+    Raises ``EngineRejectedError`` for values vLLM refuses.
+    """
+    from vllm.sampling_params import SamplingParams
+
+    fields: dict[str, Any] = {
+        "max_tokens": max_tokens,
+        # OpenAI's default; vLLM would otherwise apply the model's defaults.
+        "temperature": 1.0 if options.temperature is None else options.temperature,
+    }
+    optional = {
+        "top_p": options.top_p,
+        "top_k": options.top_k,
+        "seed": options.seed,
+        "presence_penalty": options.presence_penalty,
+        "frequency_penalty": options.frequency_penalty,
+        "repetition_penalty": options.repetition_penalty,
+    }
+    fields.update({k: v for k, v in optional.items() if v is not None})
+    try:
+        return SamplingParams(**fields)
+    except Exception as exc:
+        raise EngineRejectedError(f"invalid sampling options: {exc}") from exc
+
+
+def engine_error_from(exc: BaseException) -> EngineError:
+    """Translate an exception raised by vLLM into the port's error event."""
+    from vllm.exceptions import GracefulHTTPError, VLLMClientError
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    if isinstance(exc, VLLMClientError):
+        return EngineError(str(exc), code="invalid_request")
+    if isinstance(exc, GracefulHTTPError):
+        return EngineError(str(exc), code="engine_overloaded")
+    if isinstance(exc, EngineDeadError):
+        return EngineError("the engine stopped working", code="engine_unavailable")
+    logger.warning("vLLM request failed", exc_info=exc)
+    return EngineError(f"the engine failed: {type(exc).__name__}", code="engine_error")

@@ -1,0 +1,209 @@
+"""Incremental tokenization equals one-shot tokenization, for any split."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+from omni_adapter.model_bootstrap import ensure_default_model
+from omni_adapter.text_stream import IncrementalTokenizer, StreamingTokenizer
+
+FRAGMENTS = [
+    "a", "x", "Hello", "world", " ", "  ", "   ", "\n", "\n\n", "\t", "\r\n", " \n",
+    "0", "7", "42", "1234", "3.14", ",", ".", "!", "?", "...", "-", "—", "(", ")",
+    "'", "'s", "'ll", "'re", "'ve", "n't", "we", "l", '"', "é", "e\u0301", "日本",
+    "🙂", "👍🏽", "Ω", "<|im_end|>", "<|im_start|>", "<|im_", "<|", "|>", "<", "end",
+]
+HISTORIES: list[list[dict[str, str]]] = [
+    [],
+    [{"role": "system", "content": "Be brief.\n"}],
+    [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello!\n\n"}],
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Any:
+    return AutoTokenizer.from_pretrained(ensure_default_model())
+
+
+@pytest.fixture(scope="module")
+def streaming(tokenizer: Any) -> StreamingTokenizer:
+    return StreamingTokenizer(tokenizer)
+
+
+def one_shot(tokenizer: Any, text: str) -> list[int]:
+    return tokenizer(text, add_special_tokens=False).input_ids
+
+
+def run(stream: IncrementalTokenizer, pieces: list[bytes] | list[str]) -> list[int]:
+    ids: list[int] = []
+    for piece in pieces:
+        ids += stream.push(piece)
+    return ids + stream.finish()
+
+
+def split_at(data: Any, cuts: list[int]) -> list[Any]:
+    bounds = [0, *sorted({c % (len(data) + 1) for c in cuts}), len(data)]
+    return [data[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+
+
+texts = st.lists(st.sampled_from(FRAGMENTS), max_size=40).map("".join)
+cut_lists = st.lists(st.integers(min_value=0, max_value=10_000), max_size=12)
+
+
+def test_smollm2_is_incremental(streaming: StreamingTokenizer) -> None:
+    assert streaming.incremental
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=texts, cuts=cut_lists, history=st.sampled_from(HISTORIES))
+def test_text_splits_tokenize_like_one_shot(
+    tokenizer: Any, streaming: StreamingTokenizer, text: str, cuts: list[int],
+    history: list[dict[str, str]],
+) -> None:
+    prefix, suffix = streaming.chat_frame(history)
+    ids = run(streaming.open(prefix, suffix), split_at(text, cuts))
+    assert ids == one_shot(tokenizer, prefix + text + suffix)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=texts, cuts=cut_lists)
+def test_byte_splits_inside_characters_tokenize_like_one_shot(
+    tokenizer: Any, streaming: StreamingTokenizer, text: str, cuts: list[int]
+) -> None:
+    prefix, suffix = streaming.chat_frame([])
+    ids = run(streaming.open(prefix, suffix), split_at(text.encode(), cuts))
+    assert ids == one_shot(tokenizer, prefix + text + suffix)
+
+
+def test_invalid_utf8_is_replaced_like_one_shot(
+    tokenizer: Any, streaming: StreamingTokenizer
+) -> None:
+    data = "añb🙂".encode()
+    pieces = [data[:2], b"\xff", data[2:5], data[5:7]]  # ends inside the emoji
+    expected = one_shot(tokenizer, b"".join(pieces).decode("utf-8", errors="replace"))
+    assert run(streaming.open(), pieces) == expected
+
+
+def test_chat_frame_matches_the_rendered_template(
+    tokenizer: Any, streaming: StreamingTokenizer
+) -> None:
+    messages = [{"role": "system", "content": "Be brief."}]
+    prefix, suffix = streaming.chat_frame(messages)
+    rendered = tokenizer.apply_chat_template(
+        [*messages, {"role": "user", "content": "Hi there"}],
+        add_generation_prompt=True, tokenize=False,
+    )
+    assert prefix + "Hi there" + suffix == rendered
+    assert prefix.endswith("<|im_start|>user\n")
+    assert suffix == "<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_commits_while_text_arrives_and_tokenizes_only_the_tail(
+    tokenizer: Any, streaming: StreamingTokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    text = "The quick brown fox, who's 12 years old, jumps over the lazy dog.\n\n" * 40
+    prefix, suffix = streaming.chat_frame([])
+    stream = streaming.open(prefix, suffix)
+    ids = stream.push(text[:5])  # commits the template prefix
+    encoded: list[int] = []
+    original = streaming.encode
+
+    def recording_encode(piece: str) -> list[int]:
+        encoded.append(len(piece))
+        return original(piece)
+
+    monkeypatch.setattr(streaming, "encode", recording_encode)
+    longest_pending = 0
+    for i in range(5, len(text), 5):
+        ids += stream.push(text[i : i + 5].encode())
+        longest_pending = max(longest_pending, len(stream.pending_text))
+    committed_before_end = stream.committed_tokens
+    ids += stream.finish()
+
+    assert ids == one_shot(tokenizer, prefix + text + suffix)
+    assert committed_before_end > 0.95 * (stream.committed_tokens - len(one_shot(tokenizer, suffix)))
+    assert longest_pending < 25
+    # Each commit tokenizes a few words, never the accumulated input.
+    assert max(encoded) < 40
+
+
+def test_partial_special_token_is_held_until_it_completes(
+    tokenizer: Any, streaming: StreamingTokenizer
+) -> None:
+    stream = streaming.open()
+    first = stream.push("say hi <|im_")
+    assert stream.pending_text.endswith("<|im_")
+    rest = stream.push("end|>\nnext") + stream.finish()
+    assert first + rest == one_shot(tokenizer, "say hi <|im_end|>\nnext")
+    assert 2 in rest  # <|im_end|>
+
+
+def test_push_after_finish_is_an_error(streaming: StreamingTokenizer) -> None:
+    stream = streaming.open()
+    stream.finish()
+    with pytest.raises(RuntimeError):
+        stream.push("late")
+
+
+def _toy_tokenizer(pre_tokenizer: Any, model: Any, trainer: Any) -> PreTrainedTokenizerFast:
+    corpus = ["hello world, we'll see what they're doing.\n\nNew line 123 café"] * 5
+    tok = Tokenizer(model)
+    tok.pre_tokenizer = pre_tokenizer
+    tok.train_from_iterator(corpus, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok)
+
+
+@pytest.mark.parametrize(
+    "toy",
+    [
+        pytest.param(
+            lambda: _toy_tokenizer(
+                pre_tokenizers.ByteLevel(add_prefix_space=True),
+                models.BPE(),
+                trainers.BpeTrainer(
+                    vocab_size=300, special_tokens=["<s>"],
+                    initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                ),
+            ),
+            id="byte-level-with-prefix-space",
+        ),
+        pytest.param(
+            lambda: _toy_tokenizer(
+                pre_tokenizers.Metaspace(prepend_scheme="first"),
+                models.BPE(unk_token="<unk>"),
+                trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<s>"]),
+            ),
+            id="metaspace-first",
+        ),
+        pytest.param(
+            lambda: _toy_tokenizer(
+                None,
+                models.BPE(unk_token="<unk>"),
+                trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<s>"]),
+            ),
+            id="no-pre-tokenizer",
+        ),
+    ],
+)
+def test_unsafe_tokenizers_fall_back_to_holding_all_text(
+    toy: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    tokenizer = toy()
+    with caplog.at_level(logging.WARNING, logger="omni_adapter.text_stream"):
+        streaming = StreamingTokenizer(tokenizer)
+    assert not streaming.incremental
+    assert len([r for r in caplog.records if "not boundary-safe" in r.message]) == 1
+
+    text = "hello world, we'll see what they're doing.\n\nNew line 123 café"
+    stream = streaming.open("<s>", " done")
+    pieces = split_at(text.encode(), [3, 9, 10, 27, 40, 61])
+    early = [stream.push(piece) for piece in pieces]
+    assert early == [[]] * len(pieces)
+    assert stream.finish() == one_shot(tokenizer, "<s>" + text + " done")

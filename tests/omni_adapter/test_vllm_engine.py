@@ -1,0 +1,236 @@
+"""The ``vllm`` adapter against the real engine (and its pure helpers)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+from transformers import AutoTokenizer
+
+from omni_adapter.model_bootstrap import ensure_default_model
+from omni_adapter.port import (
+    EngineError,
+    EngineRejectedError,
+    EngineRequest,
+    Finished,
+    InputChunk,
+    OutputEvent,
+    SamplingOptions,
+    TextDelta,
+)
+from omni_adapter.vllm_engine import StopStrings, VllmEngine
+
+MODEL = "SmolLM2-135M-Instruct"
+HISTORY = ({"role": "system", "content": "You answer in one short sentence."},)
+QUESTION = "What colour is the sky on a clear day? Answer — briefly, it's a test."
+_ids = itertools.count()
+
+
+def request(**sampling: Any) -> EngineRequest:
+    options = SamplingOptions(**{"temperature": 0.0, "max_tokens": 16, **sampling})
+    return EngineRequest(
+        request_id=f"test-{next(_ids)}", model=MODEL, messages=HISTORY, sampling=options
+    )
+
+
+def text_chunks(data: bytes, size: int) -> list[InputChunk]:
+    pieces = [data[i : i + size] for i in range(0, len(data), size)]
+    return [InputChunk(sequence_id=i, modality="text", data=p) for i, p in enumerate(pieces)]
+
+
+async def collect(events: Any) -> tuple[str, OutputEvent]:
+    text, last = "", None
+    async with asyncio.timeout(120):
+        async for event in events:
+            if isinstance(event, TextDelta):
+                text += event.text
+            last = event
+    assert last is not None
+    return text, last
+
+
+async def one_shot(engine: VllmEngine, req: EngineRequest, text: str) -> tuple[str, OutputEvent]:
+    session = engine.open_session(req)
+    await session.feed(text_chunks(text.encode(), len(text.encode())))
+    await session.end_input()
+    return await collect(session.events())
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Any:
+    return AutoTokenizer.from_pretrained(ensure_default_model())
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("pause", [0.0, 0.02], ids=["batched", "paced"])
+async def test_streamed_input_answers_like_one_shot(
+    vllm_engine: VllmEngine, tokenizer: Any, pause: float
+) -> None:
+    expected_text, expected_end = await one_shot(vllm_engine, request(), QUESTION)
+
+    session = vllm_engine.open_session(request())
+    # 5-byte chunks also split the multi-byte dash. Without a pause, chunks
+    # pile up while the engine prefills and go in as one batch.
+    for chunk in text_chunks(QUESTION.encode(), 5):
+        await session.feed([chunk])
+        await asyncio.sleep(pause)
+    await asyncio.sleep(0.5)
+    prefilled_before_end = session._fed  # white-box: input really was streamed
+    await session.end_input()
+    text, end = await collect(session.events())
+
+    assert prefilled_before_end > 20
+    assert text == expected_text and text
+    assert isinstance(end, Finished) and isinstance(expected_end, Finished)
+    assert end.finish_reason == expected_end.finish_reason
+    assert end.usage == expected_end.usage
+    one_shot_ids = tokenizer.apply_chat_template(
+        [*HISTORY, {"role": "user", "content": QUESTION}],
+        add_generation_prompt=True, tokenize=True, return_dict=True,
+    )["input_ids"]
+    assert end.usage.prompt_tokens == len(one_shot_ids)
+
+
+@pytest.mark.engine
+async def test_max_tokens_ends_with_length(vllm_engine: VllmEngine) -> None:
+    text, end = await one_shot(vllm_engine, request(max_tokens=3), "Tell me a long story.")
+    assert text
+    assert isinstance(end, Finished)
+    assert (end.finish_reason, end.usage.completion_tokens) == ("length", 3)
+
+
+@pytest.mark.engine
+async def test_stop_string_truncates_the_answer(vllm_engine: VllmEngine) -> None:
+    full, _ = await one_shot(vllm_engine, request(), QUESTION)
+    words = full.split()
+    assert len(words) >= 3, full
+    stop = " " + words[2]
+    text, end = await one_shot(vllm_engine, request(stop=(stop,)), QUESTION)
+    assert text == full[: full.index(stop)]
+    assert isinstance(end, Finished) and end.finish_reason == "stop"
+
+
+@pytest.mark.engine
+async def test_abort_mid_generation_ends_events(vllm_engine: VllmEngine) -> None:
+    session = vllm_engine.open_session(request(max_tokens=400, temperature=1.0, seed=1))
+    await session.feed(text_chunks(b"Write a long essay about rivers.", 8))
+    await session.end_input()
+    events = session.events()
+    async with asyncio.timeout(60):
+        first = await anext(events)
+    assert isinstance(first, TextDelta)
+    await session.abort()
+    async with asyncio.timeout(5):
+        rest = [event async for event in events]
+    assert isinstance(rest[-1], Finished) and rest[-1].finish_reason == "abort"
+    assert rest[-1].usage.completion_tokens < 400
+    await session.abort()  # twice is fine
+
+
+@pytest.mark.engine
+async def test_abort_while_input_streams_then_engine_still_serves(
+    vllm_engine: VllmEngine,
+) -> None:
+    session = vllm_engine.open_session(request())
+    await session.feed(text_chunks(b"This input is never finished, because", 6))
+    await asyncio.sleep(0.3)
+    await session.abort()
+    async with asyncio.timeout(5):
+        events = [event async for event in session.events()]
+    assert [type(e) for e in events] == [Finished] and events[0].finish_reason == "abort"
+    await session.feed(text_chunks(b"ignored", 7))  # after abort: no effect
+    text, end = await one_shot(vllm_engine, request(max_tokens=2), "Hi")
+    assert isinstance(end, Finished) and end.usage.completion_tokens >= 1
+
+
+@pytest.mark.engine
+async def test_abort_before_any_input(vllm_engine: VllmEngine) -> None:
+    session = vllm_engine.open_session(request())
+    await session.abort()
+    await session.abort()
+    events = [event async for event in session.events()]
+    assert len(events) == 1 and isinstance(events[0], Finished)
+    assert events[0].finish_reason == "abort" and events[0].usage.prompt_tokens == 0
+
+
+@pytest.mark.engine
+async def test_non_text_chunks_are_rejected(vllm_engine: VllmEngine) -> None:
+    session = vllm_engine.open_session(request())
+    with pytest.raises(EngineRejectedError):
+        await session.feed([InputChunk(sequence_id=0, modality="audio", data=b"\0\0")])
+    await session.abort()
+
+
+@pytest.mark.engine
+async def test_input_longer_than_the_context_fails_the_session(vllm_engine: VllmEngine) -> None:
+    session = vllm_engine.open_session(request())
+    with pytest.raises(EngineRejectedError):
+        await session.feed(text_chunks(b"word " * 5000, 25_000))
+    events = [event async for event in session.events()]
+    assert len(events) == 1 and isinstance(events[0], EngineError)
+    assert events[0].code == "invalid_request"
+
+
+@pytest.mark.engine
+async def test_assistant_prefix_is_continued(vllm_engine: VllmEngine, tokenizer: Any) -> None:
+    req = request(max_tokens=2)
+    req = EngineRequest(
+        request_id=req.request_id, model=MODEL, messages=HISTORY, sampling=req.sampling,
+        assistant_prefix="The sky is",
+    )
+    _, end = await one_shot(vllm_engine, req, QUESTION)
+    rendered = tokenizer.apply_chat_template(
+        [*HISTORY, {"role": "user", "content": QUESTION}],
+        add_generation_prompt=True, tokenize=False,
+    )
+    assert isinstance(end, Finished)
+    assert end.usage.prompt_tokens == len(tokenizer(rendered + "The sky is").input_ids)
+
+
+@pytest.mark.engine
+async def test_open_session_rejects_what_the_engine_cannot_serve(vllm_engine: VllmEngine) -> None:
+    with pytest.raises(EngineRejectedError):
+        vllm_engine.open_session(EngineRequest("x", "other-model", (), SamplingOptions()))
+    with pytest.raises(EngineRejectedError):
+        vllm_engine.open_session(
+            EngineRequest("x", MODEL, (), SamplingOptions(), output_modalities=("audio",))
+        )
+    with pytest.raises(EngineRejectedError):
+        vllm_engine.open_session(EngineRequest("x", MODEL, (), SamplingOptions(top_p=7.0)))
+
+
+@pytest.mark.engine
+async def test_capabilities_and_health(vllm_engine: VllmEngine) -> None:
+    caps = vllm_engine.capabilities
+    assert caps.incremental and caps.model_names == (MODEL,)
+    assert caps.input_modalities == caps.output_modalities == frozenset({"text"})
+    await vllm_engine.check_health()
+
+
+def run_stops(stops: Sequence[str], deltas: Sequence[str]) -> tuple[str, bool]:
+    scanner, out = StopStrings(stops), ""
+    for delta in deltas:
+        text, stopped = scanner.feed(delta)
+        out += text
+        if stopped:
+            return out, True
+    return out + scanner.flush(), False
+
+
+@pytest.mark.parametrize(
+    ("stops", "deltas", "expected"),
+    [
+        ((), ["Hel", "lo"], ("Hello", False)),
+        (("END",), ["abc E", "N", "D more"], ("abc ", True)),
+        (("END",), ["abc E", "N", "d"], ("abc ENd", False)),
+        (("xyz", "b"), ["aaxy", "zb"], ("aa", True)),
+        (("\n\n",), ["one\n", "\ntwo"], ("one", True)),
+    ],
+)
+def test_stop_strings_never_emit_part_of_a_stop(
+    stops: tuple[str, ...], deltas: list[str], expected: tuple[str, bool]
+) -> None:
+    assert run_stops(stops, deltas) == expected
