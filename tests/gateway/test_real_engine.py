@@ -85,10 +85,9 @@ async def test_streaming_changes_nothing_but_latency(client: httpx.AsyncClient, 
     from omni_adapter.model_bootstrap import ensure_default_model
 
     tokenizer = AutoTokenizer.from_pretrained(ensure_default_model())
-    one_shot_ids = tokenizer.apply_chat_template(
-        [*MESSAGES, {"role": "user", "content": QUESTION}], add_generation_prompt=True, tokenize=True)
-    if isinstance(one_shot_ids, dict):
-        one_shot_ids = one_shot_ids["input_ids"]
+    rendered = tokenizer.apply_chat_template(
+        [*MESSAGES, {"role": "user", "content": QUESTION}], add_generation_prompt=True, tokenize=False)
+    one_shot_ids = tokenizer(rendered, add_special_tokens=False)["input_ids"]
     assert streamed_usage["prompt_tokens"] == len(one_shot_ids)
     assert streamed_usage["completion_tokens"] >= 1
 
