@@ -60,5 +60,5 @@ class Settings(BaseSettings):
     kv_cache_space_gib: int = Field(2, ge=1)
 
     # Output
-    sse_ping_sec: float = Field(15.0, gt=0)
+    sse_ping_sec: int = Field(15, ge=1)
     replica_id: str = Field(default_factory=_default_replica_id)

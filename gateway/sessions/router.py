@@ -142,7 +142,7 @@ async def stream_events(session_id: str, service: Service, store: Annotated[Sess
                         last_event_id: Annotated[str | None, Header()] = None) -> EventSourceResponse:
     after = parse_last_event_id(last_event_id)
     await service.view(session_id)  # 404 / 410 before the first byte
-    return EventSourceResponse(session_events(store, session_id, after), ping=int(settings.sse_ping_sec),
+    return EventSourceResponse(session_events(store, session_id, after), ping=settings.sse_ping_sec,
                                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 

@@ -379,3 +379,12 @@ async def test_shutdown_fails_sessions_this_replica_was_running(redis_url: str) 
         result = (await client.get(f"{BASE}/{sid}/result")).json()
         assert result["state"] == "failed" and result["error"]["code"] == "engine_unavailable"
         assert engine.sessions[0].aborted
+
+
+async def test_heartbeats_keep_an_idle_stream_alive(redis_url: str) -> None:
+    engine = ScriptedEngine(Script(word_delay_sec=1.2))
+    async with app_client(Settings(redis_url=redis_url, sse_ping_sec=1), engine) as client:
+        sid = await create(client, first_chunk={"sequence_id": 0, "text": "slow", "end_of_input": True})
+        body = (await client.get(f"{BASE}/{sid}/events")).text
+    assert ": ping" in body
+    assert content_of(parse_sse(body)) == "echo: slow"
