@@ -5,5 +5,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
-.venv/bin/ruff check gateway omni_adapter tests bench
+.venv/bin/ruff check .
 exec .venv/bin/python -m pytest "$@"
