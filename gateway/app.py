@@ -14,6 +14,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway import errors
 from gateway.dependencies import Resources
+from gateway.identity import IdentityResolver
 from gateway.metrics import Metrics
 from gateway.middleware import RequestIdMiddleware
 from gateway.ops import router as ops_router
@@ -47,10 +48,13 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
             runners = RunnerPool(lambda sid: SessionRunner(sid, store, active, metrics))
             service = SessionService(settings, store, active.capabilities, runners, metrics)
             reaper = asyncio.create_task(run_reaper(service, settings.reaper_interval_sec), name="reaper")
+            identity = IdentityResolver(settings.api_keys, settings.identity_header)
+            log_identity = logger.warning if identity.mode == "open" else logger.info
+            log_identity("identity: %s", identity.describe())
             logger.info("omni-gateway ready: replica %s, models %s", settings.replica_id,
                         ", ".join(active.capabilities.model_names))
             try:
-                yield {"resources": Resources(settings, store, active, service, metrics)}
+                yield {"resources": Resources(settings, store, active, service, metrics, identity)}
             finally:
                 reaper.cancel()
                 await asyncio.gather(reaper, return_exceptions=True)
@@ -90,7 +94,7 @@ def _envelope(error: errors.GatewayError, request: Request) -> JSONResponse:
     resources = getattr(request.state, "resources", None)
     if resources is not None:
         resources.metrics.errors.labels(error.code).inc()
-    headers = {"Retry-After": "1"} if isinstance(error, errors.ServiceUnavailable) else None
+    headers = {"Retry-After": str(error.retry_after)} if error.retry_after is not None else None
     return JSONResponse(error.envelope(), status_code=error.status_code, headers=headers)
 
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from starlette.requests import Request
 
+from gateway.identity import IdentityResolver
 from gateway.metrics import Metrics
 from gateway.sessions.service import SessionService
 from gateway.settings import Settings
@@ -22,10 +23,21 @@ class Resources:
     engine: Engine
     service: SessionService
     metrics: Metrics
+    identity: IdentityResolver
 
 
 def get_resources(request: Request) -> Resources:
     return request.state.resources
+
+
+async def get_identity(request: Request) -> str:
+    """The caller's identity (401 without valid credentials), charged one request (429)."""
+    resources = get_resources(request)
+    identity = resources.identity.resolve(dict(request.headers))
+    settings = resources.settings
+    if settings.rate_limit_rps > 0:
+        await resources.store.take_token(identity, settings.rate_limit_rps, settings.rate_limit_burst)
+    return identity
 
 
 def get_service(request: Request) -> SessionService:

@@ -12,6 +12,10 @@ the handler knows HTTP.
     │   ├── InvalidPayload (422 invalid_payload)
     │   ├── UnsupportedModality (422 unsupported_modality)
     │   └── EmptyInput (422 empty_input)
+    ├── Unauthorized (401 missing_credentials)
+    │   └── InvalidApiKey (401 invalid_api_key)
+    ├── TooManyRequests (429 rate_limit_exceeded)          Retry-After
+    │   └── TooManySessions (429 too_many_sessions)       Retry-After
     ├── SessionNotFound (404 session_not_found)
     ├── ModelNotFound (404 model_not_found)
     ├── SessionExpired (410 session_expired)
@@ -28,6 +32,7 @@ the handler knows HTTP.
     │   └── SessionPayloadTooLarge (413 payload_too_large)  closes the session
     └── ServiceUnavailable (503 service_unavailable)
         ├── StreamingInputDisabled (503 streaming_input_disabled)
+        ├── CapacityExhausted (503 capacity_exhausted)    Retry-After
         ├── StoreUnavailable (503 store_unavailable)
         └── EngineUnavailable (503 engine_unavailable)
 """
@@ -42,6 +47,9 @@ class GatewayError(Exception):
     status_code: ClassVar[int] = HTTPStatus.INTERNAL_SERVER_ERROR
     code: ClassVar[str] = "internal_error"
     type: ClassVar[str] = "server_error"
+
+    #: Seconds for a ``Retry-After`` header, for errors a client should retry later.
+    retry_after: int | None = None
 
     def __init__(self, message: str, *, param: str | None = None, **details: Any) -> None:
         super().__init__(message)
@@ -87,6 +95,30 @@ class UnsupportedModality(ValidationFailed):
 
 class EmptyInput(ValidationFailed):
     code = "empty_input"
+
+
+class Unauthorized(GatewayError):
+    status_code = HTTPStatus.UNAUTHORIZED
+    code = "missing_credentials"
+    type = "authentication_error"
+
+
+class InvalidApiKey(Unauthorized):
+    code = "invalid_api_key"
+
+
+class TooManyRequests(GatewayError):
+    status_code = HTTPStatus.TOO_MANY_REQUESTS
+    code = "rate_limit_exceeded"
+    type = "rate_limit_error"
+
+    def __init__(self, message: str, *, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class TooManySessions(TooManyRequests):
+    code = "too_many_sessions"
 
 
 class SessionNotFound(GatewayError):
@@ -161,10 +193,16 @@ class ServiceUnavailable(GatewayError):
     status_code = HTTPStatus.SERVICE_UNAVAILABLE
     code = "service_unavailable"
     type = "server_error"
+    retry_after = 1
 
 
 class StreamingInputDisabled(ServiceUnavailable):
     code = "streaming_input_disabled"
+
+
+class CapacityExhausted(ServiceUnavailable):
+    code = "capacity_exhausted"
+    retry_after = 5
 
 
 class StoreUnavailable(ServiceUnavailable):

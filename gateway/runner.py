@@ -170,7 +170,8 @@ class SessionRunner:
                     out.append(("", frames.usage(event.usage), False))
                 out.append(("", DONE, True))
                 completion = frames.completion("".join(pieces), event.finish_reason, event.usage)
-                if await self._store.publish(self.session_id, out, completion=completion) is not None:
+                if await self._store.publish(self.session_id, out, completion=completion,
+                                           identity=record.fields.get("identity")) is not None:
                     self._metrics.transition(SessionState.GENERATING, SessionState.COMPLETED)
                 return
             elif isinstance(event, EngineError):

@@ -43,6 +43,20 @@ class Settings(BaseSettings):
     max_chunks_per_session: int = Field(100_000, ge=1)
     result_ttl_sec: float = Field(3600.0, gt=0)
 
+    # Identity and limits (see gateway/identity.py, gateway/store/limits.lua)
+    #: Comma-separated API keys; an entry ``sha256:<hex>`` is a stored digest.
+    api_keys: str | None = None
+    #: A header set by the API gateway in front (e.g. ``X-Consumer-ID``); trusted
+    #: as the caller's identity only when set here.
+    identity_header: str | None = None
+    #: Open sessions one identity may hold at once (0: no limit).
+    max_sessions_per_identity: int = Field(100, ge=0)
+    #: Requests per second per identity, token bucket (0: no limit).
+    rate_limit_rps: float = Field(100.0, ge=0)
+    rate_limit_burst: int = Field(200, ge=1)
+    #: Open sessions across all identities and replicas (0: no limit).
+    max_open_sessions: int = Field(10_000, ge=0)
+
     # Store
     #: Real Redis when set (required for more than one replica);
     #: an in-process fakeredis otherwise.

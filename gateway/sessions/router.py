@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from sse_starlette import EventSourceResponse
 
 from gateway import errors
-from gateway.dependencies import get_service, get_settings, get_store
+from gateway.dependencies import get_identity, get_service, get_settings, get_store
 from gateway.output.sse import parse_last_event_id, session_events
 from gateway.sessions.chunks import record_from_json, record_from_raw
 from gateway.sessions.models import (
@@ -32,8 +32,10 @@ from gateway.validation import read_body_capped, validation_error
 router = APIRouter(prefix="/v1/streaming_input/sessions", tags=["sessions"])
 
 Service = Annotated[SessionService, Depends(get_service)]
+Identity = Annotated[str, Depends(get_identity)]
 
-_COMMON = (errors.SessionNotFound, errors.SessionExpired, errors.StoreUnavailable)
+_COMMON = (errors.Unauthorized, errors.TooManyRequests, errors.SessionNotFound, errors.SessionExpired,
+           errors.StoreUnavailable)
 _INPUT = (*_COMMON, errors.InvalidJson, errors.ValidationFailed, errors.SessionClosed)
 
 #: JSON chunks carry base64 (4/3 of the bytes) plus a few fields.
@@ -61,11 +63,13 @@ def session_view(record: SessionRecord) -> SessionView:
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=CreatedSession,
              responses=errors.error_responses(errors.InvalidJson, errors.ValidationFailed,
                                               errors.ModelNotFound, errors.ChunkTooLarge,
-                                              errors.StoreUnavailable, errors.StreamingInputDisabled))
-async def create_session(body: CreateSessionRequest, service: Service,
+                                              errors.StoreUnavailable, errors.StreamingInputDisabled,
+                                              errors.Unauthorized, errors.TooManySessions,
+                                              errors.CapacityExhausted))
+async def create_session(body: CreateSessionRequest, service: Service, identity: Identity,
                          settings: Annotated[Settings, Depends(get_settings)]) -> CreatedSession:
     first = record_from_json(body.first_chunk, settings.max_chunk_bytes) if body.first_chunk else None
-    record, started = await service.create(body, first)
+    record, started = await service.create(identity, body, first)
     return CreatedSession(**session_view(record).model_dump(), started=started)
 
 
@@ -91,7 +95,7 @@ _CHUNK_BODY = {
                                                  errors.SequenceOutOfWindow, errors.InputClosed,
                                                  errors.TooManyChunks, errors.ChunkTooLarge,
                                                  errors.SessionPayloadTooLarge)})
-async def append_chunk(session_id: str, request: Request, response: Response, service: Service,
+async def append_chunk(session_id: str, request: Request, response: Response, service: Service, identity: Identity,
                        settings: Annotated[Settings, Depends(get_settings)]) -> ChunkAccepted:
     service.check_enabled()
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
@@ -109,7 +113,7 @@ async def append_chunk(session_id: str, request: Request, response: Response, se
     else:
         raise errors.InvalidRequest("send chunks as application/json or application/octet-stream",
                                     param="Content-Type")
-    outcome = await service.append(session_id, chunk)
+    outcome = await service.append(identity, session_id, chunk)
     if outcome.duplicate:
         response.status_code = status.HTTP_200_OK
     return ChunkAccepted(session_id=session_id, sequence_id=chunk.sequence_id, state=outcome.state,
@@ -120,16 +124,17 @@ async def append_chunk(session_id: str, request: Request, response: Response, se
 @router.post("/{session_id}/finish", status_code=status.HTTP_202_ACCEPTED, response_model=FinishAccepted,
              responses=errors.error_responses(*_INPUT, errors.InputClosed, errors.SequenceOutOfWindow,
                                               errors.EmptyInput))
-async def finish_session(session_id: str, service: Service, body: FinishRequest | None = None) -> FinishAccepted:
-    outcome = await service.finish(session_id, body.final_sequence_id if body else None)
+async def finish_session(session_id: str, service: Service, identity: Identity,
+                         body: FinishRequest | None = None) -> FinishAccepted:
+    outcome = await service.finish(identity, session_id, body.final_sequence_id if body else None)
     return FinishAccepted(session_id=session_id, state=outcome.state,
                           next_sequence_id=outcome.next_sequence_id,
                           missing_sequence_ids=outcome.missing_sequence_ids)
 
 
 @router.get("/{session_id}", response_model=SessionView, responses=errors.error_responses(*_COMMON))
-async def get_session(session_id: str, service: Service) -> SessionView:
-    return session_view(await service.view(session_id))
+async def get_session(session_id: str, service: Service, identity: Identity) -> SessionView:
+    return session_view(await service.view(identity, session_id))
 
 
 @router.get("/{session_id}/events",
@@ -137,11 +142,12 @@ async def get_session(session_id: str, service: Service) -> SessionView:
             responses={200: {"content": {"text/event-stream": {"schema": {"type": "string"}}},
                              "description": "chat.completion.chunk frames, then [DONE]; resumable"},
                        **errors.error_responses(*_COMMON, errors.InvalidRequest)})
-async def stream_events(session_id: str, service: Service, store: Annotated[SessionStore, Depends(get_store)],
+async def stream_events(session_id: str, service: Service, identity: Identity,
+                        store: Annotated[SessionStore, Depends(get_store)],
                         settings: Annotated[Settings, Depends(get_settings)],
                         last_event_id: Annotated[str | None, Header()] = None) -> EventSourceResponse:
     after = parse_last_event_id(last_event_id)
-    await service.view(session_id)  # 404 / 410 before the first byte
+    await service.view(identity, session_id)  # 404 / 410 before the first byte
     return EventSourceResponse(session_events(store, session_id, after), ping=settings.sse_ping_sec,
                                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
@@ -149,10 +155,10 @@ async def stream_events(session_id: str, service: Service, store: Annotated[Sess
 @router.get("/{session_id}/result", response_model=SessionResult,
             responses={202: {"model": SessionResult, "description": "still running; poll again"},
                        **errors.error_responses(*_COMMON)})
-async def get_result(session_id: str, service: Service, response: Response,
+async def get_result(session_id: str, service: Service, identity: Identity, response: Response,
                      wait: Annotated[float, Query(ge=0, le=60, description="long-poll seconds")] = 0.0,
                      ) -> SessionResult:
-    record = await service.result(session_id, wait)
+    record = await service.result(identity, session_id, wait)
     if not record.state.is_terminal:
         response.status_code = status.HTTP_202_ACCEPTED
         response.headers["Retry-After"] = "1"
@@ -163,6 +169,6 @@ async def get_result(session_id: str, service: Service, response: Response,
 
 @router.delete("/{session_id}", status_code=status.HTTP_204_NO_CONTENT,
                responses=errors.error_responses(*_COMMON, errors.SessionClosed))
-async def cancel_session(session_id: str, service: Service) -> Response:
-    await service.cancel(session_id)
+async def cancel_session(session_id: str, service: Service, identity: Identity) -> Response:
+    await service.cancel(identity, session_id)
     return Response(status_code=status.HTTP_204_NO_CONTENT)

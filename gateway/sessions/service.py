@@ -57,7 +57,8 @@ class SessionService:
 
     # --- use cases -----------------------------------------------------------
 
-    async def create(self, body: CreateSessionRequest, first: ChunkRecord | None) -> tuple[SessionRecord, bool]:
+    async def create(self, identity: str, body: CreateSessionRequest,
+                     first: ChunkRecord | None) -> tuple[SessionRecord, bool]:
         self.check_enabled()
         model = self._resolve_model(body.model)
         unsupported = set(body.modalities) - self._capabilities.output_modalities
@@ -67,21 +68,26 @@ class SessionService:
         if first is not None:
             self._check_modality(first)
         session_id = f"sis-{uuid.uuid4().hex}"
-        outcome = await self._store.create(session_id, self._meta_fields(body, model),
-                                           self._settings.replica_id, first, self._too_large_json())
+        fields = self._meta_fields(body, model, identity)
+        # Counted until it ends, or at most for its idle timeout plus the generation budget.
+        until = fields["created_at"] + fields["timeout_ms"] + fields["generation_ttl_ms"]
+        await self._store.admit(identity, session_id, per_identity=self._settings.max_sessions_per_identity,
+                                overall=self._settings.max_open_sessions, until_ms=until)
+        outcome = await self._store.create(session_id, fields, self._settings.replica_id, first,
+                                           self._too_large_json())
         self._metrics.transition(None, SessionState.OPEN)
         if first is not None:
             self._count_chunk(first, outcome)
         self._after_input(session_id, SessionState.OPEN, outcome)
         return await self._store.view(session_id), outcome.started
 
-    async def append(self, session_id: str, chunk: ChunkRecord) -> InputOutcome:
+    async def append(self, identity: str, session_id: str, chunk: ChunkRecord) -> InputOutcome:
         self.check_enabled()
         self._check_modality(chunk)
         started_at = time.perf_counter()
         try:
             outcome = await self._store.append(session_id, chunk, self._settings.replica_id,
-                                               self._too_large_json())
+                                               self._too_large_json(), caller=identity)
         except errors.SessionPayloadTooLarge as exc:
             self._metrics.transition(exc.previous_state, SessionState.FAILED)
             raise
@@ -90,30 +96,31 @@ class SessionService:
         self._after_input(session_id, outcome.previous_state, outcome)
         return outcome
 
-    async def finish(self, session_id: str, final_sequence_id: int | None) -> InputOutcome:
-        outcome = await self._store.finish(session_id, final_sequence_id, self._settings.replica_id)
+    async def finish(self, identity: str, session_id: str, final_sequence_id: int | None) -> InputOutcome:
+        outcome = await self._store.finish(session_id, final_sequence_id, self._settings.replica_id,
+                                           caller=identity)
         self._after_input(session_id, outcome.previous_state, outcome)
         return outcome
 
-    async def view(self, session_id: str) -> SessionRecord:
-        record = await self._store.view(session_id)
+    async def view(self, identity: str, session_id: str) -> SessionRecord:
+        record = await self._store.view(session_id, caller=identity)
         if record.state is SessionState.EXPIRED:
             raise errors.SessionExpired(f"session {session_id!r} expired after being idle")
         return record
 
-    async def cancel(self, session_id: str) -> None:
+    async def cancel(self, identity: str, session_id: str) -> None:
         cancelled = error_json(errors.SessionCancelled("the session was cancelled by the client"))
-        before = await self._store.cancel(session_id, cancelled)
+        before = await self._store.cancel(session_id, cancelled, caller=identity)
         self._metrics.transition(before, SessionState.CANCELLED)
 
-    async def result(self, session_id: str, wait_sec: float) -> SessionRecord:
+    async def result(self, identity: str, session_id: str, wait_sec: float) -> SessionRecord:
         """The session once terminal, or as it is when ``wait_sec`` runs out."""
         deadline = time.monotonic() + min(max(wait_sec, 0.0), MAX_RESULT_WAIT_SEC)
         while True:
             # Read the last frame id before the state: a terminal frame written
             # in between then wakes the blocking read below at once.
             last = await self._store.last_frame_id(session_id)
-            record = await self.view(session_id)
+            record = await self.view(identity, session_id)
             remaining = deadline - time.monotonic()
             if record.state.is_terminal or remaining <= 0:
                 return record
@@ -139,7 +146,7 @@ class SessionService:
                                        param="model")
         return requested
 
-    def _meta_fields(self, body: CreateSessionRequest, model: str) -> dict[str, Any]:
+    def _meta_fields(self, body: CreateSessionRequest, model: str, identity: str) -> dict[str, Any]:
         s = self._settings
         policy = body.start_policy or s.start_policy
         thresholds = StartThresholds.for_policy(policy, body.min_length, s.min_length_bytes)
@@ -158,7 +165,7 @@ class SessionService:
         }
         timeout_ms = int(s.session_timeout_sec * 1000)
         return {
-            "state": SessionState.OPEN.value, "policy": policy.value, "model": model,
+            "state": SessionState.OPEN.value, "policy": policy.value, "model": model, "identity": identity,
             "request": json.dumps(request), "created_at": int(time.time() * 1000),
             "next_seq": 0, "max_seq": -1, "received": 0, "bytes": 0,
             "contig_chunks": 0, "contig_bytes": 0, "contig_audio_ms": 0,

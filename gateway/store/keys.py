@@ -16,6 +16,20 @@ PREFIX = "sis"
 EXPIRY_INDEX = f"{PREFIX}:expiry-index"
 
 
+#: Sorted set of every open session (global cap), scored like identity_sessions.
+OPEN_SESSIONS = f"{PREFIX}:open-sessions"
+
+
+def identity_sessions(identity: str) -> str:
+    """Sorted set: the open sessions of one identity, scored by when they stop counting."""
+    return f"{PREFIX}:identity:{{{identity}}}:sessions"
+
+
+def identity_rate(identity: str) -> str:
+    """Hash: the token bucket of one identity."""
+    return f"{PREFIX}:identity:{{{identity}}}:rate"
+
+
 class SessionKeys(NamedTuple):
     #: Hash: state, counters, settings and the stored result.
     meta: str

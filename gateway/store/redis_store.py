@@ -22,7 +22,14 @@ import redis.asyncio as aioredis
 from gateway import errors
 from gateway.sessions.states import SessionState
 from gateway.store.connection import translate_redis_errors
-from gateway.store.keys import EXPIRY_INDEX, SessionKeys, session_keys
+from gateway.store.keys import (
+    EXPIRY_INDEX,
+    OPEN_SESSIONS,
+    SessionKeys,
+    identity_rate,
+    identity_sessions,
+    session_keys,
+)
 from gateway.store.records import ChunkRecord, Frame, InputOutcome, SessionRecord
 from gateway.store.scripts import script_sources
 
@@ -145,29 +152,76 @@ class SessionStore:
         return _input_outcome(reply)
 
     async def append(
-        self, session_id: str, chunk: ChunkRecord, replica: str, too_large_json: str
+        self, session_id: str, chunk: ChunkRecord, replica: str, too_large_json: str, caller: str = "",
     ) -> InputOutcome:
+        """``caller``: the identity asking; a session of another identity is not found."""
         args = [now_ms(), replica, chunk.sequence_id, chunk.digest_record(), chunk.to_blob(),
-                int(chunk.end_of_input), too_large_json]
+                int(chunk.end_of_input), too_large_json, caller]
         reply = await self._run("append", session_keys(session_id), args)
         status = _text(reply[0])
         if status in ("accepted", "duplicate"):
             return _input_outcome(reply, duplicate=status == "duplicate")
+        if status == "too_large":
+            await self._release(session_id, _text(reply[2]))
         raise _error_for(reply, session_id, chunk.sequence_id)
 
-    async def finish(self, session_id: str, final_sequence_id: int | None, replica: str) -> InputOutcome:
+    async def finish(self, session_id: str, final_sequence_id: int | None, replica: str,
+                     caller: str = "") -> InputOutcome:
         asked = "" if final_sequence_id is None else final_sequence_id
-        reply = await self._run("finish", session_keys(session_id), [now_ms(), replica, asked])
+        reply = await self._run("finish", session_keys(session_id), [now_ms(), replica, asked, caller])
         if _text(reply[0]) != "accepted":
             raise _error_for(reply, session_id, final_sequence_id)
         return _input_outcome(reply)
 
-    async def cancel(self, session_id: str, cancelled_json: str) -> SessionState:
+    async def cancel(self, session_id: str, cancelled_json: str, caller: str = "") -> SessionState:
         """Cancel; returns the state before (``cancelled`` again when repeated)."""
-        reply = await self._run("cancel", session_keys(session_id), [now_ms(), cancelled_json])
+        reply = await self._run("cancel", session_keys(session_id), [now_ms(), cancelled_json, caller])
         if _text(reply[0]) != "accepted":
             raise _error_for(reply, session_id)
+        if len(reply) > 3:
+            await self._release(session_id, _text(reply[3]))
         return SessionState(_text(reply[2]))
+
+    # --- limits -----------------------------------------------------------
+
+    async def admit(self, identity: str, session_id: str, *, per_identity: int, overall: int,
+                    until_ms: int) -> None:
+        """Count a new session against the global and the per-identity caps.
+
+        Two keys in two slots, so two steps; a session refused by the second
+        is taken back out of the first. ``until_ms`` bounds how long an entry
+        counts if its release is ever lost (a replica dying at the wrong time).
+        """
+        now = now_ms()
+        async with self._call():
+            if not await self._scripts["admit"](keys=[OPEN_SESSIONS], args=[now, overall, session_id, until_ms]):
+                raise errors.CapacityExhausted("the service is at its session capacity; retry later")
+            admitted = await self._scripts["admit"](
+                keys=[identity_sessions(identity)], args=[now, per_identity, session_id, until_ms])
+            if not admitted:
+                await self._redis.zrem(OPEN_SESSIONS, session_id)
+        if not admitted:
+            raise errors.TooManySessions(
+                f"this identity already has {per_identity} open sessions; finish or cancel one",
+                retry_after=5)
+
+    async def _release(self, session_id: str, identity: str | None) -> None:
+        """A session ended: it no longer counts against any cap."""
+        if not identity:
+            return
+        async with self._call():
+            pipe = self._redis.pipeline(transaction=False)
+            pipe.zrem(OPEN_SESSIONS, session_id)
+            pipe.zrem(identity_sessions(identity), session_id)
+            await pipe.execute()
+
+    async def take_token(self, identity: str, rate: float, burst: int) -> None:
+        """One request's worth of the identity's token bucket, or 429."""
+        async with self._call():
+            wait_ms = await self._scripts["rate"](keys=[identity_rate(identity)], args=[now_ms(), rate, burst])
+        if int(wait_ms) > 0:
+            raise errors.TooManyRequests("too many requests for this identity; slow down",
+                                         retry_after=max(1, -(-int(wait_ms) // 1000)))
 
     # --- expiry ---------------------------------------------------------
 
@@ -191,13 +245,14 @@ class SessionStore:
                 else:
                     await self._redis.zrem(EXPIRY_INDEX, session_id)
             if status in ("expired", "failed"):
+                await self._release(session_id, _text(reply[2]))
                 ended.append(ReapOutcome(session_id, SessionState(status), SessionState(_text(reply[1]))))
         return ended
 
     # --- reading --------------------------------------------------------
 
-    async def view(self, session_id: str) -> SessionRecord:
-        reply = await self._run("view", session_keys(session_id), [])
+    async def view(self, session_id: str, caller: str = "") -> SessionRecord:
+        reply = await self._run("view", session_keys(session_id), [caller])
         if not reply:
             raise errors.SessionNotFound(f"no session {session_id!r}")
         flat, missing = reply
@@ -234,7 +289,7 @@ class SessionStore:
 
     async def publish(
         self, session_id: str, frames: Sequence[tuple[str, str, bool]],
-        completion: dict[str, Any] | None = None,
+        completion: dict[str, Any] | None = None, identity: str | None = None,
     ) -> list[str] | None:
         """Append frames (event, data, last); with ``completion`` the session completes.
 
@@ -247,12 +302,17 @@ class SessionStore:
         reply = await self._run("publish", session_keys(session_id), args)
         if _text(reply[0]) != "ok":
             return None
+        if completion:
+            await self._release(session_id, identity)
         return [_text(v) for v in reply[1:]]
 
     async def fail(self, session_id: str, error_json: str) -> SessionState | None:
         """Fail a live session; returns the state before, ``None`` if it had ended."""
         reply = await self._run("fail", session_keys(session_id), [now_ms(), error_json])
-        return SessionState(_text(reply[1])) if _text(reply[0]) == "failed" else None
+        if _text(reply[0]) != "failed":
+            return None
+        await self._release(session_id, _text(reply[2]))
+        return SessionState(_text(reply[1]))
 
     async def read_frames(self, session_id: str, after: str, block_ms: int) -> list[Frame]:
         entries = await self._xread(session_keys(session_id).output, after, block_ms, 256)

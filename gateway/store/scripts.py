@@ -10,7 +10,10 @@ from importlib.resources import files
 
 from gateway.sessions.states import TERMINAL_STATES, TRANSITIONS
 
-SCRIPT_NAMES = ("create", "append", "finish", "cancel", "expire", "publish", "fail", "view")
+#: Scripts on the five keys of one session, prefixed with lib.lua.
+SESSION_SCRIPTS = ("create", "append", "finish", "cancel", "expire", "publish", "fail", "view")
+#: Scripts on keys of their own (limits), standing alone.
+STANDALONE_SCRIPTS = ("admit", "rate")
 
 
 def _lua_table() -> str:
@@ -25,4 +28,6 @@ def _lua_table() -> str:
 def script_sources() -> dict[str, str]:
     folder = files("gateway.store") / "lua"
     library = _lua_table() + (folder / "lib.lua").read_text()
-    return {name: library + (folder / f"{name}.lua").read_text() for name in SCRIPT_NAMES}
+    sources = {name: library + (folder / f"{name}.lua").read_text() for name in SESSION_SCRIPTS}
+    sources.update({name: (folder / f"{name}.lua").read_text() for name in STANDALONE_SCRIPTS})
+    return sources

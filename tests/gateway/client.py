@@ -18,6 +18,12 @@ from omni_adapter.port import Engine
 BASE = "/v1/streaming_input/sessions"
 
 
+def make_settings(**overrides: object) -> Settings:
+    """Settings for tests: limits off unless a test sets them (the suite shares one Redis)."""
+    base: dict[str, object] = {"max_sessions_per_identity": 0, "rate_limit_rps": 0, "max_open_sessions": 0}
+    return Settings(**{**base, **overrides})
+
+
 @asynccontextmanager
 async def app_client(settings: Settings, engine: Engine) -> AsyncIterator[httpx.AsyncClient]:
     app = create_app(settings, engine=engine)

@@ -16,7 +16,7 @@ import pytest
 
 from gateway.settings import Settings
 from tests.fakes import Script, ScriptedEngine
-from tests.gateway.client import BASE, app_client, content_of, parse_sse
+from tests.gateway.client import BASE, app_client, content_of, make_settings, parse_sse
 
 MiB = 1024 * 1024
 
@@ -28,7 +28,7 @@ def engine() -> ScriptedEngine:
 
 @pytest.fixture
 def settings(redis_url: str) -> Settings:
-    return Settings(redis_url=redis_url, max_chunk_bytes=16 * MiB, max_payload_per_session=24 * MiB,
+    return make_settings(redis_url=redis_url, max_chunk_bytes=16 * MiB, max_payload_per_session=24 * MiB,
                     reaper_interval_sec=0.05, max_out_of_order=8)
 
 
@@ -276,7 +276,7 @@ async def test_unknown_session_is_404_everywhere(client: httpx.AsyncClient) -> N
 async def test_idle_session_expires_and_aborts_engine_work(
     redis_url: str, engine: ScriptedEngine,
 ) -> None:
-    settings = Settings(redis_url=redis_url, session_timeout_sec=0.3, reaper_interval_sec=0.05)
+    settings = make_settings(redis_url=redis_url, session_timeout_sec=0.3, reaper_interval_sec=0.05)
     async with app_client(settings, engine) as client:
         sid = await create(client)
         await append(client, sid, 0, "started")
@@ -289,7 +289,7 @@ async def test_idle_session_expires_and_aborts_engine_work(
 
 
 async def test_gaps_at_timeout_fail_the_session_with_the_missing_ids(redis_url: str, engine: ScriptedEngine) -> None:
-    settings = Settings(redis_url=redis_url, session_timeout_sec=0.3, reaper_interval_sec=0.05)
+    settings = make_settings(redis_url=redis_url, session_timeout_sec=0.3, reaper_interval_sec=0.05)
     async with app_client(settings, engine) as client:
         sid = await create(client, start_policy="on_end_only")
         await append(client, sid, 0, "a")
@@ -350,7 +350,7 @@ async def test_health_readiness_and_metrics(client: httpx.AsyncClient, engine: S
 async def test_store_outage_is_503_with_envelope(engine: ScriptedEngine) -> None:
     from tests.redis_server import free_port
 
-    settings = Settings(redis_url=f"redis://127.0.0.1:{free_port()}/0", redis_timeout_sec=0.5)
+    settings = make_settings(redis_url=f"redis://127.0.0.1:{free_port()}/0", redis_timeout_sec=0.5)
     async with app_client(settings, engine) as client:
         response = await client.post(BASE, json={})
         assert_error(response, 503, "store_unavailable")
@@ -359,7 +359,7 @@ async def test_store_outage_is_503_with_envelope(engine: ScriptedEngine) -> None
 
 
 async def test_disabled_service_refuses_sessions(redis_url: str, engine: ScriptedEngine) -> None:
-    async with app_client(Settings(redis_url=redis_url, enabled=False), engine) as client:
+    async with app_client(make_settings(redis_url=redis_url, enabled=False), engine) as client:
         assert_error(await client.post(BASE, json={}), 503, "streaming_input_disabled")
 
 
@@ -371,7 +371,7 @@ def test_envelope_types_are_json_serializable() -> None:
 
 async def test_shutdown_fails_sessions_this_replica_was_running(redis_url: str) -> None:
     engine = ScriptedEngine(Script(hang=True))
-    settings = Settings(redis_url=redis_url)
+    settings = make_settings(redis_url=redis_url)
     async with app_client(settings, engine) as client:
         sid = await create(client, first_chunk={"sequence_id": 0, "text": "long job", "end_of_input": True})
         await asyncio.sleep(0.1)
@@ -383,7 +383,7 @@ async def test_shutdown_fails_sessions_this_replica_was_running(redis_url: str) 
 
 async def test_heartbeats_keep_an_idle_stream_alive(redis_url: str) -> None:
     engine = ScriptedEngine(Script(word_delay_sec=1.2))
-    async with app_client(Settings(redis_url=redis_url, sse_ping_sec=1), engine) as client:
+    async with app_client(make_settings(redis_url=redis_url, sse_ping_sec=1), engine) as client:
         sid = await create(client, first_chunk={"sequence_id": 0, "text": "slow", "end_of_input": True})
         body = (await client.get(f"{BASE}/{sid}/events")).text
     assert ": ping" in body

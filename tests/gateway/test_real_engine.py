@@ -15,9 +15,8 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from gateway.settings import Settings
 from omni_adapter.port import Engine
-from tests.gateway.client import BASE, app_client, content_of, parse_sse
+from tests.gateway.client import BASE, app_client, content_of, make_settings, parse_sse
 
 pytestmark = pytest.mark.engine
 
@@ -29,7 +28,7 @@ SAMPLING = {"temperature": 0, "max_tokens": 12, "stream_options": {"include_usag
 
 @pytest.fixture
 async def client(redis_url: str, vllm_engine: Engine) -> AsyncIterator[httpx.AsyncClient]:
-    async with app_client(Settings(redis_url=redis_url), vllm_engine) as c:
+    async with app_client(make_settings(redis_url=redis_url), vllm_engine) as c:
         yield c
 
 

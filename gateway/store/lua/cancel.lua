@@ -1,9 +1,10 @@
--- Cancel (idempotent for cancelled sessions). ARGV: now, cancelled_json.
+-- Cancel (idempotent for cancelled sessions). ARGV: now, cancelled_json, caller.
+-- Reply: {'accepted', 'cancelled', state before, identity} or an error status.
 local now = tonumber(ARGV[1])
 local state = redis.call('HGET', META, 'state')
-if not state then return {'not_found'} end
+if not state or foreign(ARGV[3]) then return {'not_found'} end
 if state == 'expired' then return {'expired'} end
 if state == 'cancelled' then return {'accepted', state, state} end
 if TERMINAL[state] then return {'closed', state} end
 close_session(state, 'cancelled', now, ARGV[2])
-return {'accepted', 'cancelled', state}
+return {'accepted', 'cancelled', state, redis.call('HGET', META, 'identity')}

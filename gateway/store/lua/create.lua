@@ -8,7 +8,7 @@ for i = 9, #ARGV do table.insert(fields, ARGV[i]) end
 redis.call('HSET', META, unpack(fields))
 touch(now)
 if ARGV[3] == '1' then
-  local reply = append_chunk(now, replica, tonumber(ARGV[4]), ARGV[5], ARGV[6], tonumber(ARGV[7]), ARGV[8])
+  local reply = append_chunk(now, replica, tonumber(ARGV[4]), ARGV[5], ARGV[6], tonumber(ARGV[7]), ARGV[8], '')
   -- A first chunk that cannot be taken leaves no session behind.
   if reply[1] ~= 'accepted' then
     for i = 1, 5 do redis.call('DEL', KEYS[i]) end

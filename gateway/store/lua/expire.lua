@@ -1,6 +1,6 @@
 -- Reaper step for one session. ARGV: now, expired_json, incomplete_json.
 -- incomplete_json has the placeholder __MISSING__ for the missing ids.
--- Reply: {'expired'|'failed', before} when it ended the session now,
+-- Reply: {'expired'|'failed', before, identity} when it ended the session now,
 --        {'alive', state, recheck_at} when it is not due, {'gone'} otherwise.
 local now = tonumber(ARGV[1])
 local state = redis.call('HGET', META, 'state')
@@ -16,7 +16,7 @@ if meta_num('final_seq') ~= nil then
   -- failure the client must see with the ids, not a silent expiry.
   local missing = table.concat(missing_ids(), ',')
   close_session(state, 'failed', now, (string.gsub(ARGV[3], '__MISSING__', missing, 1)))
-  return {'failed', state}
+  return {'failed', state, redis.call('HGET', META, 'identity')}
 end
 close_session(state, 'expired', now, ARGV[2])
-return {'expired', state}
+return {'expired', state, redis.call('HGET', META, 'identity')}

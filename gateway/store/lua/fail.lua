@@ -4,4 +4,4 @@ local now = tonumber(ARGV[1])
 local state = redis.call('HGET', META, 'state')
 if not state or TERMINAL[state] then return {'gone', state or ''} end
 close_session(state, 'failed', now, ARGV[2])
-return {'failed', state}
+return {'failed', state, redis.call('HGET', META, 'identity')}

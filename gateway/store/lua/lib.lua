@@ -99,14 +99,20 @@ local function advance(state, now, replica)
   return state, after, started, next_seq
 end
 
+-- Sessions are visible only to the identity that created them; to anyone
+-- else they do not exist (no existence leak). Internal callers pass ''.
+local function foreign(caller)
+  return caller ~= '' and redis.call('HGET', META, 'identity') ~= caller
+end
+
 local function touch(now)
   redis.call('HSET', META, 'expires_at', now + meta_num('timeout_ms'), 'updated_at', now)
 end
 
 -- One chunk into a live session. Returns the reply table of append.lua.
-local function append_chunk(now, replica, seq, record, blob, eoi, too_large_json)
+local function append_chunk(now, replica, seq, record, blob, eoi, too_large_json, caller)
   local state = redis.call('HGET', META, 'state')
-  if not state then return {'not_found'} end
+  if not state or foreign(caller) then return {'not_found'} end
   if state == 'expired' then return {'expired'} end
   -- A completed session falls through: its input is closed, so retries of
   -- its chunks are duplicates and anything new is input_closed.
@@ -132,7 +138,7 @@ local function append_chunk(now, replica, seq, record, blob, eoi, too_large_json
   local total = meta_num('bytes') + nbytes
   if total > meta_num('max_bytes') then
     close_session(state, 'failed', now, too_large_json)
-    return {'too_large', state}
+    return {'too_large', state, redis.call('HGET', META, 'identity')}
   end
 
   redis.call('HSET', DIGESTS, seq, record)
