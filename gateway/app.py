@@ -7,14 +7,12 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
+from fastapi import FastAPI
 
-from gateway import errors
 from gateway.dependencies import Resources
+from gateway.error_handlers import install_error_handlers
 from gateway.identity import IdentityResolver
+from gateway.limits_middleware import BoundedBodyMiddleware
 from gateway.metrics import Metrics
 from gateway.middleware import RequestIdMiddleware
 from gateway.ops import router as ops_router
@@ -24,7 +22,6 @@ from gateway.sessions.service import SessionService, run_reaper
 from gateway.settings import Settings
 from gateway.store.connection import open_redis
 from gateway.store.redis_store import SessionStore
-from gateway.validation import validation_error
 from omni_adapter.factory import EngineChoice, open_engine
 from omni_adapter.port import Engine
 
@@ -64,10 +61,13 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
 
     app = FastAPI(title="omni-gateway", version="0.1.0", lifespan=lifespan,
                   description="Streaming-input sessions in front of vLLM / vLLM-Omni.")
+    # Last added runs first: request ids wrap everything, then bounded bodies.
+    app.add_middleware(BoundedBodyMiddleware, max_bytes=settings.max_request_bytes,
+                       idle_timeout_sec=settings.body_idle_timeout_sec)
     app.add_middleware(RequestIdMiddleware)
     app.include_router(sessions_router)
     app.include_router(ops_router)
-    _install_error_handlers(app)
+    install_error_handlers(app)
     app.openapi = lambda: _openapi_with_envelope(app)  # type: ignore[method-assign]
     return app
 
@@ -88,34 +88,3 @@ def _openapi_with_envelope(app: FastAPI) -> dict:
             spec.get("components", {}).get("schemas", {}).pop(name, None)
         app.openapi_schema = spec
     return app.openapi_schema
-
-
-def _envelope(error: errors.GatewayError, request: Request) -> JSONResponse:
-    resources = getattr(request.state, "resources", None)
-    if resources is not None:
-        resources.metrics.errors.labels(error.code).inc()
-    headers = {"Retry-After": str(error.retry_after)} if error.retry_after is not None else None
-    return JSONResponse(error.envelope(), status_code=error.status_code, headers=headers)
-
-
-def _install_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(errors.GatewayError)
-    async def gateway_error(request: Request, exc: errors.GatewayError) -> JSONResponse:
-        return _envelope(exc, request)
-
-    @app.exception_handler(RequestValidationError)
-    async def request_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return _envelope(validation_error(exc.errors()), request)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        error = errors.GatewayError(str(exc.detail))
-        error.status_code = exc.status_code  # type: ignore[misc]
-        error.code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")  # type: ignore[misc]
-        error.type = "invalid_request_error"  # type: ignore[misc]
-        return _envelope(error, request)
-
-    @app.exception_handler(Exception)
-    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
-        logger.exception("unhandled error")
-        return _envelope(errors.GatewayError("internal error; the request id is in the logs"), request)

@@ -6,6 +6,7 @@ stable ``code`` for the envelope ``{"error": {"message", "type", "code",
 the handler knows HTTP.
 
     GatewayError (500 internal_error)
+    ├── RequestTimeout (408 request_timeout)
     ├── InvalidRequest (400 invalid_request)
     │   └── InvalidJson (400 invalid_json)
     ├── ValidationFailed (422 validation_error)
@@ -28,6 +29,7 @@ the handler knows HTTP.
     │   ├── IncompleteInput (409 incomplete_input)  stored when gaps outlive the timeout
     │   └── TooManyChunks (409 too_many_chunks)
     ├── PayloadTooLarge (413)
+    │   ├── RequestTooLarge (413 request_too_large)  any body over the request cap
     │   ├── ChunkTooLarge (413 chunk_too_large)
     │   └── SessionPayloadTooLarge (413 payload_too_large)  closes the session
     └── ServiceUnavailable (503 service_unavailable)
@@ -67,6 +69,12 @@ class GatewayError(Exception):
         }
         body.update(self.details)
         return {"error": body}
+
+
+class RequestTimeout(GatewayError):
+    status_code = HTTPStatus.REQUEST_TIMEOUT
+    code = "request_timeout"
+    type = "invalid_request_error"
 
 
 class InvalidRequest(GatewayError):
@@ -177,6 +185,10 @@ class PayloadTooLarge(GatewayError):
     status_code = HTTPStatus.REQUEST_ENTITY_TOO_LARGE
     code = "payload_too_large"
     type = "invalid_request_error"
+
+
+class RequestTooLarge(PayloadTooLarge):
+    code = "request_too_large"
 
 
 class ChunkTooLarge(PayloadTooLarge):

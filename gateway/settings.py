@@ -20,6 +20,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from gateway.sessions.policies import StartPolicy
 
 MiB = 1024 * 1024
+#: Room for the fields around a base64 payload in a JSON chunk or create body.
+JSON_OVERHEAD_BYTES = 64 * 1024
 
 
 def _default_replica_id() -> str:
@@ -56,6 +58,14 @@ class Settings(BaseSettings):
     rate_limit_burst: int = Field(200, ge=1)
     #: Open sessions across all identities and replicas (0: no limit).
     max_open_sessions: int = Field(10_000, ge=0)
+
+    #: Stop waiting for a request body that stalls this long (slow clients).
+    body_idle_timeout_sec: float = Field(30.0, gt=0)
+
+    @property
+    def max_request_bytes(self) -> int:
+        """The largest request body: a JSON chunk is base64 (4/3) plus its fields."""
+        return -(-self.max_chunk_bytes * 4 // 3) + JSON_OVERHEAD_BYTES
 
     # Store
     #: Real Redis when set (required for more than one replica);

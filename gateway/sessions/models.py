@@ -52,6 +52,14 @@ class ChunkIn(StrictModel):
         return self
 
 
+class ChatMessage(StrictModel):
+    """A turn of the history placed before the streamed input."""
+
+    role: Literal["system", "user", "assistant"]
+    content: str
+    name: str | None = None
+
+
 class AudioOptions(StrictModel):
     voice: str | None = None
     format: str | None = None
@@ -63,7 +71,7 @@ class StreamOptions(StrictModel):
 
 class CreateSessionRequest(StrictModel):
     model: str | None = None
-    messages: list[dict[str, Any]] = Field(
+    messages: list[ChatMessage] = Field(
         default_factory=list, description="system prompt / history placed before the streamed input")
     modalities: list[Literal["text", "audio"]] = Field(default_factory=lambda: ["text"])
     audio: AudioOptions | None = None
@@ -82,16 +90,6 @@ class CreateSessionRequest(StrictModel):
     stream_options: StreamOptions | None = None
     metadata: dict[str, str] | None = None
     first_chunk: ChunkIn | None = None
-
-    @field_validator("messages")
-    @classmethod
-    def _messages_are_chat_messages(cls, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        for message in messages:
-            if message.get("role") not in ("system", "user", "assistant"):
-                raise ValueError("each message needs a role: system, user or assistant")
-            if not isinstance(message.get("content"), str):
-                raise ValueError("message content must be a string")
-        return messages
 
     @field_validator("min_length")
     @classmethod

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response, status
@@ -37,9 +36,6 @@ Identity = Annotated[str, Depends(get_identity)]
 _COMMON = (errors.Unauthorized, errors.TooManyRequests, errors.SessionNotFound, errors.SessionExpired,
            errors.StoreUnavailable)
 _INPUT = (*_COMMON, errors.InvalidJson, errors.ValidationFailed, errors.SessionClosed)
-
-#: JSON chunks carry base64 (4/3 of the bytes) plus a few fields.
-_JSON_OVERHEAD = 64 * 1024
 
 
 def session_view(record: SessionRecord) -> SessionView:
@@ -103,8 +99,7 @@ async def append_chunk(session_id: str, request: Request, response: Response, se
         body = await read_body_capped(request, settings.max_chunk_bytes)
         chunk = record_from_raw(request.headers, body, settings.max_chunk_bytes)
     elif content_type in ("application/json", ""):
-        limit = math.ceil(settings.max_chunk_bytes * 4 / 3) + _JSON_OVERHEAD
-        body = await read_body_capped(request, limit)
+        body = await read_body_capped(request, settings.max_request_bytes)
         try:
             parsed = ChunkIn.model_validate_json(body)
         except ValidationError as exc:

@@ -157,7 +157,7 @@ class SessionService:
             presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
             repetition_penalty=body.repetition_penalty)
         request = {
-            "messages": body.messages,
+            "messages": [m.model_dump(exclude_none=True) for m in body.messages],
             "modalities": body.modalities,
             "sampling": {**asdict(sampling), "stop": stop},
             "include_usage": bool(body.stream_options and body.stream_options.include_usage),

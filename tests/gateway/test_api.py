@@ -232,7 +232,7 @@ async def test_chunk_over_the_cap_is_refused_and_session_stays(client: httpx.Asy
     sid = await create(client, start_policy="on_end_only")
     big = base64.b64encode(b"x" * (20 * MiB)).decode()
     assert_error(await client.post(f"{BASE}/{sid}/chunks", json={"sequence_id": 0, "payload": big}),
-                 413, "chunk_too_large")
+                 413, "request_too_large")
     raw = await client.post(f"{BASE}/{sid}/chunks", content=b"x" * (20 * MiB),
                             headers={"Content-Type": "application/octet-stream", "X-Sequence-Id": "0"})
     assert_error(raw, 413, "chunk_too_large")

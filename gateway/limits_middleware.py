@@ -1,0 +1,58 @@
+"""Bounded request bodies, for every route, before any route code runs.
+
+A pure ASGI middleware: a declared ``Content-Length`` over the limit is
+refused unread; a body that grows past it while streaming in is refused as
+soon as it does (the rest is never read, so a 1 GiB upload costs no more
+memory than the limit); and a client that stops sending mid-body is timed
+out. The limits apply only while the body is arriving: afterwards ``receive``
+is passed through untouched (SSE waits on it for the disconnect).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gateway import errors
+from gateway.error_handlers import render_error
+
+
+class BoundedBodyMiddleware:
+    def __init__(self, app: ASGIApp, *, max_bytes: int, idle_timeout_sec: float) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+        self.idle_timeout_sec = idle_timeout_sec
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > self.max_bytes:
+            await render_error(self._too_large(), send)
+            return
+        received = 0
+        body_done = False
+
+        async def bounded_receive() -> Message:
+            nonlocal received, body_done
+            if body_done:
+                return await receive()
+            try:
+                async with asyncio.timeout(self.idle_timeout_sec):
+                    message = await receive()
+            except TimeoutError:
+                raise errors.RequestTimeout(
+                    f"the request body stalled for more than {self.idle_timeout_sec:g} s") from None
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    raise self._too_large()
+                body_done = not message.get("more_body", False)
+            return message
+
+        await self.app(scope, bounded_receive, send)
+
+    def _too_large(self) -> errors.RequestTooLarge:
+        return errors.RequestTooLarge(f"request body exceeds the limit of {self.max_bytes} bytes")
