@@ -6,8 +6,6 @@ import asyncio
 import tracemalloc
 from collections.abc import AsyncIterator
 
-import httpx
-
 from tests.fakes import ScriptedEngine
 from tests.gateway.client import BASE, app_client, make_settings
 
