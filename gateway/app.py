@@ -63,7 +63,8 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
                   description="Streaming-input sessions in front of vLLM / vLLM-Omni.")
     # Last added runs first: request ids wrap everything, then bounded bodies.
     app.add_middleware(BoundedBodyMiddleware, max_bytes=settings.max_request_bytes,
-                       idle_timeout_sec=settings.body_idle_timeout_sec)
+                       idle_timeout_sec=settings.body_idle_timeout_sec,
+                       max_header_bytes=settings.max_header_bytes)
     app.add_middleware(RequestIdMiddleware)
     app.include_router(sessions_router)
     app.include_router(ops_router)

@@ -7,6 +7,7 @@ the handler knows HTTP.
 
     GatewayError (500 internal_error)
     ├── RequestTimeout (408 request_timeout)
+    ├── HeadersTooLarge (431 headers_too_large)
     ├── InvalidRequest (400 invalid_request)
     │   └── InvalidJson (400 invalid_json)
     ├── ValidationFailed (422 validation_error)
@@ -74,6 +75,12 @@ class GatewayError(Exception):
 class RequestTimeout(GatewayError):
     status_code = HTTPStatus.REQUEST_TIMEOUT
     code = "request_timeout"
+    type = "invalid_request_error"
+
+
+class HeadersTooLarge(GatewayError):
+    status_code = HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE
+    code = "headers_too_large"
     type = "invalid_request_error"
 
 

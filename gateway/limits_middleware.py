@@ -1,4 +1,7 @@
-"""Bounded request bodies, for every route, before any route code runs.
+"""Bounded requests, for every route, before any route code runs.
+
+Headers over ``max_header_bytes`` in total are refused (431): the HTTP server
+has already parsed them, but no route or log line will carry them further.
 
 A pure ASGI middleware: a declared ``Content-Length`` over the limit is
 refused unread; a body that grows past it while streaming in is refused as
@@ -19,14 +22,21 @@ from gateway.error_handlers import render_error
 
 
 class BoundedBodyMiddleware:
-    def __init__(self, app: ASGIApp, *, max_bytes: int, idle_timeout_sec: float) -> None:
+    def __init__(self, app: ASGIApp, *, max_bytes: int, idle_timeout_sec: float,
+                 max_header_bytes: int) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.max_header_bytes = max_header_bytes
         self.idle_timeout_sec = idle_timeout_sec
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
+            return
+        header_bytes = sum(len(name) + len(value) for name, value in scope["headers"])
+        if header_bytes > self.max_header_bytes:
+            await render_error(errors.HeadersTooLarge(
+                f"request headers exceed {self.max_header_bytes} bytes"), send)
             return
         declared = dict(scope["headers"]).get(b"content-length", b"")
         if declared.isdigit() and int(declared) > self.max_bytes:

@@ -61,6 +61,7 @@ class Settings(BaseSettings):
 
     #: Stop waiting for a request body that stalls this long (slow clients).
     body_idle_timeout_sec: float = Field(30.0, gt=0)
+    max_header_bytes: int = Field(16 * 1024, ge=1024)
 
     @property
     def max_request_bytes(self) -> int:

@@ -86,3 +86,10 @@ async def test_messages_take_only_chat_turns(redis_url: str) -> None:
         assert ok.status_code == 201
 
 
+
+
+async def test_oversized_headers_are_refused(redis_url: str) -> None:
+    async with app_client(make_settings(redis_url=redis_url, max_header_bytes=4096), ScriptedEngine()) as client:
+        response = await client.post(BASE, json={}, headers={"X-Filler": "x" * 8192})
+        assert response.status_code == 431 and response.json()["error"]["code"] == "headers_too_large"
+        assert (await client.post(BASE, json={})).status_code == 201
