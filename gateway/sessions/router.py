@@ -75,9 +75,11 @@ _CHUNK_BODY = {
         "content": {
             "application/json": {"schema": {"$ref": "#/components/schemas/ChunkIn"}},
             "application/octet-stream": {
-                "schema": {"type": "string", "format": "binary"},
-                "description": "raw payload; X-Sequence-Id (required), X-Modality, X-End-Of-Input, "
-                               "X-Format, X-Sample-Rate, X-Mime-Type headers describe it",
+                "schema": {
+                    "type": "string", "format": "binary",
+                    "description": "raw payload; X-Sequence-Id (required), X-Modality, X-End-Of-Input, "
+                                   "X-Format, X-Sample-Rate, X-Mime-Type headers describe it",
+                },
             },
         },
     }
