@@ -78,7 +78,16 @@ class SessionRunner:
         if record.state.is_terminal:
             return
         timing = _Timing(created_ms=record.int("created_at"))
-        session = self._engine.open_session(engine_request(record))
+        try:
+            session = self._engine.open_session(engine_request(record))
+        except EngineRejectedError as exc:
+            # Nothing else would ever end this session: fail it for the client.
+            await self._fail(errors.ValidationFailed(str(exc)))
+            return
+        except Exception:
+            logger.exception("session %s: the engine could not open it", self.session_id)
+            await self._fail(errors.EngineUnavailable("the engine could not take this session"))
+            return
         self._metrics.engine_start.observe(max(0.0, time.time() - timing.created_ms / 1000))
         feeder = asyncio.create_task(self._feed(session, timing), name=f"feed-{self.session_id}")
         try:

@@ -82,7 +82,12 @@ class ScriptedEngine:
     sessions: list[ScriptedSession] = field(default_factory=list)
     healthy: bool = True
 
+    #: Raised by open_session, to test how the gateway handles a refusal.
+    refuse_with: Exception | None = None
+
     def open_session(self, request: EngineRequest) -> ScriptedSession:
+        if self.refuse_with is not None:
+            raise self.refuse_with
         session = ScriptedSession(request, self.script)
         self.sessions.append(session)
         return session

@@ -388,3 +388,16 @@ async def test_heartbeats_keep_an_idle_stream_alive(redis_url: str) -> None:
         body = (await client.get(f"{BASE}/{sid}/events")).text
     assert ": ping" in body
     assert content_of(parse_sse(body)) == "echo: slow"
+
+
+async def test_engine_refusing_a_session_fails_it_instead_of_leaving_it_running(
+    client: httpx.AsyncClient, engine: ScriptedEngine,
+) -> None:
+    from omni_adapter.port import EngineRejectedError
+
+    engine.refuse_with = EngineRejectedError("sampling options the engine refuses")
+    sid = await create(client, first_chunk={"sequence_id": 0, "text": "hi", "end_of_input": True})
+    result = (await client.get(f"{BASE}/{sid}/result", params={"wait": 5})).json()
+    assert result["state"] == "failed" and result["error"]["code"] == "validation_error"
+    events = parse_sse((await client.get(f"{BASE}/{sid}/events")).text)
+    assert [e.event for e in events] == ["error"]
