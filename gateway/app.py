@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from gateway.dependencies import Resources
+from gateway.draining import Draining
 from gateway.error_handlers import install_error_handlers
 from gateway.identity import IdentityResolver
 from gateway.limits_middleware import BoundedBodyMiddleware
@@ -18,7 +19,7 @@ from gateway.middleware import RequestIdMiddleware
 from gateway.ops import router as ops_router
 from gateway.runner import RunnerPool, SessionRunner
 from gateway.sessions.router import router as sessions_router
-from gateway.sessions.service import SessionService, run_reaper
+from gateway.sessions.service import SessionService, run_tender
 from gateway.settings import Settings
 from gateway.store.connection import open_redis
 from gateway.store.redis_store import SessionStore
@@ -28,13 +29,19 @@ from omni_adapter.port import Engine
 logger = logging.getLogger(__name__)
 
 
-def create_app(settings: Settings | None = None, *, engine: Engine | None = None) -> FastAPI:
-    """Build the app. Pass ``engine`` to share one already open (tests); it is then not closed here."""
+def create_app(settings: Settings | None = None, *, engine: Engine | None = None,
+               draining: Draining | None = None) -> FastAPI:
+    """Build the app.
+
+    Pass ``engine`` to share one already open (tests); it is then not closed
+    here. ``draining`` is flipped by whoever handles SIGTERM (the CLI).
+    """
     settings = settings or Settings()
+    draining = draining or Draining()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Resources]]:
-        async with open_redis(settings.redis_url, settings.redis_timeout_sec) as client:
+        async with open_redis(settings.redis_url, settings.redis_timeout_sec, cluster=settings.redis_cluster) as client:
             own_engine = engine is None
             active = engine or await open_engine(EngineChoice(
                 kind=settings.engine, model=settings.model, served_model_name=settings.served_model_name,
@@ -42,20 +49,23 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
                 kv_cache_space_gib=settings.kv_cache_space_gib))
             store = SessionStore(client, timeout_sec=settings.redis_timeout_sec)
             metrics = Metrics()
-            runners = RunnerPool(lambda sid: SessionRunner(sid, store, active, metrics))
-            service = SessionService(settings, store, active.capabilities, runners, metrics)
-            reaper = asyncio.create_task(run_reaper(service, settings.reaper_interval_sec), name="reaper")
+            runners = RunnerPool(
+                lambda sid, lease: SessionRunner(sid, lease, store, active, metrics, settings.lease_ttl_sec),
+                capacity=settings.max_engine_sessions)
+            service = SessionService(settings, store, active.capabilities, runners, metrics, draining)
+            tender = asyncio.create_task(run_tender(service, runners, settings.tend_interval_sec), name="tender")
             identity = IdentityResolver(settings.api_keys, settings.identity_header)
             log_identity = logger.warning if identity.mode == "open" else logger.info
             log_identity("identity: %s", identity.describe())
             logger.info("omni-gateway ready: replica %s, models %s", settings.replica_id,
                         ", ".join(active.capabilities.model_names))
             try:
-                yield {"resources": Resources(settings, store, active, service, metrics, identity)}
+                yield {"resources": Resources(settings, store, active, service, metrics, identity, draining)}
             finally:
-                reaper.cancel()
-                await asyncio.gather(reaper, return_exceptions=True)
-                await runners.aclose()
+                draining.begin()
+                tender.cancel()
+                await asyncio.gather(tender, return_exceptions=True)
+                await runners.aclose(settings.shutdown_grace_sec)
                 if own_engine:
                     await active.aclose()
 

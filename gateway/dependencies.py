@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from starlette.requests import Request
 
+from gateway.draining import Draining
 from gateway.identity import IdentityResolver
 from gateway.metrics import Metrics
 from gateway.sessions.service import SessionService
@@ -24,6 +25,7 @@ class Resources:
     service: SessionService
     metrics: Metrics
     identity: IdentityResolver
+    draining: Draining
 
 
 def get_resources(request: Request) -> Resources:

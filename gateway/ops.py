@@ -22,7 +22,9 @@ async def healthz() -> dict[str, str]:
 
 @router.get("/readyz", responses=errors.error_responses(errors.StoreUnavailable, errors.EngineUnavailable))
 async def readyz(resources: Res) -> dict[str, str]:
-    """Ready for traffic: Redis answers and the engine is healthy."""
+    """Ready for traffic: not shutting down, Redis answers and the engine is healthy."""
+    if resources.draining.active:
+        raise errors.EngineUnavailable("this replica is shutting down")
     await resources.store.ping()
     try:
         await resources.engine.check_health()

@@ -1,14 +1,21 @@
-"""Drive the engine work of the sessions this replica owns.
+"""Drive the engine work of the sessions this replica holds a lease on.
 
-A session's runner has two halves that run side by side:
+A session's runner has three parts that run side by side:
 
     :in stream ──► feed ──► EngineSession ──► relay ──► :out stream (+ result)
+                      heartbeat: renews the lease, stops the rest when lost
 
-``feed`` reads newly contiguous input (and the ``end`` / ``abort`` marks)
-from Redis, so input appended on any replica reaches the engine, and a
-cancel or expiry decided anywhere aborts it. ``relay`` turns engine events
-into OpenAI frames and publishes them; it stops as soon as the session is
-no longer generating.
+``feed`` reads the contiguous input (and the ``end`` / ``abort`` marks) from
+Redis from the start of the stream, so input appended on any replica reaches
+the engine, and a runner that takes a session over from a dead replica
+rebuilds the engine session from Redis alone. ``relay`` turns engine events
+into OpenAI frames and publishes them under the lease; a new owner first
+reads the frames already published and has the engine continue after that
+text, so subscribers see one stream with nothing lost or repeated.
+
+Redis outages do not end a runner: each store call is retried until it
+succeeds or the lease turns out to be lost (the publish and fail scripts
+refuse a stale lease, so two holders can never both write).
 """
 
 from __future__ import annotations
@@ -17,14 +24,15 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from gateway import errors
 from gateway.metrics import Metrics
-from gateway.output.frames import DONE, FrameBuilder
+from gateway.output.frames import DONE, FrameBuilder, content_of
 from gateway.sessions.states import SessionState
-from gateway.store.records import SessionRecord
+from gateway.store.records import Frame, Lease, SessionRecord
 from gateway.store.redis_store import InputEvent, SessionStore
 from omni_adapter.port import (
     Engine,
@@ -39,25 +47,45 @@ from omni_adapter.port import (
 )
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 #: How long one blocking read of the input stream waits before looking again.
 INPUT_POLL_MS = 5_000
+#: Waits between retries of a store call while Redis is unreachable.
+RETRY_DELAYS_SEC = (0.05, 0.1, 0.2, 0.5, 1.0)
 
 
-def engine_request(record: SessionRecord) -> EngineRequest:
+def engine_request(record: SessionRecord, assistant_prefix: str = "") -> EngineRequest:
     """Rebuild the engine request from what ``create`` stored in Redis."""
     stored = record.json("request")
     return EngineRequest(
-        request_id=record.session_id,
+        request_id=f"{record.session_id}-{record.int('lease_epoch')}",
         model=record.fields["model"],
         messages=tuple(stored["messages"]),
         sampling=SamplingOptions(**{**stored["sampling"], "stop": tuple(stored["sampling"]["stop"])}),
         output_modalities=tuple(stored["modalities"]),
+        assistant_prefix=assistant_prefix,
     )
 
 
 def error_json(error: errors.GatewayError) -> str:
     return json.dumps(error.envelope())
+
+
+class LeaseLost(Exception):
+    """Another replica holds the session's engine work now, or the session ended."""
+
+
+@dataclass
+class _Progress:
+    """What earlier holders already published: where this runner picks up."""
+
+    frames: int
+    text: str
+
+    @classmethod
+    def of(cls, frames: list[Frame]) -> _Progress:
+        return cls(len(frames), "".join(content_of(f.data) for f in frames if not f.event))
 
 
 @dataclass
@@ -67,19 +95,25 @@ class _Timing:
 
 
 class SessionRunner:
-    def __init__(self, session_id: str, store: SessionStore, engine: Engine, metrics: Metrics) -> None:
+    def __init__(self, session_id: str, lease: Lease, store: SessionStore, engine: Engine,
+                 metrics: Metrics, lease_ttl_sec: float) -> None:
         self.session_id = session_id
+        self.lease = lease
         self._store = store
         self._engine = engine
         self._metrics = metrics
+        self._lease_ttl_sec = lease_ttl_sec
 
     async def run(self) -> None:
-        record = await self._store.view(self.session_id)
+        record = await self._retrying(lambda: self._store.view(self.session_id))
         if record.state.is_terminal:
             return
-        timing = _Timing(created_ms=record.int("created_at"))
+        progress = _Progress.of(await self._retrying(lambda: self._store.read_output(self.session_id)))
+        if progress.frames:
+            logger.info("session %s: taking over after %d frames", self.session_id, progress.frames)
+        timing = _Timing(created_ms=record.int("created_at"), input_done_ms=record.int("input_done_at") or None)
         try:
-            session = self._engine.open_session(engine_request(record))
+            session = self._engine.open_session(engine_request(record, progress.text))
         except EngineRejectedError as exc:
             # Nothing else would ever end this session: fail it for the client.
             await self._fail(errors.ValidationFailed(str(exc)))
@@ -89,24 +123,63 @@ class SessionRunner:
             await self._fail(errors.EngineUnavailable("the engine could not take this session"))
             return
         self._metrics.engine_start.observe(max(0.0, time.time() - timing.created_ms / 1000))
-        feeder = asyncio.create_task(self._feed(session, timing), name=f"feed-{self.session_id}")
+        parts = [
+            asyncio.create_task(self._relay(session, record, progress, timing), name=f"relay-{self.session_id}"),
+            asyncio.create_task(self._heartbeat(), name=f"lease-{self.session_id}"),
+            asyncio.create_task(self._feed(session, timing), name=f"feed-{self.session_id}"),
+        ]
         try:
-            await self._relay(session, record, timing)
+            # The relay ends the work; a lost lease (heartbeat) ends it early.
+            done, _ = await asyncio.wait(parts[:2], return_when=asyncio.FIRST_COMPLETED)
+            for part in done:
+                part.result()
+        except LeaseLost:
+            logger.warning("session %s: lease lost; another replica runs it now", self.session_id)
         except asyncio.CancelledError:
-            # Only shutdown cancels a runner. Until another replica can take
-            # the session over, the honest answer to its client is a failure,
-            # not a stream that never ends.
-            await self._fail(errors.EngineUnavailable("the replica running this session shut down"))
+            # Shutdown past its grace period: hand the work to another replica,
+            # which continues from what is in Redis.
+            await self._release()
             raise
-        except errors.GatewayError as exc:
-            logger.warning("session %s: runner stopped: %s", self.session_id, exc.code)
         except Exception:
             logger.exception("session %s: runner crashed", self.session_id)
             await self._fail(errors.GatewayError("the engine work of this session failed"))
         finally:
-            feeder.cancel()
-            await asyncio.gather(feeder, return_exceptions=True)
+            for part in parts:
+                part.cancel()
+            await asyncio.gather(*parts, return_exceptions=True)
             await session.abort()
+
+    # --- lease ---------------------------------------------------------------
+
+    async def _heartbeat(self) -> None:
+        """Renew the lease every third of its time to live; raise LeaseLost when it is gone."""
+        while True:
+            await asyncio.sleep(self._lease_ttl_sec / 3)
+            if not await self._retrying(lambda: self._store.renew(self.session_id, self.lease)):
+                raise LeaseLost(self.session_id)
+
+    async def _release(self) -> None:
+        try:
+            await self._store.release(self.session_id, self.lease)
+            logger.info("session %s: released to another replica", self.session_id)
+        except errors.StoreUnavailable:
+            # The lease lapses on its own; another replica takes over then.
+            logger.warning("session %s: could not release, store unavailable", self.session_id)
+
+    async def _retrying(self, call: Callable[[], Awaitable[T]]) -> T:
+        """Run a store call, retrying while Redis is unreachable."""
+        attempt = 0
+        while True:
+            try:
+                return await call()
+            except errors.StoreUnavailable:
+                delay = RETRY_DELAYS_SEC[min(attempt, len(RETRY_DELAYS_SEC) - 1)]
+                if attempt == 0:
+                    logger.warning("session %s: store unavailable, retrying", self.session_id)
+                attempt += 1
+                await asyncio.sleep(delay)
+
+    # --- input ---------------------------------------------------------------
 
     async def _feed(self, session: EngineSession, timing: _Timing) -> None:
         """Feed input until aborted; if feeding fails, fail the session and stop the engine."""
@@ -126,7 +199,8 @@ class SessionRunner:
     async def _feed_until_abort(self, session: EngineSession, timing: _Timing) -> None:
         after = "0-0"
         while True:
-            events = await self._store.read_input(self.session_id, after, INPUT_POLL_MS)
+            events = await self._retrying(
+                lambda: self._store.read_input(self.session_id, after, INPUT_POLL_MS))  # noqa: B023
             if not events:
                 continue
             after = events[-1].id
@@ -137,7 +211,7 @@ class SessionRunner:
     async def _apply(self, session: EngineSession, events: list[InputEvent], timing: _Timing) -> None:
         pending = [e.sequence_id for e in events if e.kind == "chunk"]
         if pending:
-            records = await self._store.load_chunks(self.session_id, pending)
+            records = await self._retrying(lambda: self._store.load_chunks(self.session_id, pending))
             await session.feed([
                 InputChunk(r.sequence_id, r.modality, r.payload, r.format, r.mime_type,  # type: ignore[arg-type]
                            r.sample_rate)
@@ -151,36 +225,41 @@ class SessionRunner:
                 logger.info("session %s: engine work aborted (%s)", self.session_id, event.value)
                 await session.abort()
 
-    async def _relay(self, session: EngineSession, record: SessionRecord, timing: _Timing) -> None:
+    # --- output --------------------------------------------------------------
+
+    async def _relay(self, session: EngineSession, record: SessionRecord, progress: _Progress,
+                     timing: _Timing) -> None:
         stored = record.json("request")
-        frames = FrameBuilder(self.session_id, record.fields["model"], record.int("created_at") // 1000)
+        frames = FrameBuilder(record.session_id, record.fields["model"], record.int("created_at") // 1000)
         include_usage = stored.get("include_usage", False)
-        pieces: list[str] = []
-        role_sent = False
+        pieces: list[str] = [progress.text] if progress.text else []
+        written = progress.frames
+
+        async def publish(out: list[tuple[str, str, bool]], **final: object) -> bool:
+            nonlocal written
+            first = written
+            ids = await self._retrying(lambda: self._store.publish(
+                self.session_id, self.lease, first, out, **final))  # type: ignore[arg-type]
+            written = first + len(out)
+            return ids is not None
 
         def opening() -> list[tuple[str, str, bool]]:
-            nonlocal role_sent
-            if role_sent:
-                return []
-            role_sent = True
-            return [("", frames.role(), False)]
+            return [("", frames.role(), False)] if written == 0 else []
 
         async for event in session.events():
             if isinstance(event, TextDelta):
                 if not pieces and timing.input_done_ms is not None:
                     self._metrics.ttft.observe(max(0.0, time.time() - timing.input_done_ms / 1000))
                 pieces.append(event.text)
-                out = [*opening(), ("", frames.content(event.text), False)]
-                if await self._store.publish(self.session_id, out) is None:
-                    return  # cancelled or expired meanwhile; the finally aborts the engine
+                if not await publish([*opening(), ("", frames.content(event.text), False)]):
+                    return  # cancelled, expired or taken over; the caller aborts the engine
             elif isinstance(event, Finished):
                 out = [*opening(), ("", frames.finish(event.finish_reason), False)]
                 if include_usage:
                     out.append(("", frames.usage(event.usage), False))
                 out.append(("", DONE, True))
                 completion = frames.completion("".join(pieces), event.finish_reason, event.usage)
-                if await self._store.publish(self.session_id, out, completion=completion,
-                                           identity=record.fields.get("identity")) is not None:
+                if await publish(out, completion=completion, identity=record.fields.get("identity")):
                     self._metrics.transition(SessionState.GENERATING, SessionState.COMPLETED)
                 return
             elif isinstance(event, EngineError):
@@ -193,7 +272,7 @@ class SessionRunner:
         if code:
             envelope["error"]["code"] = code
         try:
-            before = await self._store.fail(self.session_id, json.dumps(envelope))
+            before = await self._store.fail(self.session_id, json.dumps(envelope), self.lease)
         except errors.StoreUnavailable:
             logger.error("session %s: could not record failure, store unavailable", self.session_id)
             return
@@ -202,24 +281,42 @@ class SessionRunner:
 
 
 class RunnerPool:
-    """The runners of this replica, one task per owned session."""
+    """The runners of this replica, one task per session it holds the lease on.
 
-    def __init__(self, make_runner: Callable[[str], SessionRunner]) -> None:
+    ``capacity`` bounds the engine sessions this replica runs at once; work
+    beyond it waits in Redis for any replica with room.
+    """
+
+    def __init__(self, make_runner: Callable[[str, Lease], SessionRunner], capacity: int) -> None:
         self._make_runner = make_runner
+        self._capacity = capacity
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        #: Set whenever a runner ends: room for waiting work.
+        self.freed = asyncio.Event()
 
-    def start(self, session_id: str) -> None:
+    @property
+    def room(self) -> int:
+        return max(0, self._capacity - len(self._tasks))
+
+    def start(self, session_id: str, lease: Lease) -> None:
         if session_id in self._tasks:
             return
-        task = asyncio.create_task(self._make_runner(session_id).run(), name=f"run-{session_id}")
+        task = asyncio.create_task(self._make_runner(session_id, lease).run(), name=f"run-{session_id}")
         self._tasks[session_id] = task
-        task.add_done_callback(lambda _: self._tasks.pop(session_id, None))
+        task.add_done_callback(lambda _: self._ended(session_id))
+
+    def _ended(self, session_id: str) -> None:
+        self._tasks.pop(session_id, None)
+        self.freed.set()
 
     def __len__(self) -> int:
         return len(self._tasks)
 
-    async def aclose(self) -> None:
+    async def aclose(self, grace_sec: float = 0.0) -> None:
+        """Let runners finish for up to ``grace_sec``, then hand the rest to other replicas."""
         tasks = list(self._tasks.values())
+        if tasks and grace_sec > 0:
+            await asyncio.wait(tasks, timeout=grace_sec)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -73,7 +73,22 @@ class Settings(BaseSettings):
     #: an in-process fakeredis otherwise.
     redis_url: str | None = None
     redis_timeout_sec: float = Field(2.0, gt=0)
-    reaper_interval_sec: float = Field(1.0, gt=0)
+    #: Redis Cluster (keys of one session share a hash tag) instead of one server.
+    redis_cluster: bool = False
+
+    # Replicas (DESIGN section 5): who runs a session's engine work
+    #: The lease a replica holds on each session it runs; renewed every third.
+    #: A replica that dies loses its sessions to others after at most this.
+    lease_ttl_sec: float = Field(10.0, gt=0)
+    #: Engine sessions this replica runs at once; more wait in Redis for room.
+    max_engine_sessions: int = Field(64, ge=1)
+    #: How often the tender expires idle sessions and claims ownerless work.
+    tend_interval_sec: float = Field(0.25, gt=0)
+    #: On SIGTERM: how long /readyz reports 503 while still serving, so load
+    #: balancers stop routing here before the listener closes.
+    drain_sec: float = Field(1.0, ge=0)
+    #: Then how long owned sessions get to finish before they are released.
+    shutdown_grace_sec: float = Field(10.0, ge=0)
 
     # Engine
     engine: Literal["vllm"] = "vllm"

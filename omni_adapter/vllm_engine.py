@@ -143,7 +143,10 @@ class VllmEngine:
         requested = request.sampling.max_tokens
         sampling_params(request.sampling, max_tokens=1 if requested is None else requested)
         tokens = self._streaming.open(prefix, suffix + request.assistant_prefix)
-        session = VllmSession(self._llm, request, tokens, self._max_model_len)
+        # After a hand-off the answer so far is part of the prompt; it still
+        # counts against max_tokens and in the usage as completion tokens.
+        emitted = len(self._streaming.encode(request.assistant_prefix)) if request.assistant_prefix else 0
+        session = VllmSession(self._llm, request, tokens, self._max_model_len, emitted)
         self._sessions.add(session)
         return session
 
@@ -177,8 +180,11 @@ class VllmSession:
         request: EngineRequest,
         tokens: IncrementalTokenizer,
         max_model_len: int,
+        emitted_tokens: int = 0,
     ) -> None:
         self._llm = llm
+        #: Tokens of the answer that an earlier holder already emitted.
+        self._emitted = emitted_tokens
         self._request = request
         self._tokens = tokens
         self._max_model_len = max_model_len
@@ -349,6 +355,9 @@ class VllmSession:
         self._fed += len(batch)
         room = self._max_model_len - self._fed
         requested = self._request.sampling.max_tokens
+        if requested is not None:
+            # At least one: a hand-off right at the limit may overshoot by one token.
+            requested = max(1, requested - self._emitted)
         final = sampling_params(
             self._request.sampling, max_tokens=room if requested is None else min(requested, room)
         )
@@ -362,7 +371,8 @@ class VllmSession:
         if self._terminal:
             return
         self._terminal = True
-        usage = Usage(prompt_tokens=self._fed, completion_tokens=self._completion_tokens)
+        usage = Usage(prompt_tokens=self._fed - self._emitted,
+                      completion_tokens=self._emitted + self._completion_tokens)
         self._events.put_nowait(Finished(reason, usage))
 
     def _fail(self, error: EngineError) -> None:

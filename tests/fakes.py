@@ -58,7 +58,12 @@ class ScriptedSession:
             return
         text = b"".join(c.data for c in self.fed).decode()
         words = f"echo: {text}".split(" ")
+        # After a hand-off, continue after what was already emitted (like a
+        # real engine given the answer so far as the assistant's prefix).
+        skip = len(self.request.assistant_prefix.split(" ")) if self.request.assistant_prefix else 0
         for i, word in enumerate(words):
+            if i < skip:
+                continue
             if self.script.error_after_words == i:
                 yield EngineError("scripted failure", code="engine_error")
                 return

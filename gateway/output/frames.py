@@ -21,6 +21,13 @@ def _dumps(obj: dict[str, Any]) -> str:
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
 
 
+def content_of(data: str) -> str:
+    """The text a ``chat.completion.chunk`` frame adds to the answer ('' for others)."""
+    if data == DONE:
+        return ""
+    return "".join(choice["delta"].get("content") or "" for choice in json.loads(data).get("choices", ()))
+
+
 def usage_dict(usage: Usage) -> dict[str, int]:
     return {
         "prompt_tokens": usage.prompt_tokens,

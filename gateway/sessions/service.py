@@ -9,13 +9,16 @@ start-policy thresholds, metrics, and hands started sessions to the runner.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import logging
 import time
 import uuid
 from dataclasses import asdict
 from typing import Any
 
 from gateway import errors
+from gateway.draining import Draining
 from gateway.metrics import Metrics
 from gateway.runner import RunnerPool, error_json
 from gateway.sessions.models import CreateSessionRequest
@@ -32,12 +35,13 @@ MAX_RESULT_WAIT_SEC = 60.0
 
 class SessionService:
     def __init__(self, settings: Settings, store: SessionStore, capabilities: Capabilities,
-                 runners: RunnerPool, metrics: Metrics) -> None:
+                 runners: RunnerPool, metrics: Metrics, draining: Draining) -> None:
         self._settings = settings
         self._store = store
         self._capabilities = capabilities
         self._runners = runners
         self._metrics = metrics
+        self._draining = draining
 
     # --- validation shared by create and append ----------------------------
 
@@ -73,7 +77,7 @@ class SessionService:
         until = fields["created_at"] + fields["timeout_ms"] + fields["generation_ttl_ms"]
         await self._store.admit(identity, session_id, per_identity=self._settings.max_sessions_per_identity,
                                 overall=self._settings.max_open_sessions, until_ms=until)
-        outcome = await self._store.create(session_id, fields, self._settings.replica_id, first,
+        outcome = await self._store.create(session_id, fields, self._claimant(), first,
                                            self._too_large_json())
         self._metrics.transition(None, SessionState.OPEN)
         if first is not None:
@@ -86,7 +90,7 @@ class SessionService:
         self._check_modality(chunk)
         started_at = time.perf_counter()
         try:
-            outcome = await self._store.append(session_id, chunk, self._settings.replica_id,
+            outcome = await self._store.append(session_id, chunk, self._claimant(),
                                                self._too_large_json(), caller=identity)
         except errors.SessionPayloadTooLarge as exc:
             self._metrics.transition(exc.previous_state, SessionState.FAILED)
@@ -97,7 +101,7 @@ class SessionService:
         return outcome
 
     async def finish(self, identity: str, session_id: str, final_sequence_id: int | None) -> InputOutcome:
-        outcome = await self._store.finish(session_id, final_sequence_id, self._settings.replica_id,
+        outcome = await self._store.finish(session_id, final_sequence_id, self._claimant(),
                                            caller=identity)
         self._after_input(session_id, outcome.previous_state, outcome)
         return outcome
@@ -126,14 +130,19 @@ class SessionService:
                 return record
             await self._store.read_frames(session_id, last, block_ms=max(1, int(remaining * 1000)))
 
-    async def reap(self) -> None:
+    async def tend(self) -> None:
+        """Expire idle sessions; take engine work that has no live owner while there is room."""
         expired = error_json(errors.SessionExpired("the session expired after being idle"))
-        # expire.lua fills in the ids; it only knows them at that moment.
+        # tend.lua fills in the ids; it only knows them at that moment.
         incomplete = error_json(errors.IncompleteInput(
             "input was not complete when the session timed out", missing_sequence_ids="__MISSING__",
         )).replace('"__MISSING__"', "[__MISSING__]")
-        for ended in await self._store.reap(expired, incomplete):
-            self._metrics.transition(ended.previous_state, ended.state)
+        room = 0 if self._draining.active else self._runners.room
+        for outcome in await self._store.tend(expired, incomplete, self._settings.replica_id, room):
+            if outcome.lease is not None:
+                self._runners.start(outcome.session_id, outcome.lease)
+            else:
+                self._metrics.transition(outcome.previous_state, outcome.state)
 
     # --- helpers ---------------------------------------------------------------
 
@@ -178,6 +187,7 @@ class SessionService:
             "timeout_ms": timeout_ms, "result_ttl_ms": int(s.result_ttl_sec * 1000),
             # Generation is not idle time; give it at least an hour before keys lapse.
             "generation_ttl_ms": max(timeout_ms, 3_600_000),
+            "owner": "", "lease_until": 0, "lease_epoch": 0, "lease_ttl_ms": int(s.lease_ttl_sec * 1000),
         }
 
     def _count_chunk(self, chunk: ChunkRecord, outcome: InputOutcome) -> None:
@@ -185,20 +195,29 @@ class SessionService:
         if not outcome.duplicate:
             self._metrics.chunk_bytes.labels(chunk.modality).inc(len(chunk.payload))
 
+    def _claimant(self) -> str:
+        """This replica's id when it can take engine work that a call starts, else ''."""
+        if self._draining.active or self._runners.room == 0:
+            return ""
+        return self._settings.replica_id
+
     def _after_input(self, session_id: str, before: SessionState, outcome: InputOutcome) -> None:
         self._metrics.transition(before, outcome.state)
-        if outcome.started:
-            self._runners.start(session_id)
+        if outcome.lease is not None:
+            self._runners.start(session_id, outcome.lease)
 
 
-async def run_reaper(service: SessionService, interval_sec: float) -> None:
-    """Background task: expire idle sessions every ``interval_sec``."""
-    import logging
-
+async def run_tender(service: SessionService, runners: RunnerPool, interval_sec: float) -> None:
+    """Background task: tend the schedule every ``interval_sec``, and whenever a runner ends."""
     log = logging.getLogger(__name__)
     while True:
+        runners.freed.clear()
         try:
-            await service.reap()
+            await service.tend()
         except errors.StoreUnavailable:
-            log.warning("reaper: store unavailable, retrying")
-        await asyncio.sleep(interval_sec)
+            log.warning("tender: store unavailable, retrying")
+        # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow the
+        # cancel that stops this task when the event fires at the same time.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(interval_sec):
+                await runners.freed.wait()

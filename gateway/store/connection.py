@@ -15,13 +15,24 @@ logger = logging.getLogger(__name__)
 
 
 @asynccontextmanager
-async def open_redis(url: str | None, timeout_sec: float) -> AsyncIterator[aioredis.Redis]:
+async def open_redis(url: str | None, timeout_sec: float, *, cluster: bool = False) -> AsyncIterator[aioredis.Redis]:
     """Yield a client for ``url``; without one, an in-process fakeredis server.
 
+    With ``cluster`` the URL names any node of a Redis Cluster; each session
+    script touches one slot (one hash tag per session), so it runs as is.
     The fake is the embedded default for a single replica: it speaks the
     same commands and runs the same Lua, but lives and dies with the process.
     """
-    if url:
+    if url and cluster:
+        from redis.asyncio.cluster import RedisCluster
+
+        client = RedisCluster.from_url(
+            url,
+            socket_timeout=None,  # blocking reads set their own; see the store
+            socket_connect_timeout=timeout_sec,
+            max_connections=10_000,
+        )
+    elif url:
         client = aioredis.Redis.from_url(
             url,
             socket_timeout=None,  # blocking reads set their own; see the store

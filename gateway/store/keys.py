@@ -2,8 +2,9 @@
 
 All keys of one session share the hash tag ``{<session id>}`` so the
 multi-key Lua scripts run on Redis Cluster (one slot per session). The
-expiry index is the only key outside a session's slot; it is a hint for the
-reaper, never the truth (the truth is ``expires_at`` in the meta hash).
+schedule is the only session index outside a session's slot; it is a hint
+for the tenders, never the truth (the truth is ``expires_at``, ``owner`` and
+``lease_until`` in the meta hash).
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ from typing import NamedTuple
 
 PREFIX = "sis"
 
-#: Sorted set: session id -> the time (ms) the reaper should look at it again.
-EXPIRY_INDEX = f"{PREFIX}:expiry-index"
+#: Sorted set: session id -> the time (ms) a tender should look at it again
+#: (idle deadline, lease expiry, or now for engine work waiting for an owner).
+SCHEDULE = f"{PREFIX}:schedule"
 
 
 #: Sorted set of every open session (global cap), scored like identity_sessions.

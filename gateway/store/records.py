@@ -57,11 +57,21 @@ class InputOutcome:
 
     state: SessionState
     previous_state: SessionState
-    #: True when this call opened the session's engine work (this replica owns it).
+    #: True when this call started the session's engine work.
     started: bool
     next_sequence_id: int
     duplicate: bool = False
     missing_sequence_ids: list[int] = field(default_factory=list)
+    #: Set when the calling replica took the lease on that work with this call.
+    lease: Lease | None = None
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A replica's hold on one session's engine work; ``epoch`` fences off older holders."""
+
+    replica: str
+    epoch: int
 
 
 @dataclass(frozen=True)

@@ -23,14 +23,14 @@ from gateway import errors
 from gateway.sessions.states import SessionState
 from gateway.store.connection import translate_redis_errors
 from gateway.store.keys import (
-    EXPIRY_INDEX,
     OPEN_SESSIONS,
+    SCHEDULE,
     SessionKeys,
     identity_rate,
     identity_sessions,
     session_keys,
 )
-from gateway.store.records import ChunkRecord, Frame, InputOutcome, SessionRecord
+from gateway.store.records import ChunkRecord, Frame, InputOutcome, Lease, SessionRecord
 from gateway.store.scripts import script_sources
 
 
@@ -55,11 +55,14 @@ class InputEvent:
 
 
 @dataclass(frozen=True)
-class ReapOutcome:
+class TendOutcome:
     session_id: str
-    #: "expired" or "failed" (input never completed), with the state before.
+    #: ``expired`` or ``failed`` (input never completed) when the tender ended
+    #: the session; ``streaming`` / ``generating`` when it claimed its work.
     state: SessionState
     previous_state: SessionState
+    #: Set when the tender took the lease on the session's engine work.
+    lease: Lease | None = None
 
 
 def _error_for(reply: list[Any], session_id: str, sequence_id: int | None = None) -> errors.GatewayError:
@@ -96,14 +99,20 @@ def _error_for(reply: list[Any], session_id: str, sequence_id: int | None = None
     return errors.GatewayError(f"unexpected store reply {status!r}")
 
 
-def _input_outcome(reply: list[Any], duplicate: bool = False) -> InputOutcome:
+def _frame(entry_id: str, fields: dict[str, str]) -> Frame:
+    return Frame(entry_id, fields["e"], fields["d"], fields["t"] == "1")
+
+
+def _input_outcome(reply: list[Any], replica: str, duplicate: bool = False) -> InputOutcome:
+    epoch = int(reply[5])
     return InputOutcome(
         state=SessionState(_text(reply[1])),
         previous_state=SessionState(_text(reply[2])),
         started=int(reply[3]) == 1,
         next_sequence_id=int(reply[4]),
         duplicate=duplicate,
-        missing_sequence_ids=[int(v) for v in reply[5:]],
+        missing_sequence_ids=[int(v) for v in reply[6:]],
+        lease=Lease(replica, epoch) if epoch > 0 else None,
     )
 
 
@@ -135,6 +144,9 @@ class SessionStore:
 
     # --- input side -----------------------------------------------------
 
+    # ``replica`` on the input calls: the caller's id when it has room to take
+    # engine work this call starts, '' when it does not (the work then waits).
+
     async def create(
         self, session_id: str, fields: dict[str, Any], replica: str, first: ChunkRecord | None,
         too_large_json: str,
@@ -148,8 +160,9 @@ class SessionStore:
         reply = await self._run("create", session_keys(session_id), [now, replica, *chunk_args, *flat])
         if _text(reply[0]) != "accepted":
             raise _error_for(reply, session_id, first.sequence_id if first else None)
-        await self._index(session_id, now + int(fields["timeout_ms"]))
-        return _input_outcome(reply)
+        outcome = _input_outcome(reply, replica)
+        await self.schedule(session_id, now if outcome.started else now + int(fields["timeout_ms"]))
+        return outcome
 
     async def append(
         self, session_id: str, chunk: ChunkRecord, replica: str, too_large_json: str, caller: str = "",
@@ -160,9 +173,11 @@ class SessionStore:
         reply = await self._run("append", session_keys(session_id), args)
         status = _text(reply[0])
         if status in ("accepted", "duplicate"):
-            return _input_outcome(reply, duplicate=status == "duplicate")
+            outcome = _input_outcome(reply, replica, duplicate=status == "duplicate")
+            await self._schedule_if_started(session_id, outcome)
+            return outcome
         if status == "too_large":
-            await self._release(session_id, _text(reply[2]))
+            await self._free_slots(session_id, _text(reply[2]))
         raise _error_for(reply, session_id, chunk.sequence_id)
 
     async def finish(self, session_id: str, final_sequence_id: int | None, replica: str,
@@ -171,7 +186,9 @@ class SessionStore:
         reply = await self._run("finish", session_keys(session_id), [now_ms(), replica, asked, caller])
         if _text(reply[0]) != "accepted":
             raise _error_for(reply, session_id, final_sequence_id)
-        return _input_outcome(reply)
+        outcome = _input_outcome(reply, replica)
+        await self._schedule_if_started(session_id, outcome)
+        return outcome
 
     async def cancel(self, session_id: str, cancelled_json: str, caller: str = "") -> SessionState:
         """Cancel; returns the state before (``cancelled`` again when repeated)."""
@@ -179,7 +196,7 @@ class SessionStore:
         if _text(reply[0]) != "accepted":
             raise _error_for(reply, session_id)
         if len(reply) > 3:
-            await self._release(session_id, _text(reply[3]))
+            await self._free_slots(session_id, _text(reply[3]))
         return SessionState(_text(reply[2]))
 
     # --- limits -----------------------------------------------------------
@@ -205,7 +222,7 @@ class SessionStore:
                 f"this identity already has {per_identity} open sessions; finish or cancel one",
                 retry_after=5)
 
-    async def _release(self, session_id: str, identity: str | None) -> None:
+    async def _free_slots(self, session_id: str, identity: str | None) -> None:
         """A session ended: it no longer counts against any cap."""
         if not identity:
             return
@@ -223,31 +240,64 @@ class SessionStore:
             raise errors.TooManyRequests("too many requests for this identity; slow down",
                                          retry_after=max(1, -(-int(wait_ms) // 1000)))
 
-    # --- expiry ---------------------------------------------------------
+    # --- the schedule: expiry and ownership ------------------------------
 
-    async def _index(self, session_id: str, due_ms: int) -> None:
+    async def schedule(self, session_id: str, due_ms: int) -> None:
+        """Have a tender look at the session by ``due_ms`` (never later than already planned)."""
         async with self._call():
-            await self._redis.zadd(EXPIRY_INDEX, {session_id: due_ms})
+            await self._redis.zadd(SCHEDULE, {session_id: due_ms}, lt=True)
 
-    async def reap(self, expired_json: str, incomplete_json: str, limit: int = 200) -> list[ReapOutcome]:
-        """Expire every session that is due; re-schedule the ones that are not yet."""
+    async def _schedule_if_started(self, session_id: str, outcome: InputOutcome) -> None:
+        # Started work is due for a tender now: if nobody took it, any replica
+        # with room claims it; if this one did, the tender learns when its
+        # lease could lapse (tend.lua knows) and looks again then.
+        if outcome.started:
+            await self.schedule(session_id, now_ms())
+
+    async def tend(self, expired_json: str, incomplete_json: str, replica: str, room: int,
+                   limit: int = 200) -> list[TendOutcome]:
+        """Expire idle sessions and claim ownerless engine work (at most ``room``) that is due.
+
+        The schedule is only a hint: each session is decided by ``tend.lua``
+        on its own meta hash, which also says when to look again.
+        """
         now = now_ms()
         async with self._call():
-            due = await self._redis.zrangebyscore(EXPIRY_INDEX, "-inf", now, start=0, num=limit)
-        ended: list[ReapOutcome] = []
+            due = await self._redis.zrangebyscore(SCHEDULE, "-inf", now, start=0, num=limit)
+        outcomes: list[TendOutcome] = []
         for raw in due:
             session_id = _text(raw)
-            reply = await self._run("expire", session_keys(session_id), [now, expired_json, incomplete_json])
+            claimant = replica if room > 0 else ""
+            reply = await self._run("tend", session_keys(session_id),
+                                    [now, expired_json, incomplete_json, claimant])
             status = _text(reply[0])
             async with self._call():
                 if status == "alive":
-                    await self._redis.zadd(EXPIRY_INDEX, {session_id: int(reply[2])})
+                    await self._redis.zadd(SCHEDULE, {session_id: int(reply[2])})
+                elif status == "claimed":
+                    await self._redis.zadd(SCHEDULE, {session_id: int(reply[3])})
                 else:
-                    await self._redis.zrem(EXPIRY_INDEX, session_id)
+                    await self._redis.zrem(SCHEDULE, session_id)
             if status in ("expired", "failed"):
-                await self._release(session_id, _text(reply[2]))
-                ended.append(ReapOutcome(session_id, SessionState(status), SessionState(_text(reply[1]))))
-        return ended
+                await self._free_slots(session_id, _text(reply[2]))
+                outcomes.append(TendOutcome(session_id, SessionState(status), SessionState(_text(reply[1]))))
+            elif status == "claimed":
+                room -= 1
+                state = SessionState(_text(reply[1]))
+                outcomes.append(TendOutcome(session_id, state, state, Lease(replica, int(reply[2]))))
+        return outcomes
+
+    async def renew(self, session_id: str, lease: Lease) -> bool:
+        """Extend the lease; False when it is lost (taken over, or the session ended)."""
+        reply = await self._run("renew", session_keys(session_id), [now_ms(), lease.replica, lease.epoch])
+        return _text(reply[0]) == "ok"
+
+    async def release(self, session_id: str, lease: Lease) -> None:
+        """Hand the session's engine work back (shutdown): another replica takes it at once."""
+        reply = await self._run("release", session_keys(session_id), [lease.replica, lease.epoch])
+        if _text(reply[0]) == "released":
+            async with self._call():
+                await self._redis.zadd(SCHEDULE, {session_id: now_ms()})
 
     # --- reading --------------------------------------------------------
 
@@ -288,35 +338,50 @@ class SessionStore:
     # --- output side ----------------------------------------------------
 
     async def publish(
-        self, session_id: str, frames: Sequence[tuple[str, str, bool]],
+        self, session_id: str, lease: Lease, first: int, frames: Sequence[tuple[str, str, bool]],
         completion: dict[str, Any] | None = None, identity: str | None = None,
     ) -> list[str] | None:
         """Append frames (event, data, last); with ``completion`` the session completes.
 
-        Returns the frame ids, or ``None`` if the session stopped generating
-        (cancelled meanwhile), so the caller can abort its engine work.
+        ``first`` is the index of the first frame in the session's output:
+        frames already written are skipped, so retrying a call whose reply was
+        lost repeats nothing. Returns the ids written, or ``None`` if the
+        session stopped generating (cancelled meanwhile) or ``lease`` was
+        taken over, so the caller can stop its engine work.
         """
-        args: list[Any] = [now_ms(), "completed" if completion else "", json.dumps(completion or "")]
+        args: list[Any] = [now_ms(), lease.replica, lease.epoch, first,
+                           "completed" if completion else "", json.dumps(completion or "")]
         for event, data, last in frames:
             args += [event, data, int(last)]
         reply = await self._run("publish", session_keys(session_id), args)
         if _text(reply[0]) != "ok":
             return None
         if completion:
-            await self._release(session_id, identity)
+            await self._free_slots(session_id, identity)
         return [_text(v) for v in reply[1:]]
 
-    async def fail(self, session_id: str, error_json: str) -> SessionState | None:
-        """Fail a live session; returns the state before, ``None`` if it had ended."""
-        reply = await self._run("fail", session_keys(session_id), [now_ms(), error_json])
+    async def fail(self, session_id: str, error_json: str, lease: Lease | None = None) -> SessionState | None:
+        """Fail a live session; returns the state before, ``None`` if it had ended.
+
+        With ``lease``, only while the caller still holds it.
+        """
+        holder = [lease.replica, lease.epoch] if lease else ["", ""]
+        reply = await self._run("fail", session_keys(session_id), [now_ms(), error_json, *holder])
         if _text(reply[0]) != "failed":
             return None
-        await self._release(session_id, _text(reply[2]))
+        await self._free_slots(session_id, _text(reply[2]))
         return SessionState(_text(reply[1]))
+
+    async def read_output(self, session_id: str) -> list[Frame]:
+        """Every frame written so far (a new owner picks up from them)."""
+        async with self._call():
+            entries = await self._redis.xrange(session_keys(session_id).output)
+        return [_frame(_text(entry_id), {_text(k): _text(v) for k, v in raw.items()})
+                for entry_id, raw in entries]
 
     async def read_frames(self, session_id: str, after: str, block_ms: int) -> list[Frame]:
         entries = await self._xread(session_keys(session_id).output, after, block_ms, 256)
-        return [Frame(entry, f["e"], f["d"], f["t"] == "1") for entry, f in entries]
+        return [_frame(entry, fields) for entry, fields in entries]
 
     async def last_frame_id(self, session_id: str) -> str:
         async with self._call():

@@ -11,7 +11,8 @@ from importlib.resources import files
 from gateway.sessions.states import TERMINAL_STATES, TRANSITIONS
 
 #: Scripts on the five keys of one session, prefixed with lib.lua.
-SESSION_SCRIPTS = ("create", "append", "finish", "cancel", "expire", "publish", "fail", "view")
+SESSION_SCRIPTS = ("create", "append", "finish", "cancel", "tend", "renew", "release", "publish", "fail",
+                   "view")
 #: Scripts on keys of their own (limits), standing alone.
 STANDALONE_SCRIPTS = ("admit", "rate")
 

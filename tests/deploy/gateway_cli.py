@@ -8,18 +8,22 @@ import pytest
 
 
 def captured_cli_call(monkeypatch: pytest.MonkeyPatch, args: list[str]) -> dict[str, Any]:
-    """The keyword arguments ``omni-gateway <args>`` passes to ``uvicorn.run``.
+    """The uvicorn settings ``omni-gateway <args>`` would serve with.
 
     Deployment files hard-code the command line and depend on the drain time
     the CLI gives uvicorn; this checks both against the code, not a copy.
     """
-    import uvicorn
-
     import gateway.app
     import gateway.cli
 
     calls: list[dict[str, Any]] = []
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: calls.append(kwargs))
+
+    def capture(server: gateway.cli.DrainingServer, *_: Any, **__: Any) -> None:
+        config = server.config
+        calls.append({"host": config.host, "port": config.port,
+                      "timeout_graceful_shutdown": config.timeout_graceful_shutdown})
+
+    monkeypatch.setattr(gateway.cli.DrainingServer, "run", capture)
     monkeypatch.setattr(gateway.app, "create_app", lambda *args, **kwargs: object())
     monkeypatch.setattr(gateway.cli, "configure_logging", lambda level="INFO": None)
     gateway.cli.main(args)

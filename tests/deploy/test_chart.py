@@ -27,7 +27,7 @@ CHART = render_manifests.CHART_DIR
 GPU_VALUES = "ci/gpu-sidecar-values.yaml"
 VALUE_SETS = {"default": None, "gpu-sidecar": GPU_VALUES}
 #: Settings the chart already sets that later issues will read (documented in NOTES.txt).
-UPCOMING_SETTINGS = {"LEASE_TTL_SEC", "ENGINE_URL"}
+UPCOMING_SETTINGS = {"ENGINE_URL"}
 MiB = 1024 * 1024
 
 
@@ -202,13 +202,13 @@ def test_gpu_settings_name_only_known_or_upcoming_keys(gpu_objs: list[k8s.Obj]) 
 
 def test_api_keys_and_extra_settings_reach_the_gateway(monkeypatch: pytest.MonkeyPatch) -> None:
     objs = k8s.render({"auth": {"apiKeys": ["k1", "sha256:" + "ab" * 32]},
-                       "settings": {"extra": {"reaper_interval_sec": 2.5}, "rateLimitRps": 0.5}})
+                       "settings": {"extra": {"tend_interval_sec": 2.5}, "rateLimitRps": 0.5}})
     env = settings_env(objs)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     settings = Settings()
     assert settings.api_keys == "k1,sha256:" + "ab" * 32
-    assert settings.reaper_interval_sec == 2.5 and settings.rate_limit_rps == 0.5
+    assert settings.tend_interval_sec == 2.5 and settings.rate_limit_rps == 0.5
     assert "OMNI_GATEWAY_API_KEYS" not in k8s.one(objs, "ConfigMap", "omni-gateway")["data"], "keys stay secret"
 
 

@@ -12,6 +12,7 @@ import httpx
 from asgi_lifespan import LifespanManager
 
 from gateway.app import create_app
+from gateway.draining import Draining
 from gateway.settings import Settings
 from omni_adapter.port import Engine
 
@@ -20,13 +21,15 @@ BASE = "/v1/streaming_input/sessions"
 
 def make_settings(**overrides: object) -> Settings:
     """Settings for tests: limits off unless a test sets them (the suite shares one Redis)."""
-    base: dict[str, object] = {"max_sessions_per_identity": 0, "rate_limit_rps": 0, "max_open_sessions": 0}
+    base: dict[str, object] = {"max_sessions_per_identity": 0, "rate_limit_rps": 0, "max_open_sessions": 0,
+                               "shutdown_grace_sec": 0}
     return Settings(**{**base, **overrides})
 
 
 @asynccontextmanager
-async def app_client(settings: Settings, engine: Engine) -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(settings, engine=engine)
+async def app_client(settings: Settings, engine: Engine,
+                     draining: Draining | None = None) -> AsyncIterator[httpx.AsyncClient]:
+    app = create_app(settings, engine=engine, draining=draining)
     async with LifespanManager(app) as manager:
         transport = httpx.ASGITransport(app=manager.app)
         async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:

@@ -35,9 +35,9 @@ CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
 
 
 @pytest.fixture(scope="module")
-def live_url(redis_url: str) -> Iterator[str]:
+def live_url(redis_server_url: str) -> Iterator[str]:
     port = free_port()
-    app = create_app(make_settings(redis_url=redis_url), engine=ScriptedEngine())
+    app = create_app(make_settings(redis_url=redis_server_url), engine=ScriptedEngine())
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from gateway import errors
 from gateway.sessions.states import SessionState
-from gateway.store.keys import EXPIRY_INDEX, session_keys
+from gateway.store.keys import SCHEDULE, session_keys
 from gateway.store.records import ChunkRecord
 from gateway.store.redis_store import SessionStore
 from tests.gateway.test_store import EXPIRED, INCOMPLETE, TOO_LARGE, fields
@@ -66,8 +66,8 @@ async def run(store: SessionStore, client: aioredis.Redis, sid: str, step: tuple
             await store.cancel(sid, EXPIRED, caller="me")
         else:
             await client.hset(session_keys(sid).meta, "expires_at", 0)
-            await client.zadd(EXPIRY_INDEX, {sid: 0})
-            await store.reap(EXPIRED, INCOMPLETE)
+            await client.zadd(SCHEDULE, {sid: 0})
+            await store.tend(EXPIRED, INCOMPLETE, "r2", room=1)
     except (errors.ConflictError, errors.ValidationFailed, errors.SessionExpired, errors.PayloadTooLarge):
         pass  # refusals are fine; what matters is that they changed nothing
 

@@ -8,7 +8,7 @@ import pytest
 
 from gateway import errors
 from gateway.sessions.states import SessionState
-from gateway.store.records import ChunkRecord
+from gateway.store.records import ChunkRecord, Lease
 from gateway.store.redis_store import SessionStore
 
 TOO_LARGE = json.dumps({"error": {"code": "payload_too_large"}})
@@ -23,6 +23,7 @@ def fields(**overrides: object) -> dict[str, object]:
         "start_early": 1, "start_chunks": 1, "start_bytes": 0, "start_audio_ms": 0,
         "max_ooo": 4, "max_bytes": 100, "max_chunks": 10,
         "timeout_ms": 60_000, "result_ttl_ms": 60_000, "generation_ttl_ms": 60_000,
+        "owner": "", "lease_until": 0, "lease_epoch": 0, "lease_ttl_ms": 60_000,
     }
     base.update(overrides)
     return base
@@ -141,12 +142,12 @@ async def test_reaper_expires_idle_sessions_and_fails_incomplete_ones(store: Ses
     await new_session(store, "fresh", timeout_ms=60_000)
     import asyncio
     await asyncio.sleep(0.01)
-    ended = {o.session_id: o.state for o in await store.reap(EXPIRED, INCOMPLETE)}
+    ended = {o.session_id: o.state for o in await store.tend(EXPIRED, INCOMPLETE, "r1", room=0)}
     assert ended == {"idle": SessionState.EXPIRED, "gappy": SessionState.FAILED}
     assert (await store.view("gappy")).json("error")["error"]["missing_sequence_ids"] == [0]
     with pytest.raises(errors.SessionExpired):
         await store.append("idle", text(0, "late"), "r1", TOO_LARGE)
-    assert await store.reap(EXPIRED, INCOMPLETE) == []
+    assert await store.tend(EXPIRED, INCOMPLETE, "r1", room=0) == []
     assert (await store.view("fresh")).state is SessionState.OPEN
 
 
@@ -164,15 +165,16 @@ async def test_cancel_aborts_and_is_idempotent(store: SessionStore) -> None:
 
 async def test_publish_only_while_generating(store: SessionStore) -> None:
     await new_session(store)
-    await store.append("s1", text(0, "a", end=True), "r1", TOO_LARGE)
-    ids = await store.publish("s1", [("", "role", False), ("", "hi", False)])
+    lease = (await store.append("s1", text(0, "a", end=True), "r1", TOO_LARGE)).lease
+    assert lease == Lease("r1", 1)
+    ids = await store.publish("s1", lease, 0, [("", "role", False), ("", "hi", False)])
     assert ids is not None and len(ids) == 2
     assert await store.last_frame_id("s1") == ids[-1]
-    done = await store.publish("s1", [("", "[DONE]", True)], completion={"ok": 1})
+    done = await store.publish("s1", lease, 2, [("", "[DONE]", True)], completion={"ok": 1})
     assert done is not None
     view = await store.view("s1")
     assert view.state is SessionState.COMPLETED and view.json("result") == {"ok": 1}
-    assert await store.publish("s1", [("", "late", False)]) is None
+    assert await store.publish("s1", lease, 3, [("", "late", False)]) is None
     frames = await store.read_frames("s1", ids[0], block_ms=10)
     assert [f.data for f in frames] == ["hi", "[DONE]"] and frames[-1].last
 
@@ -184,3 +186,64 @@ async def test_first_chunk_is_atomic_with_create(store: SessionStore) -> None:
         await store.view("s1")
     outcome = await store.create("s1", fields(), "r1", text(0, "a"), TOO_LARGE)
     assert outcome.started and outcome.state is SessionState.STREAMING
+
+
+# --- leases: who runs a session's engine work --------------------------------
+
+
+async def test_the_starting_replica_takes_the_lease_only_when_it_has_room(store: SessionStore) -> None:
+    await new_session(store, "mine")
+    taken = await store.append("mine", text(0, "a"), "r1", TOO_LARGE)
+    assert taken.started and taken.lease == Lease("r1", 1)
+    await new_session(store, "waiting")
+    waiting = await store.append("waiting", text(0, "a"), "", TOO_LARGE)
+    assert waiting.started and waiting.lease is None
+    assert (await store.view("waiting")).fields["owner"] == ""
+    # Work nobody took waits in Redis until a tender with room claims it.
+    assert await store.tend(EXPIRED, INCOMPLETE, "r2", room=0) == []
+    (claimed,) = await store.tend(EXPIRED, INCOMPLETE, "r2", room=5)
+    assert (claimed.session_id, claimed.lease) == ("waiting", Lease("r2", 1))
+    assert claimed.state is SessionState.STREAMING
+    assert (await store.view("waiting")).fields["owner"] == "r2"
+
+
+async def test_a_lapsed_lease_is_claimed_and_the_old_holder_is_fenced_off(store: SessionStore) -> None:
+    import asyncio
+
+    await new_session(store, lease_ttl_ms=50)
+    old = (await store.append("s1", text(0, "a", end=True), "r1", TOO_LARGE)).lease
+    assert old is not None and await store.renew("s1", old)
+    assert await store.publish("s1", old, 0, [("", "one", False)]) is not None
+    # While the lease is live, nobody else takes the work.
+    assert await store.tend(EXPIRED, INCOMPLETE, "r2", room=5) == []
+    await asyncio.sleep(0.08)
+    (claimed,) = await store.tend(EXPIRED, INCOMPLETE, "r2", room=5)
+    new = claimed.lease
+    assert new == Lease("r2", 2) and claimed.state is SessionState.GENERATING
+    # The old holder (paused, partitioned) can neither renew, write nor fail it.
+    assert not await store.renew("s1", old)
+    assert await store.publish("s1", old, 1, [("", "stale", False)]) is None
+    assert await store.fail("s1", EXPIRED, old) is None
+    assert await store.publish("s1", new, 1, [("", "two", False)]) is not None
+    assert [f.data for f in await store.read_output("s1")] == ["one", "two"]
+
+
+async def test_publish_retried_after_a_lost_reply_repeats_nothing(store: SessionStore) -> None:
+    await new_session(store)
+    lease = (await store.append("s1", text(0, "a", end=True), "r1", TOO_LARGE)).lease
+    assert lease is not None
+    await store.publish("s1", lease, 0, [("", "a", False), ("", "b", False)])
+    # The same call again (its reply was lost), then one overlapping it.
+    assert await store.publish("s1", lease, 0, [("", "a", False), ("", "b", False)]) == []
+    await store.publish("s1", lease, 1, [("", "b", False), ("", "c", False)])
+    assert [f.data for f in await store.read_output("s1")] == ["a", "b", "c"]
+
+
+async def test_released_work_is_claimed_at_once(store: SessionStore) -> None:
+    await new_session(store)
+    lease = (await store.append("s1", text(0, "a"), "r1", TOO_LARGE)).lease
+    assert lease is not None
+    await store.release("s1", lease)
+    assert not await store.renew("s1", lease)
+    (claimed,) = await store.tend(EXPIRED, INCOMPLETE, "r2", room=1)
+    assert claimed.lease == Lease("r2", 2)

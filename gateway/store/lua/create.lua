@@ -16,4 +16,4 @@ if ARGV[3] == '1' then
   return reply
 end
 refresh_ttl('open', now)
-return {'accepted', 'open', 'open', 0, 0}
+return {'accepted', 'open', 'open', 0, 0, 0}

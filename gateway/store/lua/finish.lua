@@ -1,5 +1,5 @@
 -- End of input (idempotent). ARGV: now, replica, final_sequence_id or '', caller.
--- Reply: {status, state_after, state_before, started, next_seq, missing...}.
+-- Reply: {status, state_after, state_before, started, next_seq, lease epoch, missing...}.
 local now, replica, asked = tonumber(ARGV[1]), ARGV[2], num(ARGV[3])
 local state = redis.call('HGET', META, 'state')
 if not state or foreign(ARGV[4]) then return {'not_found'} end
@@ -9,7 +9,7 @@ if state == 'failed' or state == 'cancelled' then return {'closed', state} end
 local final_seq = meta_num('final_seq')
 if asked ~= nil and final_seq ~= nil and asked ~= final_seq then return {'input_closed', final_seq} end
 if state == 'generating' or state == 'completed' then
-  return {'accepted', state, state, 0, meta_num('next_seq')}
+  return {'accepted', state, state, 0, meta_num('next_seq'), 0}
 end
 
 if final_seq == nil then
@@ -22,9 +22,9 @@ if final_seq == nil then
   if asked >= next_seq + meta_num('max_ooo') then return {'out_of_window', next_seq} end
   redis.call('HSET', META, 'final_seq', asked)
 end
-local before, after, started, next_seq = advance(state, now, replica)
+local before, after, started, next_seq, epoch = advance(state, now, replica)
 touch(now)
 refresh_ttl(after, now)
-local reply = {'accepted', after, before, started, next_seq}
+local reply = {'accepted', after, before, started, next_seq, epoch}
 for _, seq in ipairs(missing_ids()) do table.insert(reply, seq) end
 return reply

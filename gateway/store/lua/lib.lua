@@ -60,6 +60,24 @@ local function early_start_due()
       or (need_ms > 0 and meta_num('contig_audio_ms') >= need_ms)
 end
 
+-- Engine work is owned through a lease: owner, lease_until (ms) and an epoch
+-- that grows with every claim. Writes on behalf of the engine work carry the
+-- epoch, so a replica that lost its lease (paused, partitioned) is fenced off.
+local function claim(replica, now)
+  local epoch = redis.call('HINCRBY', META, 'lease_epoch', 1)
+  redis.call('HSET', META, 'owner', replica, 'lease_until', now + meta_num('lease_ttl_ms'))
+  return epoch
+end
+
+local function holds(replica, epoch)
+  return replica ~= '' and redis.call('HGET', META, 'owner') == replica
+    and meta_num('lease_epoch') == tonumber(epoch)
+end
+
+local function runnable(state)
+  return state == 'streaming' or state == 'generating'
+end
+
 -- Hand every newly contiguous chunk to the owner's input stream, then open
 -- the engine session if the start policy (or the end of input) says so.
 -- Returns the state before, the state after, and 1 if engine work starts now.
@@ -89,14 +107,19 @@ local function advance(state, now, replica)
   elseif state == 'open' and early_start_due() then
     after = 'streaming'
   end
+  local epoch = 0
   if after ~= state then
     move(state, after, now)
     if state == 'open' then
       started = 1
-      redis.call('HSET', META, 'owner', replica, 'started_at', now)
+      redis.call('HSET', META, 'started_at', now)
+      -- The replica whose call started the engine work takes it when it has
+      -- room (it passes its id); otherwise the session waits, unowned, for
+      -- any replica's tender to claim it.
+      if replica ~= '' then epoch = claim(replica, now) end
     end
   end
-  return state, after, started, next_seq
+  return state, after, started, next_seq, epoch
 end
 
 -- Sessions are visible only to the identity that created them; to anyone
@@ -121,7 +144,7 @@ local function append_chunk(now, replica, seq, record, blob, eoi, too_large_json
   local known = redis.call('HGET', DIGESTS, seq)
   if known then
     if split_record(known) == split_record(record) then
-      return {'duplicate', state, state, 0, meta_num('next_seq')}
+      return {'duplicate', state, state, 0, meta_num('next_seq'), 0}
     end
     return {'conflict'}
   end
@@ -147,10 +170,10 @@ local function append_chunk(now, replica, seq, record, blob, eoi, too_large_json
     'max_seq', math.max(max_seq, seq))
   if eoi == 1 then redis.call('HSET', META, 'final_seq', seq) end
 
-  local before, after, started, new_next = advance(state, now, replica)
+  local before, after, started, new_next, epoch = advance(state, now, replica)
   touch(now)
   refresh_ttl(after, now)
-  return {'accepted', after, before, started, new_next}
+  return {'accepted', after, before, started, new_next, epoch}
 end
 
 -- Sequence ids between the contiguous prefix and the highest id expected

@@ -1,14 +1,24 @@
 -- Append output frames of a generating session; optionally end it.
--- ARGV: now, terminal ('' | 'completed'), stored (the result JSON, when
+-- ARGV: now, replica, epoch, first (index of the first frame in the session's
+--       output), terminal ('' | 'completed'), stored (the result JSON, when
 --       terminal), then event/data/last triples. Failures go through fail.lua.
--- Reply: {'ok', id...} or {'gone', state} when the session is no longer generating.
-local now, terminal, stored = tonumber(ARGV[1]), ARGV[2], ARGV[3]
+-- Frames with an index already written are skipped, so a retry after a lost
+-- reply never repeats one.
+-- Reply: {'ok', id...} or {'gone', state} when the session is no longer
+-- generating or the caller no longer holds its lease.
+local now, first, terminal, stored = tonumber(ARGV[1]), tonumber(ARGV[4]), ARGV[5], ARGV[6]
 local state = redis.call('HGET', META, 'state')
-if state ~= 'generating' then return {'gone', state or ''} end
+if state ~= 'generating' or not holds(ARGV[2], ARGV[3]) then return {'gone', state or ''} end
+local written = meta_num('out_frames') or 0
 local reply = {'ok'}
-for i = 4, #ARGV, 3 do
-  table.insert(reply, redis.call('XADD', OUTPUT, '*', 'e', ARGV[i], 'd', ARGV[i + 1], 't', ARGV[i + 2]))
+local index = first
+for i = 7, #ARGV, 3 do
+  if index >= written then
+    table.insert(reply, redis.call('XADD', OUTPUT, '*', 'e', ARGV[i], 'd', ARGV[i + 1], 't', ARGV[i + 2]))
+  end
+  index = index + 1
 end
+redis.call('HSET', META, 'out_frames', math.max(written, index))
 if terminal ~= '' then
   move(state, terminal, now)
   redis.call('HSET', META, 'result', stored)

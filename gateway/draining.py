@@ -1,0 +1,22 @@
+"""The replica's shutdown flag, flipped by SIGTERM before anything closes.
+
+While draining, ``/readyz`` answers 503 (load balancers stop sending new
+calls) and the replica claims no new engine work; the sessions it runs get a
+grace period to finish and are then released to other replicas.
+"""
+
+from __future__ import annotations
+
+import logging
+
+logger = logging.getLogger(__name__)
+
+
+class Draining:
+    def __init__(self) -> None:
+        self.active = False
+
+    def begin(self) -> None:
+        if not self.active:
+            self.active = True
+            logger.info("draining: not ready, taking no new engine work")
