@@ -1,14 +1,16 @@
-"""Start a real ``redis-server`` on a free loopback port for the tests."""
+"""Start real ``redis-server`` processes on free loopback ports for the tests."""
 
 from __future__ import annotations
 
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 
 
 def free_port() -> int:
@@ -17,32 +19,123 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def free_cluster_port() -> int:
+    """A free port whose cluster bus port (+10000) is a valid, free port too."""
+    while True:
+        port = free_port()
+        if port + 10_000 > 65_535:
+            continue
+        with socket.socket() as bus:
+            try:
+                bus.bind(("127.0.0.1", port + 10_000))
+            except OSError:
+                continue
+        return port
+
+
+def _answers_ping(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.2) as conn:
+            conn.sendall(b"PING\r\n")
+            return conn.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+class RedisProcess:
+    """One redis-server that a test can stop, freeze and start again (same port, same data dir)."""
+
+    def __init__(self, workdir: Path, *, port: int | None = None, extra: Sequence[str] = ()) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise RuntimeError("redis-server is not installed: run scripts/setup.sh (apt-get install redis-server)")
+        self.port = port or free_port()
+        self.workdir = workdir
+        self._argv = [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(workdir),
+                      "--save", "", "--appendonly", "no", *extra]
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self._proc = subprocess.Popen(self._argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while not _answers_ping(self.port):
+            if time.monotonic() > deadline or self._proc.poll() is not None:
+                raise RuntimeError("redis-server did not start")
+            time.sleep(0.05)
+
+    def kill(self) -> None:
+        """Stop it the hard way (kill -9): only what is on disk survives."""
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait(timeout=10)
+
+    def freeze(self) -> None:
+        """Stop answering without closing connections (SIGSTOP): clients hang, not fail."""
+        assert self._proc is not None
+        self._proc.send_signal(signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        assert self._proc is not None
+        self._proc.send_signal(signal.SIGCONT)
+
+    def stop(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGCONT)
+            self._proc.terminate()
+            self._proc.wait(timeout=10)
+
+
+@contextmanager
+def redis_process(extra: Sequence[str] = ()) -> Iterator[RedisProcess]:
+    with tempfile.TemporaryDirectory() as workdir:
+        server = RedisProcess(Path(workdir), extra=extra)
+        server.start()
+        try:
+            yield server
+        finally:
+            server.stop()
+
+
 @contextmanager
 def redis_server() -> Iterator[str]:
-    binary = shutil.which("redis-server")
-    if binary is None:
-        raise RuntimeError("redis-server is not installed: run scripts/setup.sh (apt-get install redis-server)")
-    port = free_port()
+    with redis_process() as server:
+        yield server.url
+
+
+@contextmanager
+def redis_cluster(nodes: int = 3) -> Iterator[str]:
+    """A Redis Cluster of ``nodes`` masters on loopback; yields a URL of one node."""
     with tempfile.TemporaryDirectory() as workdir:
-        proc = subprocess.Popen(
-            [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", workdir],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )
+        servers = []
         try:
-            deadline = time.monotonic() + 10
-            while True:
-                try:
-                    with socket.create_connection(("127.0.0.1", port), timeout=0.2) as conn:
-                        conn.sendall(b"PING\r\n")
-                        if conn.recv(16).startswith(b"+PONG"):
-                            break
-                except OSError:
-                    pass
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise RuntimeError("redis-server did not start")
-                time.sleep(0.05)
-            yield f"redis://127.0.0.1:{port}/0"
+            for i in range(nodes):
+                folder = Path(workdir) / f"node{i}"
+                folder.mkdir()
+                server = RedisProcess(folder, port=free_cluster_port(), extra=["--cluster-enabled", "yes",
+                                                     "--cluster-config-file", "nodes.conf"])
+                server.start()
+                servers.append(server)
+            addresses = [f"127.0.0.1:{s.port}" for s in servers]
+            subprocess.run([shutil.which("redis-cli") or "redis-cli", "--cluster", "create", *addresses,
+                            "--cluster-replicas", "0", "--cluster-yes"],
+                           check=True, capture_output=True, timeout=60)
+            _wait_cluster_ok(servers[0].port)
+            yield servers[0].url
         finally:
-            proc.terminate()
-            proc.wait(timeout=10)
+            for server in servers:
+                server.stop()
+
+
+def _wait_cluster_ok(port: int) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        info = subprocess.run(["redis-cli", "-p", str(port), "cluster", "info"],
+                              capture_output=True, text=True).stdout
+        if "cluster_state:ok" in info:
+            return
+        time.sleep(0.1)
+    raise RuntimeError("the Redis Cluster did not become ready")
