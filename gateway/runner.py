@@ -22,11 +22,13 @@ from dataclasses import dataclass
 
 from gateway import errors
 from gateway.metrics import Metrics
+from gateway.output.audio import AudioOutput
 from gateway.output.frames import DONE, FrameBuilder
 from gateway.sessions.states import SessionState
 from gateway.store.records import SessionRecord
 from gateway.store.redis_store import InputEvent, SessionStore
 from omni_adapter.port import (
+    AudioDelta,
     Engine,
     EngineError,
     EngineRejectedError,
@@ -155,6 +157,7 @@ class SessionRunner:
         stored = record.json("request")
         frames = FrameBuilder(self.session_id, record.fields["model"], record.int("created_at") // 1000)
         include_usage = stored.get("include_usage", False)
+        audio = AudioOutput(frames, ttl_sec=record.int("result_ttl_ms") / 1000)
         pieces: list[str] = []
         role_sent = False
 
@@ -173,12 +176,15 @@ class SessionRunner:
                 out = [*opening(), ("", frames.content(event.text), False)]
                 if await self._store.publish(self.session_id, out) is None:
                     return  # cancelled or expired meanwhile; the finally aborts the engine
+            elif isinstance(event, AudioDelta):
+                if await self._store.publish(self.session_id, [*opening(), ("", audio.frame(event), False)]) is None:
+                    return
             elif isinstance(event, Finished):
                 out = [*opening(), ("", frames.finish(event.finish_reason), False)]
                 if include_usage:
                     out.append(("", frames.usage(event.usage), False))
                 out.append(("", DONE, True))
-                completion = frames.completion("".join(pieces), event.finish_reason, event.usage)
+                completion = audio.complete(frames.completion("".join(pieces), event.finish_reason, event.usage))
                 if await self._store.publish(self.session_id, out, completion=completion,
                                            identity=record.fields.get("identity")) is not None:
                     self._metrics.transition(SessionState.GENERATING, SessionState.COMPLETED)
