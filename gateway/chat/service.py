@@ -22,7 +22,6 @@ from gateway.chat.models import (
     AudioPart,
     ChatCompletionMessage,
     ChatCompletionRequest,
-    ImagePart,
     TextPart,
 )
 from gateway.output.sse import session_events
@@ -91,23 +90,33 @@ class ChatService:
                     await self._sessions.cancel(identity, session_id)
 
     def _input_chunks(self, message: ChatCompletionMessage, where: str) -> list[ChunkRecord]:
+        """The chunks of the user's message, in order; adjacent text parts are one chunk."""
         parts = [TextPart(type="text", text=message.content)] if isinstance(message.content, str) \
             else message.content
         chunks: list[ChunkIn] = []
+        texts: list[str] = []
+
+        def close_text() -> None:
+            if text := "\n".join(t for t in texts if t):
+                chunks.append(ChunkIn(sequence_id=0, text=text))
+            texts.clear()
+
         for i, part in enumerate(parts):
             if isinstance(part, TextPart):
-                if part.text:
-                    chunks.append(ChunkIn(sequence_id=0, text=part.text))
-            elif isinstance(part, AudioPart):
+                texts.append(part.text)
+                continue
+            close_text()
+            if isinstance(part, AudioPart):
                 chunks.append(ChunkIn(sequence_id=0, modality="audio", payload=part.input_audio.data,
                                       format=part.input_audio.format))
-            elif isinstance(part, ImagePart):
+            else:
                 match = _DATA_URL.match(part.image_url.url)
                 if match is None:
                     raise errors.ValidationFailed("images must be data: URLs with base64 content",
                                                   param=f"{where}.{i}.image_url.url")
                 chunks.append(ChunkIn(sequence_id=0, modality="image", payload=match["data"],
                                       mime_type=match["mime"]))
+        close_text()
         if not chunks:
             raise errors.EmptyInput("the last message has no content", param=where)
         records = []
