@@ -46,9 +46,10 @@ RUN XDG_CACHE_HOME=/opt/omni-gateway/cache python -m omni_adapter.model_bootstra
 
 # --- cpu: runtime ----------------------------------------------------------
 FROM ${PYTHON_IMAGE} AS cpu
-# libnuma1: vLLM's CPU kernels link against it (the version of bookworm).
+# libnuma1: vLLM's CPU kernels link against it; espeak-ng: the CPU Talker
+# behind audio output (the versions of bookworm).
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends libnuma1=2.0.16-1 \
+    && apt-get install -y --no-install-recommends libnuma1=2.0.16-1 espeak-ng=1.51+dfsg-10+deb12u2 \
     && rm -rf /var/lib/apt/lists/* \
     && groupadd --system --gid 10001 omni \
     && useradd --system --uid 10001 --gid omni --home-dir /home/omni --create-home \

@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from gateway.chat.router import router as chat_router
 from gateway.dependencies import Resources
 from gateway.draining import Draining
 from gateway.error_handlers import install_error_handlers
@@ -77,6 +78,7 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
                        max_header_bytes=settings.max_header_bytes)
     app.add_middleware(RequestIdMiddleware)
     app.include_router(sessions_router)
+    app.include_router(chat_router)
     app.include_router(ops_router)
     install_error_handlers(app)
     app.openapi = lambda: _openapi_with_envelope(app)  # type: ignore[method-assign]

@@ -232,6 +232,29 @@ class EngineUnavailable(ServiceUnavailable):
     code = "engine_unavailable"
 
 
+def from_envelope(envelope: dict[str, Any]) -> GatewayError:
+    """The error a stored envelope describes, with the status its code has in this tree.
+
+    A failed session stores its envelope; a synchronous answer (a non-streamed
+    chat completion) raises it again. Codes outside the tree (an engine's
+    own, e.g. ``engine_error``) keep their code with a 500.
+    """
+    body = dict(envelope["error"])
+    message, code, param = body.pop("message"), body.pop("code"), body.pop("param", None)
+    body.pop("type", None)
+    error = GatewayError(message, param=param, **body)
+    known = next((cls for cls in _subclasses(GatewayError) if cls.code == code), GatewayError)
+    error.status_code = known.status_code  # type: ignore[misc]
+    error.type = known.type  # type: ignore[misc]
+    error.code = code  # type: ignore[misc]
+    error.retry_after = known.retry_after
+    return error
+
+
+def _subclasses(cls: type[GatewayError]) -> list[type[GatewayError]]:
+    return [sub for direct in cls.__subclasses__() for sub in (direct, *_subclasses(direct))]
+
+
 #: Declared on every route (``responses=``) so the OpenAPI document shows the envelope.
 def error_responses(*errors: type[GatewayError]) -> dict[int | str, dict[str, Any]]:
     from gateway.sessions.models import ErrorEnvelope

@@ -30,11 +30,13 @@ from typing import TypeVar
 
 from gateway import errors
 from gateway.metrics import Metrics
+from gateway.output.audio import AudioOutput
 from gateway.output.frames import DONE, FrameBuilder, content_of
 from gateway.sessions.states import SessionState
 from gateway.store.records import Frame, Lease, SessionRecord
 from gateway.store.redis_store import InputEvent, SessionStore
 from omni_adapter.port import (
+    AudioDelta,
     Engine,
     EngineError,
     EngineRejectedError,
@@ -80,12 +82,14 @@ class LeaseLost(Exception):
 class _Progress:
     """What earlier holders already published: where this runner picks up."""
 
-    frames: int
+    #: The data of every frame written so far (their count is where writing resumes).
+    frame_data: list[str]
     text: str
 
     @classmethod
     def of(cls, frames: list[Frame]) -> _Progress:
-        return cls(len(frames), "".join(content_of(f.data) for f in frames if not f.event))
+        data = [f.data for f in frames]
+        return cls(data, "".join(content_of(f.data) for f in frames if not f.event))
 
 
 @dataclass
@@ -109,8 +113,8 @@ class SessionRunner:
         if record.state.is_terminal:
             return
         progress = _Progress.of(await self._retrying(lambda: self._store.read_output(self.session_id)))
-        if progress.frames:
-            logger.info("session %s: taking over after %d frames", self.session_id, progress.frames)
+        if progress.frame_data:
+            logger.info("session %s: taking over after %d frames", self.session_id, len(progress.frame_data))
         timing = _Timing(created_ms=record.int("created_at"), input_done_ms=record.int("input_done_at") or None)
         try:
             session = self._engine.open_session(engine_request(record, progress.text))
@@ -232,8 +236,10 @@ class SessionRunner:
         stored = record.json("request")
         frames = FrameBuilder(record.session_id, record.fields["model"], record.int("created_at") // 1000)
         include_usage = stored.get("include_usage", False)
+        audio = AudioOutput(frames, ttl_sec=record.int("result_ttl_ms") / 1000)
+        audio.replay(progress.frame_data)
         pieces: list[str] = [progress.text] if progress.text else []
-        written = progress.frames
+        written = len(progress.frame_data)
 
         async def publish(out: list[tuple[str, str, bool]], **final: object) -> bool:
             nonlocal written
@@ -253,12 +259,15 @@ class SessionRunner:
                 pieces.append(event.text)
                 if not await publish([*opening(), ("", frames.content(event.text), False)]):
                     return  # cancelled, expired or taken over; the caller aborts the engine
+            elif isinstance(event, AudioDelta):
+                if not await publish([*opening(), ("", audio.frame(event), False)]):
+                    return
             elif isinstance(event, Finished):
                 out = [*opening(), ("", frames.finish(event.finish_reason), False)]
                 if include_usage:
                     out.append(("", frames.usage(event.usage), False))
                 out.append(("", DONE, True))
-                completion = frames.completion("".join(pieces), event.finish_reason, event.usage)
+                completion = audio.complete(frames.completion("".join(pieces), event.finish_reason, event.usage))
                 if await publish(out, completion=completion, identity=record.fields.get("identity")):
                     self._metrics.transition(SessionState.GENERATING, SessionState.COMPLETED)
                 return

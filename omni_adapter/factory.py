@@ -26,6 +26,7 @@ async def open_engine(choice: EngineChoice) -> Engine:
     if choice.kind != "vllm":
         raise ValueError(f"unknown engine {choice.kind!r}")
     from omni_adapter.model_bootstrap import ensure_default_model
+    from omni_adapter.talker import with_talker
     from omni_adapter.vllm_engine import VllmEngineConfig, open_vllm_engine
 
     if choice.model:
@@ -35,6 +36,8 @@ async def open_engine(choice: EngineChoice) -> Engine:
         # keep the event loop free meanwhile.
         model = str(await asyncio.to_thread(ensure_default_model))
         name = choice.served_model_name or DEFAULT_SERVED_NAME
-    return await open_vllm_engine(VllmEngineConfig(
+    thinker = await open_vllm_engine(VllmEngineConfig(
         model=model, served_model_name=name, dtype=choice.dtype,
         max_model_len=choice.max_model_len, kv_cache_space_gib=choice.kv_cache_space_gib))
+    # A text model speaks through the CPU Talker (espeak-ng), if installed.
+    return with_talker(thinker)

@@ -7,6 +7,8 @@ cd "$(dirname "$0")/.."
 
 missing=()
 command -v redis-server >/dev/null || missing+=(redis-server)
+# The CPU Talker (audio output) speaks with espeak-ng.
+command -v espeak-ng >/dev/null || missing+=(espeak-ng)
 if [ ${#missing[@]} -gt 0 ]; then
   sudo=""; [ "$(id -u)" -ne 0 ] && sudo="sudo"
   $sudo apt-get update -qq

@@ -33,6 +33,7 @@ class Script:
 class ScriptedSession:
     request: EngineRequest
     script: Script
+    accepts: frozenset[str] = frozenset({"text"})
     fed: list[InputChunk] = field(default_factory=list)
     ended: bool = False
     aborted: bool = False
@@ -40,8 +41,8 @@ class ScriptedSession:
 
     async def feed(self, chunks: Sequence[InputChunk]) -> None:
         for chunk in chunks:
-            if chunk.modality != "text":
-                raise EngineRejectedError("text only")
+            if chunk.modality not in self.accepts:
+                raise EngineRejectedError(f"no {chunk.modality} input")
         self.fed.extend(chunks)
 
     async def end_input(self) -> None:
@@ -56,7 +57,8 @@ class ScriptedSession:
         await self._wake.wait()
         if self.aborted:
             return
-        text = b"".join(c.data for c in self.fed).decode()
+        text = b"".join(c.data if c.modality == "text" else f"<{c.modality}>".encode()
+                        for c in self.fed).decode()
         words = f"echo: {text}".split(" ")
         # After a hand-off, continue after what was already emitted (like a
         # real engine given the answer so far as the assistant's prefix).
@@ -93,7 +95,7 @@ class ScriptedEngine:
     def open_session(self, request: EngineRequest) -> ScriptedSession:
         if self.refuse_with is not None:
             raise self.refuse_with
-        session = ScriptedSession(request, self.script)
+        session = ScriptedSession(request, self.script, self.capabilities.input_modalities)
         self.sessions.append(session)
         return session
 

@@ -52,6 +52,10 @@ class FrameBuilder:
     def content(self, text: str) -> str:
         return self._chunk([{"index": 0, "delta": {"content": text}, "finish_reason": None}])
 
+    def audio(self, audio: dict[str, Any]) -> str:
+        """An OpenAI audio delta: ``{"id", "data" (base64 pcm16), "transcript", "expires_at"}``."""
+        return self._chunk([{"index": 0, "delta": {"audio": audio}, "finish_reason": None}])
+
     def finish(self, finish_reason: str) -> str:
         return self._chunk([{"index": 0, "delta": {}, "finish_reason": finish_reason}])
 

@@ -61,22 +61,23 @@ class ChatMessage(StrictModel):
 
 
 class AudioOptions(StrictModel):
+    #: Accepted for OpenAI compatibility; the CPU Talker has one voice.
     voice: str | None = None
-    format: str | None = None
+    #: Streamed audio is always pcm16 (24 kHz); the result's audio is wav.
+    format: Literal["pcm16", "wav"] | None = None
 
 
 class StreamOptions(StrictModel):
     include_usage: bool = False
 
 
-class CreateSessionRequest(StrictModel):
+class GenerationOptions(StrictModel):
+    """What to generate and how: the OpenAI fields shared by sessions and chat completions."""
+
     model: str | None = None
-    messages: list[ChatMessage] = Field(
-        default_factory=list, description="system prompt / history placed before the streamed input")
-    modalities: list[Literal["text", "audio"]] = Field(default_factory=lambda: ["text"])
+    modalities: list[Literal["text", "audio"]] = Field(
+        default_factory=lambda: ["text"], description='output; ["text", "audio"] also speaks the answer')
     audio: AudioOptions | None = None
-    start_policy: StartPolicy | None = None
-    min_length: dict[Literal["bytes", "chunks", "audio_ms"], int] | None = None
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0, le=2)
@@ -89,6 +90,13 @@ class CreateSessionRequest(StrictModel):
     repetition_penalty: float | None = Field(None, gt=0)
     stream_options: StreamOptions | None = None
     metadata: dict[str, str] | None = None
+
+
+class CreateSessionRequest(GenerationOptions):
+    messages: list[ChatMessage] = Field(
+        default_factory=list, description="system prompt / history placed before the streamed input")
+    start_policy: StartPolicy | None = None
+    min_length: dict[Literal["bytes", "chunks", "audio_ms"], int] | None = None
     first_chunk: ChunkIn | None = None
 
     @field_validator("min_length")

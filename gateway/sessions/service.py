@@ -49,11 +49,12 @@ class SessionService:
         if not self._settings.enabled:
             raise errors.StreamingInputDisabled("streaming input is disabled on this service")
 
-    def _check_modality(self, chunk: ChunkRecord) -> None:
+    def check_input_modality(self, chunk: ChunkRecord, param: str = "modality") -> None:
+        """422 for input the engine cannot take, before anything is stored."""
         if chunk.modality not in self._capabilities.input_modalities:
             accepted = ", ".join(sorted(self._capabilities.input_modalities))
             raise errors.UnsupportedModality(
-                f"the engine does not take {chunk.modality} input (it takes: {accepted})", param="modality")
+                f"the engine does not take {chunk.modality} input (it takes: {accepted})", param=param)
 
     def _too_large_json(self) -> str:
         return error_json(errors.SessionPayloadTooLarge(
@@ -67,10 +68,12 @@ class SessionService:
         model = self._resolve_model(body.model)
         unsupported = set(body.modalities) - self._capabilities.output_modalities
         if unsupported:
+            produced = ", ".join(sorted(self._capabilities.output_modalities))
             raise errors.UnsupportedModality(
-                f"the engine cannot produce {', '.join(sorted(unsupported))} output", param="modalities")
+                f"the engine cannot produce {', '.join(sorted(unsupported))} output (it produces: {produced})",
+                param="modalities")
         if first is not None:
-            self._check_modality(first)
+            self.check_input_modality(first, param="first_chunk.modality")
         session_id = f"sis-{uuid.uuid4().hex}"
         fields = self._meta_fields(body, model, identity)
         # Counted until it ends, or at most for its idle timeout plus the generation budget.
@@ -87,7 +90,7 @@ class SessionService:
 
     async def append(self, identity: str, session_id: str, chunk: ChunkRecord) -> InputOutcome:
         self.check_enabled()
-        self._check_modality(chunk)
+        self.check_input_modality(chunk)
         started_at = time.perf_counter()
         try:
             outcome = await self._store.append(session_id, chunk, self._claimant(),

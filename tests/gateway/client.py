@@ -3,18 +3,24 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import uvicorn
 from asgi_lifespan import LifespanManager
+from fastapi import FastAPI
+from openai import AsyncOpenAI
 
 from gateway.app import create_app
 from gateway.draining import Draining
 from gateway.settings import Settings
 from omni_adapter.port import Engine
+from tests.redis_server import free_port
 
 BASE = "/v1/streaming_input/sessions"
 
@@ -34,6 +40,35 @@ async def app_client(settings: Settings, engine: Engine,
         transport = httpx.ASGITransport(app=manager.app)
         async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
             yield client
+
+
+def openai_client(client: httpx.AsyncClient) -> AsyncOpenAI:
+    """The official OpenAI client, talking to the app through ``client``."""
+    return AsyncOpenAI(base_url=client.base_url.join("/v1"), api_key="unused", http_client=client, max_retries=0)
+
+
+@contextmanager
+def live_server(app: FastAPI) -> Iterator[str]:
+    """The app under uvicorn on a loopback port (real sockets, real disconnects); its URL."""
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline, "the app did not start"
+        time.sleep(0.05)
+    try:
+        yield url
+    finally:
+        server.should_exit = True
+        thread.join(timeout=20)
 
 
 @dataclass(frozen=True)

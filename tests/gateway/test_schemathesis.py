@@ -8,14 +8,10 @@ that matches the schema, and never a 5xx.
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Iterator
 
-import httpx
 import pytest
 import schemathesis
-import uvicorn
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (
@@ -27,8 +23,7 @@ from schemathesis.specs.openapi.checks import (
 from gateway.app import create_app
 from gateway.openapi_spec import SPEC_PATH
 from tests.fakes import ScriptedEngine
-from tests.gateway.client import make_settings
-from tests.redis_server import free_port
+from tests.gateway.client import live_server, make_settings
 
 schema = schemathesis.openapi.from_path(SPEC_PATH)
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
@@ -36,24 +31,8 @@ CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
 
 @pytest.fixture(scope="module")
 def live_url(redis_server_url: str) -> Iterator[str]:
-    port = free_port()
-    app = create_app(make_settings(redis_url=redis_server_url), engine=ScriptedEngine())
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        assert time.monotonic() < deadline, "the app did not start"
-        time.sleep(0.05)
-    yield url
-    server.should_exit = True
-    thread.join(timeout=20)
+    with live_server(create_app(make_settings(redis_url=redis_server_url), engine=ScriptedEngine())) as url:
+        yield url
 
 
 @schema.parametrize()

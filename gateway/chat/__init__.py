@@ -1,0 +1,1 @@
+"""The OpenAI front door: chat completions and models over the session machinery."""

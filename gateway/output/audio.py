@@ -1,0 +1,60 @@
+"""A session's spoken answer: ``delta.audio`` frames while it streams, a wav in the result.
+
+Engines yield ``AudioDelta`` (pcm16 at any rate); OpenAI clients expect
+``pcm16`` at 24 kHz in ``delta.audio.data`` and the whole answer as
+``message.audio`` (base64 wav) in the non-streamed completion. One
+``AudioOutput`` per relayed session does both, so the relay stays the same
+for every adapter (the CPU Talker, vLLM-Omni's own Talker, a sidecar).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from gateway.output.frames import DONE, FrameBuilder
+from omni_adapter.pcm import OPENAI_PCM16_RATE, resample, to_wav
+from omni_adapter.port import AudioDelta
+
+
+class AudioOutput:
+    def __init__(self, frames: FrameBuilder, ttl_sec: float) -> None:
+        self._frames = frames
+        #: OpenAI's audio ids look like ``audio_<hex>``.
+        self.audio_id = "audio_" + frames.session_id.removeprefix("sis-")
+        #: Until when the audio can be read back (the result's lifetime).
+        self.expires_at = int(time.time() + ttl_sec)
+        self._pcm: list[bytes] = []
+        self._transcript: list[str] = []
+
+    def frame(self, delta: AudioDelta) -> str:
+        pcm = resample(delta.pcm16, delta.sample_rate, OPENAI_PCM16_RATE)
+        self._pcm.append(pcm)
+        if delta.transcript:
+            self._transcript.append(delta.transcript)
+        return self._frames.audio({"id": self.audio_id, "data": base64.b64encode(pcm).decode(),
+                                   "transcript": delta.transcript, "expires_at": self.expires_at})
+
+    def replay(self, frame_data: Iterable[str]) -> None:
+        """Take back what an earlier holder of the session already streamed (after a hand-off)."""
+        for data in frame_data:
+            if data == DONE:
+                continue
+            for choice in json.loads(data).get("choices", ()):
+                if spoken := choice["delta"].get("audio"):
+                    self._pcm.append(base64.b64decode(spoken["data"]))
+                    if spoken.get("transcript"):
+                        self._transcript.append(spoken["transcript"])
+
+    def complete(self, completion: dict[str, Any]) -> dict[str, Any]:
+        """The completion with ``message.audio`` added, if anything was spoken."""
+        if not self._pcm:
+            return completion
+        wav = to_wav(b"".join(self._pcm), OPENAI_PCM16_RATE)
+        completion["choices"][0]["message"]["audio"] = {
+            "id": self.audio_id, "data": base64.b64encode(wav).decode(),
+            "expires_at": self.expires_at, "transcript": " ".join(self._transcript)}
+        return completion

@@ -1,0 +1,158 @@
+"""The OpenAI front door with the official ``openai`` client, real Redis, the scripted engine.
+
+A chat completion is a session whose input has ended: the same runner,
+limits and errors. The real-engine runs are in test_real_engine.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from collections.abc import AsyncIterator
+
+import httpx
+import openai
+import pytest
+
+from gateway.app import create_app
+from omni_adapter.port import Capabilities
+from tests.fakes import Script, ScriptedEngine
+from tests.gateway.client import BASE, app_client, live_server, make_settings, openai_client
+from tests.gateway.test_api import assert_error
+
+CHAT = "/v1/chat/completions"
+USER = [{"role": "user", "content": "hello world"}]
+
+
+@pytest.fixture
+def engine() -> ScriptedEngine:
+    return ScriptedEngine()
+
+
+@pytest.fixture
+async def client(redis_url: str, engine: ScriptedEngine) -> AsyncIterator[httpx.AsyncClient]:
+    async with app_client(make_settings(redis_url=redis_url), engine) as c:
+        yield c
+
+
+async def test_streamed_and_non_streamed_answers_agree(client: httpx.AsyncClient, engine: ScriptedEngine) -> None:
+    oai = openai_client(client)
+    messages = [{"role": "developer", "content": "be brief"},
+                {"role": "user", "content": [{"type": "text", "text": "hello"}, {"type": "text", "text": "world"}]}]
+    completion = await oai.chat.completions.create(model="scripted", messages=messages, temperature=0)
+    assert completion.object == "chat.completion"
+    assert completion.choices[0].message.content == "echo: hello\nworld"
+    assert completion.choices[0].finish_reason == "stop"
+    assert completion.usage is not None and completion.usage.completion_tokens == 2
+    # History went in as the session's messages; the last message as its input.
+    session = engine.sessions[0]
+    assert session.request.messages == ({"role": "system", "content": "be brief"},)
+    assert [c.data for c in session.fed] == [b"hello\nworld"]
+
+    stream = await oai.chat.completions.create(model="scripted", messages=messages, temperature=0,
+                                               stream=True, stream_options={"include_usage": True})
+    chunks = [chunk async for chunk in stream]
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == completion.choices[0].message.content
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+    assert chunks[-1].choices == [] and chunks[-1].usage == completion.usage
+
+
+async def test_the_session_behind_a_completion_is_readable(client: httpx.AsyncClient) -> None:
+    response = await client.post(CHAT, json={"messages": USER})
+    assert response.status_code == 200, response.text
+    sid = response.headers["X-Session-Id"]
+    assert response.json()["id"] == sid
+    result = (await client.get(f"{BASE}/{sid}/result")).json()
+    assert result["state"] == "completed" and result["completion"] == response.json()
+
+
+async def test_models_lists_what_the_engine_serves(client: httpx.AsyncClient) -> None:
+    models = await openai_client(client).models.list()
+    assert [m.id for m in models.data] == ["scripted"]
+    assert models.data[0].object == "model"
+
+
+async def test_bad_requests_get_the_envelope_and_open_no_session(
+        client: httpx.AsyncClient, engine: ScriptedEngine) -> None:
+    audio = {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "pcm16"}}
+    cases = [
+        ({"messages": USER, "temperature": 3}, 422, "validation_error", "temperature"),
+        ({"messages": []}, 422, "validation_error", "messages"),
+        ({"messages": USER, "n": 2}, 422, "validation_error", "n"),
+        ({"messages": USER, "tools": []}, 422, "validation_error", "tools"),
+        ({"messages": USER, "model": "gpt-9"}, 404, "model_not_found", "model"),
+        ({"messages": [*USER, {"role": "assistant", "content": "hi"}]}, 422, "validation_error", "messages"),
+        ({"messages": USER, "stream": False, "stream_options": {"include_usage": True}}, 400, "invalid_request",
+         "stream_options"),
+        ({"messages": [{"role": "user", "content": ""}]}, 422, "empty_input", "messages.0.content"),
+        ({"messages": [{"role": "user", "content": [audio]}]}, 422, "unsupported_modality",
+         "messages.0.content"),
+        ({"messages": [{"role": "user", "content": [audio]}, *USER]}, 422, "validation_error",
+         "messages.0.content"),
+        ({"messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}]}]},
+         422, "validation_error", "messages.0.content.0.image_url.url"),
+        ({"messages": USER, "modalities": ["text", "audio"]}, 422, "unsupported_modality", "modalities"),
+    ]
+    for body, status, code, param in cases:
+        for stream in (False, True):
+            assert_error(await client.post(CHAT, json={"stream": stream, **body}), status, code, param)
+    assert_error(await client.post(CHAT, content=b"{", headers={"Content-Type": "application/json"}),
+                 400, "invalid_json")
+    assert engine.sessions == []
+
+    with pytest.raises(openai.UnprocessableEntityError) as raised:
+        await openai_client(client).chat.completions.create(model="scripted", messages=USER, temperature=3)
+    assert raised.value.code == "validation_error" and raised.value.param == "temperature"
+    with pytest.raises(openai.NotFoundError):
+        await openai_client(client).chat.completions.create(model="gpt-9", messages=USER)
+
+
+async def test_input_audio_reaches_an_engine_that_takes_audio(redis_url: str) -> None:
+    engine = ScriptedEngine(capabilities=Capabilities(
+        input_modalities=frozenset({"text", "audio"}), output_modalities=frozenset({"text"}),
+        incremental=True, model_names=("scripted",)))
+    pcm = base64.b64encode(b"\x00\x01" * 800).decode()
+    async with app_client(make_settings(redis_url=redis_url), engine) as client:
+        response = await client.post(CHAT, json={"messages": [{"role": "user", "content": [
+            {"type": "text", "text": "transcribe:"},
+            {"type": "input_audio", "input_audio": {"data": pcm, "format": "pcm16"}}]}]})
+        assert response.status_code == 200, response.text
+        assert response.json()["choices"][0]["message"]["content"] == "echo: transcribe:<audio>"
+        fed = engine.sessions[0].fed
+        assert [(c.modality, c.format, c.sample_rate) for c in fed] == [
+            ("text", None, None), ("audio", "pcm16", 16_000)]
+        assert_error(await client.post(CHAT, json={"messages": [{"role": "user", "content": [
+            {"type": "input_audio", "input_audio": {"data": "@@", "format": "pcm16"}}]}]}),
+            422, "invalid_payload", "messages.0.content")
+
+
+async def test_an_engine_failure_is_the_stored_error(redis_url: str) -> None:
+    engine = ScriptedEngine(script=Script(error_after_words=1))
+    async with app_client(make_settings(redis_url=redis_url), engine) as client:
+        assert_error(await client.post(CHAT, json={"messages": USER}), 500, "engine_error")
+        stream = await openai_client(client).chat.completions.create(model="scripted", messages=USER,
+                                                                      stream=True)
+        with pytest.raises(openai.APIError, match="scripted failure"):
+            _ = [chunk async for chunk in stream]
+
+
+async def test_a_client_that_leaves_a_stream_cancels_its_session(redis_url: str) -> None:
+    engine = ScriptedEngine(script=Script(hang=True))
+    with live_server(create_app(make_settings(redis_url=redis_url), engine=engine)) as url:
+        async with httpx.AsyncClient(base_url=url) as client:
+            async with client.stream("POST", CHAT, json={"messages": USER, "stream": True}) as response:
+                sid = response.headers["X-Session-Id"]
+                lines = response.aiter_lines()
+                while "echo:" not in await anext(lines):
+                    pass
+            # The connection is closed here, before [DONE].
+            for _ in range(100):
+                state = (await client.get(f"{BASE}/{sid}")).json()["state"]
+                if state == "cancelled":
+                    break
+                await asyncio.sleep(0.05)
+            assert state == "cancelled"
+            assert engine.sessions[0].aborted

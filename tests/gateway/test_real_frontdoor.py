@@ -1,0 +1,121 @@
+"""The OpenAI front door, the Talker and capability checks on the real engine.
+
+Real redis-server, the real vLLM engine (SmolLM2, CPU) and real espeak-ng,
+composed as the embedded default is (``with_talker``).
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import AsyncIterator
+
+import httpx
+import numpy as np
+import openai
+import pytest
+
+from omni_adapter.pcm import OPENAI_PCM16_RATE, parse_wav
+from omni_adapter.port import Engine
+from omni_adapter.talker import EspeakTalker, TalkingEngine
+from tests.gateway.client import (
+    BASE,
+    app_client,
+    content_of,
+    make_settings,
+    openai_client,
+    parse_sse,
+)
+from tests.gateway.test_api import assert_error
+
+pytestmark = pytest.mark.engine
+
+MODEL = "SmolLM2-135M-Instruct"
+QUESTION = [{"role": "user", "content": "Name a colour. One word."}]
+LIST_PROMPT = "List three fruits, one per line."
+
+
+@pytest.fixture
+async def client(redis_url: str, vllm_engine: Engine) -> AsyncIterator[httpx.AsyncClient]:
+    talker = EspeakTalker.find()
+    assert talker is not None, "espeak-ng is not installed (scripts/setup.sh installs it)"
+    async with app_client(make_settings(redis_url=redis_url), TalkingEngine(vllm_engine, talker)) as c:
+        yield c
+
+
+def alnum(text: str) -> str:
+    return "".join(ch for ch in text if ch.isalnum())
+
+
+async def test_openai_client_streamed_text_equals_non_streamed(client: httpx.AsyncClient) -> None:
+    oai = openai_client(client)
+    sampling = {"model": MODEL, "messages": QUESTION, "temperature": 0, "max_tokens": 10}
+    completion = await oai.chat.completions.create(**sampling)
+    stream = await oai.chat.completions.create(**sampling, stream=True, stream_options={"include_usage": True})
+    chunks = [chunk async for chunk in stream]
+
+    text = completion.choices[0].message.content
+    assert text and text.strip()
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
+    assert chunks[-1].usage == completion.usage
+    assert completion.usage is not None and 0 < completion.usage.completion_tokens <= 10
+    assert [m.id for m in (await oai.models.list()).data] == [MODEL]
+
+
+async def test_the_real_engines_capabilities_decide_validation(client: httpx.AsyncClient) -> None:
+    pcm = base64.b64encode(b"\x00\x01" * 800).decode()
+    with pytest.raises(openai.UnprocessableEntityError) as raised:
+        await openai_client(client).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": [
+            {"type": "input_audio", "input_audio": {"data": pcm, "format": "pcm16"}}]}])
+    assert raised.value.code == "unsupported_modality"
+
+    # Text in, text and audio out (the Talker); audio in is refused and stores nothing.
+    created = await client.post(BASE, json={"modalities": ["text", "audio"], "start_policy": "on_end_only"})
+    assert created.status_code == 201, created.text
+    sid = created.json()["session_id"]
+    assert_error(await client.post(f"{BASE}/{sid}/chunks", json={
+        "sequence_id": 0, "modality": "audio", "payload": pcm}), 422, "unsupported_modality", "modality")
+    assert (await client.get(f"{BASE}/{sid}")).json()["received_chunks"] == 0
+    assert (await client.delete(f"{BASE}/{sid}")).status_code == 204
+
+
+async def test_text_and_audio_session_streams_speech_before_done(client: httpx.AsyncClient) -> None:
+    response = await client.post(BASE, json={
+        "modalities": ["text", "audio"], "temperature": 0, "max_tokens": 20,
+        "first_chunk": {"sequence_id": 0, "text": LIST_PROMPT, "end_of_input": True}})
+    sid = response.json()["session_id"]
+    events = parse_sse((await client.get(f"{BASE}/{sid}/events")).text)
+    assert events[-1].data == "[DONE]"
+    deltas = [e.json()["choices"][0]["delta"] for e in events[:-1] if e.json()["choices"]]
+    kinds = ["audio" if "audio" in d else "content" if "content" in d else "other" for d in deltas]
+    assert "audio" in kinds
+    # Speech starts while the text is still streaming, not after it.
+    assert kinds.index("audio") < len(kinds) - 1 - kinds[::-1].index("content")
+
+    text = content_of(events)
+    audio = [d["audio"] for d in deltas if "audio" in d]
+    pcm = b"".join(base64.b64decode(a["data"]) for a in audio)
+    samples = np.frombuffer(pcm, dtype="<i2")
+    assert np.abs(samples).max() > 1_000, "the audio is silent"
+    seconds = len(samples) / OPENAI_PCM16_RATE
+    # espeak-ng at 175 words a minute says some 10-20 characters a second.
+    assert len(alnum(text)) / 40 < seconds < len(alnum(text)) / 4, (seconds, text)
+    assert alnum("".join(a["transcript"] for a in audio)) == alnum(text)
+    assert len({a["id"] for a in audio}) == 1
+
+    result = (await client.get(f"{BASE}/{sid}/result", params={"wait": 30})).json()
+    message = result["completion"]["choices"][0]["message"]
+    assert message["content"] == text
+    assert parse_wav(base64.b64decode(message["audio"]["data"])) == (pcm, OPENAI_PCM16_RATE)
+    assert message["audio"]["id"] == audio[0]["id"]
+    assert alnum(message["audio"]["transcript"]) == alnum(text)
+
+
+async def test_openai_client_gets_audio_in_a_non_streamed_completion(client: httpx.AsyncClient) -> None:
+    completion = await openai_client(client).chat.completions.create(
+        model=MODEL, messages=QUESTION, temperature=0, max_tokens=6,
+        modalities=["text", "audio"], audio={"voice": "alloy", "format": "wav"})
+    message = completion.choices[0].message
+    assert message.audio is not None and message.content
+    pcm, rate = parse_wav(base64.b64decode(message.audio.data))
+    assert rate == OPENAI_PCM16_RATE and len(pcm) > 0.2 * rate * 2
+    assert alnum(message.audio.transcript) == alnum(message.content)

@@ -1,0 +1,181 @@
+"""The CPU Talker stage: sentence splitting, espeak-ng, and the Thinker->Talker session."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from omni_adapter.pcm import OPENAI_PCM16_RATE
+from omni_adapter.port import (
+    AudioDelta,
+    EngineError,
+    EngineRequest,
+    Finished,
+    InputChunk,
+    OutputEvent,
+    SamplingOptions,
+    TextDelta,
+    Usage,
+)
+from omni_adapter.talker import EspeakTalker, SentenceSplitter, TalkingEngine, TalkingSession
+from tests.fakes import ScriptedEngine
+
+# --- sentence splitting --------------------------------------------------------
+
+
+def split_stream(pieces: Sequence[str], max_chars: int = 200) -> list[list[str]]:
+    """What the splitter returns after each piece, then at the flush."""
+    splitter = SentenceSplitter(max_chars)
+    return [splitter.push(p) for p in pieces] + [splitter.flush()]
+
+
+def test_a_sentence_is_cut_once_the_space_after_it_arrives() -> None:
+    assert split_stream(["Hello", " there.", " How", " are you?", " Fine"]) == [
+        [], [], ["Hello there."], [], ["How are you?"], ["Fine"]]
+
+
+def test_decimals_abbreviation_like_dots_and_quotes() -> None:
+    assert split_stream(["It costs 3.", "5 euros. ", '"Really?" ', "Yes"]) == [
+        [], ["It costs 3.5 euros."], ['"Really?"'], [], ["Yes"]]
+
+
+def test_line_breaks_end_a_sentence_and_silence_is_dropped() -> None:
+    assert split_stream(["- one\n", "- two\n\n", "... ", "!"]) == [["- one"], ["- two"], [], [], []]
+
+
+def test_run_on_text_is_cut_at_a_space_near_the_limit() -> None:
+    out = split_stream(["aaaa bbbb cccc dddd eeee"], max_chars=10)
+    assert out == [["aaaa bbbb", "cccc"], ["dddd eeee"]]
+
+
+# --- espeak-ng -----------------------------------------------------------------
+
+
+async def test_espeak_speaks_a_sentence_as_24khz_pcm16() -> None:
+    talker = EspeakTalker.find()
+    assert talker is not None, "espeak-ng is not installed (scripts/setup.sh installs it)"
+    short = await talker.speak("Hello.")
+    long = await talker.speak("Hello. This is a much longer sentence, spoken by the talker.")
+    for pcm in (short, long):
+        samples = np.frombuffer(pcm, dtype="<i2")
+        assert np.abs(samples).max() > 1_000, "silence"
+    # Around 175 words a minute: a word is a few tenths of a second.
+    assert 0.2 < len(short) / 2 / OPENAI_PCM16_RATE < 2.0
+    assert len(long) > 3 * len(short)
+
+
+# --- the Thinker -> Talker session -----------------------------------------------
+
+
+@dataclass
+class FakeThinker:
+    """Yields a fixed answer with a pause between deltas."""
+
+    answer: list[str]
+    delay_sec: float = 0.02
+    end: OutputEvent = field(default_factory=lambda: Finished("stop", Usage(3, 4)))
+    aborted: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def feed(self, chunks: Sequence[InputChunk]) -> None: ...
+
+    async def end_input(self) -> None: ...
+
+    async def abort(self) -> None:
+        self.aborted.set()
+
+    async def events(self) -> AsyncIterator[OutputEvent]:
+        for text in self.answer:
+            await asyncio.sleep(self.delay_sec)
+            if self.aborted.is_set():
+                yield Finished("abort", Usage(3, 0))
+                return
+            yield TextDelta(text)
+        yield self.end
+
+
+@dataclass
+class FakeTalker:
+    """One 10 ms sample of value ``len(text)`` per character, after a pause."""
+
+    delay_sec: float = 0.0
+    fail_on: str | None = None
+    sample_rate: int = 16_000
+    spoken: list[str] = field(default_factory=list)
+
+    async def speak(self, text: str) -> bytes:
+        await asyncio.sleep(self.delay_sec)
+        if text == self.fail_on:
+            raise RuntimeError("no voice")
+        self.spoken.append(text)
+        return np.full(len(text) * 160, len(text), dtype="<i2").tobytes()
+
+
+async def collect(session: TalkingSession) -> list[OutputEvent]:
+    return [event async for event in session.events()]
+
+
+async def test_audio_follows_each_sentence_while_text_keeps_streaming() -> None:
+    thinker = FakeThinker(["One.", " Two", " three.", " Four", " five", " six."], delay_sec=0.05)
+    events = await collect(TalkingSession(thinker, FakeTalker()))
+
+    kinds = [type(e).__name__ for e in events]
+    # "One." is spoken before the rest of the text has arrived.
+    assert kinds.index("AudioDelta") < max(i for i, k in enumerate(kinds) if k == "TextDelta")
+    assert "".join(e.text for e in events if isinstance(e, TextDelta)) == "One. Two three. Four five six."
+    audio = [e for e in events if isinstance(e, AudioDelta)]
+    assert [a.transcript for a in audio] == ["One.", "Two three.", "Four five six."]
+    assert all(a.sample_rate == 16_000 and len(a.pcm16) == len(a.transcript) * 320 for a in audio)
+    assert events[-1] == Finished("stop", Usage(3, 4))
+
+
+async def test_finished_waits_for_the_last_sentence_to_be_spoken() -> None:
+    events = await collect(TalkingSession(FakeThinker(["Hi there"]), FakeTalker(delay_sec=0.2)))
+    assert [type(e).__name__ for e in events] == ["TextDelta", "AudioDelta", "Finished"]
+
+
+async def test_a_talker_failure_fails_the_answer() -> None:
+    events = await collect(TalkingSession(FakeThinker(["Fine.", " Broken.", " Never."]),
+                                          FakeTalker(fail_on="Broken.")))
+    assert isinstance(events[-1], EngineError) and "speech synthesis failed" in events[-1].message
+    assert not any(isinstance(e, Finished) for e in events)
+
+
+async def test_a_thinker_error_passes_through() -> None:
+    error = EngineError("boom", code="engine_error")
+    events = await collect(TalkingSession(FakeThinker(["Hello."], end=error), FakeTalker()))
+    assert events[-1] == error
+
+
+async def test_abort_while_speaking_ends_the_events_without_more_audio() -> None:
+    talker = FakeTalker(delay_sec=10)
+    session = TalkingSession(FakeThinker(["Hello."]), talker)
+    events: list[OutputEvent] = []
+
+    async def consume() -> None:
+        async for event in session.events():
+            events.append(event)
+
+    consumer = asyncio.create_task(consume())
+    await asyncio.sleep(0.2)  # text done, the talker is busy
+    await session.abort()
+    await asyncio.wait_for(consumer, 2)
+    assert [type(e).__name__ for e in events] == ["TextDelta", "Finished"]
+    assert events[-1].finish_reason == "abort"  # type: ignore[union-attr]
+    assert talker.spoken == []
+
+
+def test_the_talking_engine_adds_audio_output_and_asks_the_thinker_for_text() -> None:
+    thinker = ScriptedEngine()
+    engine = TalkingEngine(thinker, FakeTalker())
+    assert engine.capabilities.output_modalities == {"text", "audio"}
+    assert engine.capabilities.input_modalities == thinker.capabilities.input_modalities
+    request = EngineRequest("r1", "scripted", (), SamplingOptions(), output_modalities=("text", "audio"))
+    assert isinstance(engine.open_session(request), TalkingSession)
+    assert thinker.sessions[-1].request.output_modalities == ("text",)
+    plain = engine.open_session(EngineRequest("r2", "scripted", (), SamplingOptions()))
+    assert plain is thinker.sessions[-1]
+
+
