@@ -176,7 +176,8 @@ async def test_input_longer_than_the_context_fails_the_session(vllm_engine: Vllm
 
 @pytest.mark.engine
 async def test_assistant_prefix_is_continued(vllm_engine: VllmEngine, tokenizer: Any) -> None:
-    req = request(max_tokens=2)
+    """After a hand-off the answer so far is the assistant's prefix: it counts as completion."""
+    req = request(max_tokens=6)
     req = EngineRequest(
         request_id=req.request_id, model=MODEL, messages=HISTORY, sampling=req.sampling,
         assistant_prefix="The sky is",
@@ -187,7 +188,10 @@ async def test_assistant_prefix_is_continued(vllm_engine: VllmEngine, tokenizer:
         add_generation_prompt=True, tokenize=False,
     )
     assert isinstance(end, Finished)
-    assert end.usage.prompt_tokens == len(tokenizer(rendered + "The sky is").input_ids)
+    prefix_tokens = len(tokenizer("The sky is", add_special_tokens=False).input_ids)
+    assert end.usage.prompt_tokens + prefix_tokens == len(tokenizer(rendered + "The sky is").input_ids)
+    # max_tokens covers the whole answer, the prefix included.
+    assert prefix_tokens < end.usage.completion_tokens <= 6
 
 
 @pytest.mark.engine
