@@ -208,6 +208,9 @@ class HttpSession:
         #: Warm-up requests sent so far (observability and tests).
         self.warmups_sent = 0
         self._answer: asyncio.Task[None] | None = None
+        #: Prompt tokens the engine took from its prefix cache for the answer,
+        #: when it reports them (``--enable-prompt-tokens-details``).
+        self.cached_prompt_tokens = 0
         self._prompt_tokens = 0
         self._completion_tokens = 0
 
@@ -330,6 +333,8 @@ class HttpSession:
             self._prompt_tokens = usage.get("prompt_tokens") or self._prompt_tokens
             # vLLM-Omni repeats usage with 0 completion tokens on audio chunks.
             self._completion_tokens = max(self._completion_tokens, usage.get("completion_tokens") or 0)
+            if details := usage.get("prompt_tokens_details"):
+                self.cached_prompt_tokens = details.get("cached_tokens") or 0
         reason = None
         for choice in chunk.get("choices") or ():
             delta = choice.get("delta") or {}
