@@ -46,7 +46,6 @@ from omni_adapter.port import (
     EngineRejectedError,
     EngineRequest,
     EngineUnavailableError,
-    Finished,
     FinishReason,
     InputChunk,
     OutputEvent,
@@ -54,6 +53,7 @@ from omni_adapter.port import (
     TextDelta,
     Usage,
 )
+from omni_adapter.session_events import SessionEvents, check_servable
 
 logger = logging.getLogger(__name__)
 
@@ -152,11 +152,7 @@ class HttpEngine:
     def open_session(self, request: EngineRequest) -> HttpSession:
         if self._closed:
             raise EngineUnavailableError("the engine is closed")
-        if request.model not in self.capabilities.model_names:
-            raise EngineRejectedError(f"model {request.model!r} is not served by this engine")
-        unsupported = set(request.output_modalities) - self.capabilities.output_modalities
-        if unsupported:
-            raise EngineRejectedError(f"this engine does not produce {', '.join(sorted(unsupported))}")
+        check_servable(self.capabilities, request)
         session = HttpSession(self._client, request, self.capabilities.input_modalities,
                               warmup=self._config.warmup)
         self._sessions.add(session)
@@ -198,9 +194,8 @@ class HttpSession:
         self._accepted = accepted
         self._warmup_enabled = warmup
         self._content = UserContent()
-        self._events: asyncio.Queue[OutputEvent] = asyncio.Queue()
+        self._events = SessionEvents()
         self._input_ended = False
-        self._terminal = False
         self._warmup: asyncio.Task[None] | None = None
         self._warmup_on_wire = False
         #: Input size (bytes) the latest warm-up covered.
@@ -219,7 +214,7 @@ class HttpSession:
             if chunk.modality not in self._accepted:
                 accepted = ", ".join(sorted(self._accepted))
                 raise EngineRejectedError(f"this engine accepts {accepted}, not {chunk.modality}")
-        if self._terminal:
+        if self._events.ended:
             return
         if self._input_ended:
             raise EngineRejectedError("the input has already ended")
@@ -228,7 +223,7 @@ class HttpSession:
         self._maybe_warm()
 
     async def end_input(self) -> None:
-        if self._terminal or self._input_ended:
+        if self._events.ended or self._input_ended:
             return
         self._input_ended = True
         self._content.finish()
@@ -238,12 +233,8 @@ class HttpSession:
         self._answer = asyncio.get_running_loop().create_task(
             self._run_answer(), name=f"http-answer-{self._request.request_id}")
 
-    async def events(self) -> AsyncIterator[OutputEvent]:
-        while True:
-            event = await self._events.get()
-            yield event
-            if isinstance(event, Finished | EngineError):
-                return
+    def events(self) -> AsyncIterator[OutputEvent]:
+        return self._events.stream()
 
     async def abort(self) -> None:
         self._finish("abort")
@@ -258,7 +249,7 @@ class HttpSession:
     # -- warm-up ------------------------------------------------------------
 
     def _maybe_warm(self, _: object = None) -> None:
-        if not self._warmup_enabled or self._input_ended or self._terminal:
+        if not self._warmup_enabled or self._input_ended or self._events.ended:
             return
         if self._warmup is not None and not self._warmup.done():
             return  # one in flight at most; its end looks again
@@ -343,11 +334,11 @@ class HttpSession:
                 # vLLM-Omni: base64 audio in ``content``, its format beside.
                 if content:
                     rate = (choice.get("audio_metadata") or {}).get("sample_rate_hz")
-                    self._emit(AudioDelta(base64.b64decode(content), rate or OPENAI_AUDIO_SAMPLE_RATE))
+                    self._events.emit(AudioDelta(base64.b64decode(content), rate or OPENAI_AUDIO_SAMPLE_RATE))
             elif content:
-                self._emit(TextDelta(content))
+                self._events.emit(TextDelta(content))
             if (audio := delta.get("audio")) and audio.get("data"):
-                self._emit(AudioDelta(base64.b64decode(audio["data"]), OPENAI_AUDIO_SAMPLE_RATE,
+                self._events.emit(AudioDelta(base64.b64decode(audio["data"]), OPENAI_AUDIO_SAMPLE_RATE,
                                     transcript=audio.get("transcript") or ""))
             reason = choice.get("finish_reason") or reason
         return reason
@@ -372,22 +363,11 @@ class HttpSession:
             body.update(modalities=list(request.output_modalities), audio={"format": "pcm16"})
         return body
 
-    def _emit(self, event: TextDelta | AudioDelta) -> None:
-        if not self._terminal:
-            self._events.put_nowait(event)
-
     def _finish(self, reason: FinishReason) -> None:
-        if self._terminal:
-            return
-        self._terminal = True
-        usage = Usage(prompt_tokens=self._prompt_tokens, completion_tokens=self._completion_tokens)
-        self._events.put_nowait(Finished(reason, usage))
+        self._events.finish(reason, Usage(self._prompt_tokens, self._completion_tokens))
 
     def _fail(self, error: EngineError) -> None:
-        if self._terminal:
-            return
-        self._terminal = True
-        self._events.put_nowait(error)
+        self._events.fail(error)
 
 
 class UserContent:
