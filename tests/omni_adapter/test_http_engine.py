@@ -150,6 +150,17 @@ async def test_factory_opens_the_sidecar_from_settings(vllm_sidecar: VllmSidecar
         await engine.aclose()
 
 
+def test_the_gpu_sidecar_chart_selects_this_adapter(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Helm chart's GPU+sidecar values name the settings this adapter reads."""
+    from tests.deploy import k8s
+
+    config_map = k8s.one(k8s.render_values_file("ci/gpu-sidecar-values.yaml"), "ConfigMap", "omni-gateway")
+    for key, value in config_map["data"].items():
+        monkeypatch.setenv(key, value)
+    settings = Settings()
+    assert settings.engine == "openai-http" and settings.engine_url == "http://127.0.0.1:8091"
+
+
 def test_openai_http_needs_an_engine_url() -> None:
     with pytest.raises(ValidationError, match="ENGINE_URL"):
         Settings(engine="openai-http")
