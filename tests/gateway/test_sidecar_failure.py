@@ -9,7 +9,9 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+import redis.asyncio as aioredis
 
+from gateway.store.keys import session_keys
 from omni_adapter.http_engine import HttpEngine
 from tests.gateway.client import BASE, app_client, make_settings, parse_sse
 from tests.vllm_sidecar import VllmSidecar
@@ -26,13 +28,14 @@ async def test_sidecar_killed_mid_stream_fails_the_session(
             "first_chunk": {"sequence_id": 0, "text": "Write a long story about a lighthouse keeper.",
                             "end_of_input": True}})
         sid = response.json()["session_id"]
-        # (The in-process transport delivers an SSE body only once it ends, so
-        # the kill is timed by the session's state, not by reading the stream.)
-        for _ in range(600):
-            if (await client.get(f"{BASE}/{sid}")).json()["state"] == "generating":
-                break
-            await asyncio.sleep(0.05)
-        await asyncio.sleep(1.0)  # some tokens out, most of the 1000 still to come
+        # The in-process transport delivers an SSE body only once it ends, so
+        # the kill is timed by the output frames in Redis: the role frame and
+        # a few content frames out, most of the 1000 tokens still to come.
+        async with aioredis.from_url(redis_url) as redis:
+            for _ in range(1200):
+                if await redis.xlen(session_keys(sid).output) >= 4:
+                    break
+                await asyncio.sleep(0.05)
         vllm_sidecar.kill()
         async with asyncio.timeout(60):
             body = (await client.get(f"{BASE}/{sid}/events")).text

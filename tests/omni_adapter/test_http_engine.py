@@ -101,7 +101,7 @@ async def test_warmup_makes_the_final_request_hit_the_cache(
     assert text == expected and text
     assert isinstance(end, Finished) and isinstance(expected_end, Finished)
     assert end.usage.prompt_tokens == expected_end.usage.prompt_tokens
-    assert session.warmups_sent >= 2
+    assert session.warmups_sent >= 1
     assert transport.most_in_flight == 1
     # The warm-ups cached the prompt's leading KV blocks (32 tokens each).
     assert session.cached_prompt_tokens >= 32
