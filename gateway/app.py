@@ -47,7 +47,10 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
             active = engine or await open_engine(EngineChoice(
                 kind=settings.engine, model=settings.model, served_model_name=settings.served_model_name,
                 dtype=settings.dtype, max_model_len=settings.max_model_len,
-                kv_cache_space_gib=settings.kv_cache_space_gib))
+                kv_cache_space_gib=settings.kv_cache_space_gib, engine_url=settings.engine_url,
+                engine_timeout_sec=settings.engine_timeout_sec,
+                engine_start_timeout_sec=settings.engine_start_timeout_sec,
+                engine_audio=settings.engine_audio))
             store = SessionStore(client, timeout_sec=settings.redis_timeout_sec)
             metrics = Metrics()
             runners = RunnerPool(

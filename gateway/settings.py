@@ -14,7 +14,7 @@ import socket
 import uuid
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from gateway.sessions.policies import StartPolicy
@@ -91,13 +91,30 @@ class Settings(BaseSettings):
     shutdown_grace_sec: float = Field(10.0, ge=0)
 
     # Engine
-    engine: Literal["vllm"] = "vllm"
+    #: ``vllm``: in-process vLLM; ``omni``: in-process vLLM-Omni (``AsyncOmni``);
+    #: ``openai-http``: a co-located ``vllm serve`` / ``vllm serve --omni`` at ``engine_url``.
+    engine: Literal["vllm", "omni", "openai-http"] = "vllm"
+    #: Base URL of the ``openai-http`` engine, e.g. ``http://127.0.0.1:8091``.
+    engine_url: str | None = None
+    #: ``openai-http``: longest wait for the engine's next byte (first token included).
+    engine_timeout_sec: float = Field(120.0, gt=0)
+    #: ``openai-http``: how long the gateway waits at start for the engine to answer.
+    engine_start_timeout_sec: float = Field(900.0, ge=0)
+    #: ``openai-http``: the engine takes and produces audio (an omni model behind
+    #: ``vllm serve --omni``); the plain OpenAI API does not say so itself.
+    engine_audio: bool = False
     #: A local model folder; empty means the embedded default (SmolLM2-135M).
     model: str | None = None
     served_model_name: str | None = None
     dtype: str = "float32"
     max_model_len: int = Field(4096, ge=16)
     kv_cache_space_gib: int = Field(2, ge=1)
+
+    @model_validator(mode="after")
+    def _engine_url_for_http(self) -> Settings:
+        if self.engine == "openai-http" and not self.engine_url:
+            raise ValueError("OMNI_GATEWAY_ENGINE=openai-http needs OMNI_GATEWAY_ENGINE_URL")
+        return self
 
     # Output
     sse_ping_sec: int = Field(15, ge=1)

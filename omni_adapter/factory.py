@@ -13,6 +13,7 @@ DEFAULT_SERVED_NAME = "SmolLM2-135M-Instruct"
 
 @dataclass(frozen=True)
 class EngineChoice:
+    #: ``vllm``, ``omni`` or ``openai-http``.
     kind: str = "vllm"
     #: A local model folder; ``None`` means the embedded default.
     model: str | None = None
@@ -20,24 +21,47 @@ class EngineChoice:
     dtype: str = "float32"
     max_model_len: int = 4096
     kv_cache_space_gib: int = 2
+    #: ``openai-http`` only: where the engine serves, and how long to wait for it.
+    engine_url: str | None = None
+    engine_timeout_sec: float = 120.0
+    engine_start_timeout_sec: float = 900.0
+    engine_audio: bool = False
 
 
 async def open_engine(choice: EngineChoice) -> Engine:
-    if choice.kind != "vllm":
+    if choice.kind == "openai-http":
+        return await _open_http(choice)
+    if choice.kind not in ("vllm", "omni"):
         raise ValueError(f"unknown engine {choice.kind!r}")
-    from omni_adapter.model_bootstrap import ensure_default_model
-    from omni_adapter.talker import with_talker
-    from omni_adapter.vllm_engine import VllmEngineConfig, open_vllm_engine
-
     if choice.model:
         model, name = choice.model, choice.served_model_name or Path(choice.model).name
     else:
+        from omni_adapter.model_bootstrap import ensure_default_model
+
         # Downloading and converting the default takes a while the first time;
         # keep the event loop free meanwhile.
         model = str(await asyncio.to_thread(ensure_default_model))
         name = choice.served_model_name or DEFAULT_SERVED_NAME
+    if choice.kind == "omni":
+        from omni_adapter.omni_engine import OmniEngineConfig, open_omni_engine
+
+        return await open_omni_engine(OmniEngineConfig(model=model, served_model_name=name))
+    from omni_adapter.talker import with_talker
+    from omni_adapter.vllm_engine import VllmEngineConfig, open_vllm_engine
+
     thinker = await open_vllm_engine(VllmEngineConfig(
         model=model, served_model_name=name, dtype=choice.dtype,
         max_model_len=choice.max_model_len, kv_cache_space_gib=choice.kv_cache_space_gib))
-    # A text model speaks through the CPU Talker (espeak-ng), if installed.
+    # A text model speaks through the CPU Talker (espeak-ng), if installed;
+    # vLLM-Omni has its own Talker stage.
     return with_talker(thinker)
+
+
+async def _open_http(choice: EngineChoice) -> Engine:
+    from omni_adapter.http_engine import HttpEngineConfig, open_http_engine
+
+    if not choice.engine_url:
+        raise ValueError("the openai-http engine needs an engine URL")
+    return await open_http_engine(HttpEngineConfig(
+        base_url=choice.engine_url, timeout_sec=choice.engine_timeout_sec,
+        start_timeout_sec=choice.engine_start_timeout_sec, audio=choice.engine_audio))

@@ -43,7 +43,6 @@ from omni_adapter.port import (
     EngineRejectedError,
     EngineRequest,
     EngineUnavailableError,
-    Finished,
     FinishReason,
     InputChunk,
     OutputEvent,
@@ -51,13 +50,13 @@ from omni_adapter.port import (
     TextDelta,
     Usage,
 )
+from omni_adapter.session_events import SessionEvents, check_servable
 from omni_adapter.text_stream import IncrementalTokenizer, StreamingTokenizer
 
 if TYPE_CHECKING:
-    from vllm.engine.protocol import StreamingInput
-    from vllm.outputs import RequestOutput
+    from vllm.engine.protocol import EngineClient, StreamingInput
+    from vllm.outputs import CompletionOutput, RequestOutput
     from vllm.sampling_params import SamplingParams
-    from vllm.v1.engine.async_llm import AsyncLLM
 
 logger = logging.getLogger(__name__)
 
@@ -115,7 +114,7 @@ async def open_vllm_engine(config: VllmEngineConfig) -> VllmEngine:
 class VllmEngine:
     """One ``AsyncLLM`` shared by every session of the process."""
 
-    def __init__(self, llm: AsyncLLM, streaming: StreamingTokenizer, model_name: str) -> None:
+    def __init__(self, llm: EngineClient, streaming: StreamingTokenizer, model_name: str) -> None:
         self._llm = llm
         self._streaming = streaming
         self._max_model_len: int = llm.model_config.max_model_len
@@ -131,10 +130,7 @@ class VllmEngine:
     def open_session(self, request: EngineRequest) -> VllmSession:
         if self._closed:
             raise EngineUnavailableError("the engine is closed")
-        if request.model not in self.capabilities.model_names:
-            raise EngineRejectedError(f"model {request.model!r} is not served by this engine")
-        if not set(request.output_modalities) <= TEXT_ONLY:
-            raise EngineRejectedError("this engine produces text only")
+        check_servable(self.capabilities, request)
         try:
             prefix, suffix = self._streaming.chat_frame(request.messages)
         except Exception as exc:
@@ -146,9 +142,12 @@ class VllmEngine:
         # After a hand-off the answer so far is part of the prompt; it still
         # counts against max_tokens and in the usage as completion tokens.
         emitted = len(self._streaming.encode(request.assistant_prefix)) if request.assistant_prefix else 0
-        session = VllmSession(self._llm, request, tokens, self._max_model_len, emitted)
+        session = self._new_session(request, tokens, emitted)
         self._sessions.add(session)
         return session
+
+    def _new_session(self, request: EngineRequest, tokens: IncrementalTokenizer, emitted: int) -> VllmSession:
+        return VllmSession(self._llm, request, tokens, self._max_model_len, emitted)
 
     async def check_health(self) -> None:
         if self._closed:
@@ -172,11 +171,20 @@ class VllmEngine:
 
 
 class VllmSession:
-    """One streamed request: token batches in, answer text out."""
+    """One streamed request: token batches in, answer text out.
+
+    The ``omni`` adapter's session extends it through the hooks below
+    (``_push``/``_flush`` for input, ``_prompt`` for each engine input,
+    ``_generate``/``_is_prefill_ack``/``_on_output``/``_on_outputs_end`` for
+    the engine call and its outputs).
+    """
+
+    #: Input modalities this session takes.
+    accepted_modalities: frozenset[str] = TEXT_ONLY
 
     def __init__(
         self,
-        llm: AsyncLLM,
+        llm: EngineClient,
         request: EngineRequest,
         tokens: IncrementalTokenizer,
         max_model_len: int,
@@ -189,7 +197,7 @@ class VllmSession:
         self._tokens = tokens
         self._max_model_len = max_model_len
         self._stops = StopStrings(request.sampling.stop)
-        self._events: asyncio.Queue[OutputEvent] = asyncio.Queue()
+        self._events = SessionEvents()
         #: Committed ids not yet handed to the engine.
         self._ready: list[int] = []
         self._fed = 0
@@ -200,44 +208,73 @@ class VllmSession:
         self._final_sent = False
         #: Input closed for good: the generator must end without a final input.
         self._closing = False
-        self._terminal = False
         self._wake = asyncio.Event()
         self._driver: asyncio.Task[None] | None = None
         self._inputs: AsyncGenerator[StreamingInput, None] | None = None
 
     async def feed(self, chunks: Sequence[InputChunk]) -> None:
         for chunk in chunks:
-            if chunk.modality != "text":
-                raise EngineRejectedError(f"this engine accepts text only, not {chunk.modality}")
+            if chunk.modality not in self.accepted_modalities:
+                accepted = ", ".join(sorted(self.accepted_modalities))
+                raise EngineRejectedError(f"this engine accepts {accepted} only, not {chunk.modality}")
         if self._closing:
             return
         if self._input_ended:
             raise EngineRejectedError("the input has already ended")
         for chunk in chunks:
-            self._ready += self._tokens.push(chunk.data)
+            self._ready += self._push(chunk)
         await self._check_length()
         self._start()
 
     async def end_input(self) -> None:
         if self._closing or self._input_ended:
             return
-        self._ready += self._tokens.finish()
+        self._ready += self._flush()
         await self._check_length()
         self._input_ended = True
         self._start()
 
-    async def events(self) -> AsyncIterator[OutputEvent]:
-        while True:
-            event = await self._events.get()
-            yield event
-            if isinstance(event, Finished | EngineError):
-                return
+    def events(self) -> AsyncIterator[OutputEvent]:
+        return self._events.stream()
 
     async def abort(self) -> None:
-        if self._terminal:
+        if self._events.ended:
             return
         await self._close_request()
         self._finish("abort")
+
+    # -- hooks ------------------------------------------------------------------
+
+    def _push(self, chunk: InputChunk) -> list[int]:
+        """The ids one input chunk makes final."""
+        return self._tokens.push(chunk.data)
+
+    def _flush(self) -> list[int]:
+        """The remaining ids at the end of input."""
+        return self._tokens.finish()
+
+    def _prompt(self, ids: list[int]) -> Any:
+        """One engine input for a batch of ids."""
+        from vllm.inputs import tokens_input
+
+        return tokens_input(ids)
+
+    def _generate(self, inputs: AsyncGenerator[StreamingInput, None], params: SamplingParams) -> AsyncIterator[Any]:
+        return self._llm.generate(inputs, params, self._request.request_id)
+
+    def _is_prefill_ack(self, output: Any) -> bool:
+        """Whether an output before the final input is the one of an intermediate input."""
+        return True
+
+    async def _on_output(self, output: RequestOutput) -> None:
+        if output.outputs and (reason := await self._on_text(output.outputs[0])):
+            self._settle(reason)
+
+    def _on_outputs_end(self) -> None:
+        """The engine's outputs ended without this session ending."""
+        self._fail(EngineError("the engine ended the request without a result"))
+
+    # -- internals --------------------------------------------------------------
 
     async def _check_length(self) -> None:
         """Fail the session on input that leaves no room to generate.
@@ -278,48 +315,54 @@ class VllmSession:
         params = sampling_params(self._request.sampling, max_tokens=1)
         params.output_kind = RequestOutputKind.DELTA
         try:
-            async for output in self._llm.generate(
-                self._inputs, params, self._request.request_id
-            ):
+            async for output in self._generate(self._inputs, params):
                 if not self._final_sent:
                     # The single output of an intermediate input: its token is
                     # thrown away by the engine; it only means "prefilled".
-                    self._awaiting_ack = False
-                    self._wake.set()
-                elif not self._terminal:
+                    if self._is_prefill_ack(output):
+                        self._awaiting_ack = False
+                        self._wake.set()
+                elif not self._events.ended:
                     await self._on_output(output)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            self._fail(engine_error_from(exc))
+            self._fail(self._error_from(exc))
         else:
-            self._fail(EngineError("the engine ended the request without a result"))
+            self._on_outputs_end()
         # The engine no longer reads the input; make sure it is closed.
         self._closing = self._closing or not self._final_sent
         await self._close_inputs()
 
-    async def _on_output(self, output: RequestOutput) -> None:
-        if not output.outputs:
-            return
-        completion = output.outputs[0]
+    async def _on_text(self, completion: CompletionOutput) -> str | None:
+        """Emit the text of one output; return its finish reason once there is one.
+
+        A stop string ends the session here and now (and aborts the request).
+        """
         self._completion_tokens += len(completion.token_ids)
         text, stopped = self._stops.feed(completion.text)
         if text:
-            self._events.put_nowait(TextDelta(text))
+            self._events.emit(TextDelta(text))
         if stopped:
             self._finish("stop")
             # Ends the generate() loop with an "abort" output, ignored.
             await self._llm.abort(self._request.request_id)
-            return
+            return None
         if completion.finish_reason is None:
-            return
+            return None
         if tail := self._stops.flush():
-            self._events.put_nowait(TextDelta(tail))
-        reason = _FINISH_REASONS.get(completion.finish_reason)
+            self._events.emit(TextDelta(tail))
+        return completion.finish_reason
+
+    def _settle(self, engine_reason: str) -> None:
+        reason = _FINISH_REASONS.get(engine_reason)
         if reason is None:
-            self._fail(EngineError(f"generation failed ({completion.finish_reason})"))
+            self._fail(EngineError(f"generation failed ({engine_reason})"))
         else:
             self._finish(reason)
+
+    def _error_from(self, exc: BaseException) -> EngineError:
+        return engine_error_from(exc)
 
     async def _input_stream(self) -> AsyncGenerator[StreamingInput, None]:
         """The prompt generator consumed by the engine.
@@ -329,7 +372,6 @@ class VllmSession:
         an aborted session ends it without the engine starting an answer.
         """
         from vllm.engine.protocol import StreamingInput
-        from vllm.inputs import tokens_input
         from vllm.sampling_params import RequestOutputKind, SamplingParams
 
         prefill_only = SamplingParams(
@@ -350,7 +392,7 @@ class VllmSession:
             batch, self._ready = self._ready[:-1], self._ready[-1:]
             self._fed += len(batch)
             self._awaiting_ack = True
-            yield StreamingInput(tokens_input(batch), prefill_only)
+            yield StreamingInput(self._prompt(batch), prefill_only)
         batch, self._ready = self._ready, []
         self._fed += len(batch)
         room = self._max_model_len - self._fed
@@ -363,23 +405,16 @@ class VllmSession:
         )
         final.output_kind = RequestOutputKind.DELTA
         self._final_sent = True
-        yield StreamingInput(tokens_input(batch), final)
+        yield StreamingInput(self._prompt(batch), final)
         if self._closing:
             raise asyncio.CancelledError
 
     def _finish(self, reason: FinishReason) -> None:
-        if self._terminal:
-            return
-        self._terminal = True
-        usage = Usage(prompt_tokens=self._fed - self._emitted,
-                      completion_tokens=self._emitted + self._completion_tokens)
-        self._events.put_nowait(Finished(reason, usage))
+        self._events.finish(reason, Usage(prompt_tokens=self._fed - self._emitted,
+                                          completion_tokens=self._emitted + self._completion_tokens))
 
     def _fail(self, error: EngineError) -> None:
-        if self._terminal:
-            return
-        self._terminal = True
-        self._events.put_nowait(error)
+        self._events.fail(error)
 
     async def _close_request(self) -> None:
         """Stop the engine request and the input generator, from outside the driver."""

@@ -1,13 +1,16 @@
-"""Shared fixtures: the real engine, started once per test session."""
+"""Shared fixtures: the real engines (in-process and sidecar), each started once per test session."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
+from omni_adapter.http_engine import HttpEngine, HttpEngineConfig, open_http_engine
 from omni_adapter.model_bootstrap import ensure_default_model
+from omni_adapter.port import Engine
 from omni_adapter.vllm_engine import VllmEngine, VllmEngineConfig, open_vllm_engine
+from tests.vllm_sidecar import VllmSidecar
 
 
 @pytest.fixture(scope="session")
@@ -21,3 +24,32 @@ async def vllm_engine() -> AsyncIterator[VllmEngine]:
         yield engine
     finally:
         await engine.aclose()
+
+
+@pytest.fixture(scope="session")
+def vllm_sidecar() -> Iterator[VllmSidecar]:
+    """A real ``vllm serve`` (SmolLM2, prefix caching), one per test session."""
+    with VllmSidecar() as sidecar:
+        yield sidecar
+
+
+@pytest.fixture(scope="session")
+async def _http_engine(vllm_sidecar: VllmSidecar) -> AsyncIterator[HttpEngine]:
+    engine = await open_http_engine(HttpEngineConfig(base_url=vllm_sidecar.url, start_timeout_sec=0))
+    try:
+        yield engine
+    finally:
+        await engine.aclose()
+
+
+@pytest.fixture
+def http_engine(_http_engine: HttpEngine, vllm_sidecar: VllmSidecar) -> HttpEngine:
+    """The ``openai-http`` adapter over the sidecar, restarted first if a test killed it."""
+    vllm_sidecar.ensure_running()
+    return _http_engine
+
+
+@pytest.fixture(params=["vllm", "openai-http"])
+def real_engine(request: pytest.FixtureRequest) -> Engine:
+    """Each real adapter in turn: the session tests must pass on all of them."""
+    return request.getfixturevalue("vllm_engine" if request.param == "vllm" else "http_engine")

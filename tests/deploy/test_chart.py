@@ -26,8 +26,6 @@ from tests.redis_server import free_port
 CHART = render_manifests.CHART_DIR
 GPU_VALUES = "ci/gpu-sidecar-values.yaml"
 VALUE_SETS = {"default": None, "gpu-sidecar": GPU_VALUES}
-#: Settings the chart already sets that later issues will read (documented in NOTES.txt).
-UPCOMING_SETTINGS = {"ENGINE_URL"}
 MiB = 1024 * 1024
 
 
@@ -165,7 +163,7 @@ def test_default_settings_load_into_the_gateway_settings(default_objs: list[k8s.
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     env = settings_env(default_objs)
     fields = {name.upper() for name in Settings.model_fields}
-    unknown = {key.removeprefix("OMNI_GATEWAY_") for key in env} - fields - UPCOMING_SETTINGS
+    unknown = {key.removeprefix("OMNI_GATEWAY_") for key in env} - fields
     assert not unknown, f"the chart sets settings the gateway does not have: {unknown}"
     for key, value in env.items():
         monkeypatch.setenv(key, value)
@@ -188,10 +186,10 @@ def test_chart_defaults_are_the_gateways_defaults(default_objs: list[k8s.Obj]) -
     assert len(compared) >= 10, compared
 
 
-def test_gpu_settings_name_only_known_or_upcoming_keys(gpu_objs: list[k8s.Obj]) -> None:
+def test_gpu_settings_name_only_known_keys(gpu_objs: list[k8s.Obj]) -> None:
     fields = {name.upper() for name in Settings.model_fields}
     env = settings_env(gpu_objs)
-    assert {key.removeprefix("OMNI_GATEWAY_") for key in env} - fields <= UPCOMING_SETTINGS
+    assert {key.removeprefix("OMNI_GATEWAY_") for key in env} <= fields
     env_vars = {e["name"]: e for e in k8s.container(deployment(gpu_objs), "gateway")["env"]}
     assert env_vars["OMNI_GATEWAY_REDIS_URL"]["valueFrom"]["secretKeyRef"] == {
         "name": "omni-gateway-redis", "key": "url"}
@@ -435,8 +433,7 @@ def test_pods_run_as_non_root_with_a_read_only_root(values_file: str | None) -> 
         assert {"/tmp", "/home/omni/.cache", "/dev/shm"} <= mounts
 
 
-def test_notes_name_the_upcoming_settings() -> None:
+def test_notes_say_how_the_gateway_reaches_the_sidecar() -> None:
     notes = render_manifests.render(render_manifests.load_values(GPU_VALUES))["omni-gateway/templates/NOTES.txt"]
-    for key in UPCOMING_SETTINGS:
-        assert f"OMNI_GATEWAY_{key}" in notes
-    assert "openai-http" in notes and "127.0.0.1:8091" in notes
+    assert "OMNI_GATEWAY_ENGINE=openai-http" in notes and "127.0.0.1:8091" in notes
+    assert "OMNI_GATEWAY_LEASE_TTL_SEC=10" in notes

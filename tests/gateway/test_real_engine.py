@@ -1,4 +1,7 @@
-"""The gateway end to end: real redis-server, real vLLM engine (SmolLM2, CPU).
+"""The gateway end to end: real redis-server, each real engine adapter (SmolLM2, CPU).
+
+Every test runs against the in-process ``vllm`` adapter and the ``openai-http``
+adapter over a real ``vllm serve`` sidecar (the ``real_engine`` fixture).
 
 The headline property: streaming changes nothing but latency. A session fed
 in many chunks, out of order, with duplicates, under ``on_first_chunk``
@@ -27,8 +30,8 @@ SAMPLING = {"temperature": 0, "max_tokens": 12, "stream_options": {"include_usag
 
 
 @pytest.fixture
-async def client(redis_url: str, vllm_engine: Engine) -> AsyncIterator[httpx.AsyncClient]:
-    async with app_client(make_settings(redis_url=redis_url), vllm_engine) as c:
+async def client(redis_url: str, real_engine: Engine) -> AsyncIterator[httpx.AsyncClient]:
+    async with app_client(make_settings(redis_url=redis_url), real_engine) as c:
         yield c
 
 
@@ -70,7 +73,7 @@ async def run_streamed(client: httpx.AsyncClient, rng: random.Random) -> tuple[s
     return content_of(events), events[-2].json()["usage"], states
 
 
-async def test_streaming_changes_nothing_but_latency(client: httpx.AsyncClient, vllm_engine: Engine) -> None:
+async def test_streaming_changes_nothing_but_latency(client: httpx.AsyncClient) -> None:
     one_shot_text, one_shot_usage = await run_one_shot(client)
     streamed_text, streamed_usage, states = await run_streamed(client, random.Random(7))
 

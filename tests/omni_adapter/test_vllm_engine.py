@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import itertools
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,47 +15,12 @@ from omni_adapter.port import (
     EngineRejectedError,
     EngineRequest,
     Finished,
-    InputChunk,
-    OutputEvent,
     SamplingOptions,
-    TextDelta,
 )
 from omni_adapter.vllm_engine import StopStrings, VllmEngine
+from tests.omni_adapter.sessions import HISTORY, MODEL, collect, one_shot, request, text_chunks
 
-MODEL = "SmolLM2-135M-Instruct"
-HISTORY = ({"role": "system", "content": "You answer in one short sentence."},)
 QUESTION = "What colour is the sky on a clear day? Answer — briefly, it's a test."
-_ids = itertools.count()
-
-
-def request(**sampling: Any) -> EngineRequest:
-    options = SamplingOptions(**{"temperature": 0.0, "max_tokens": 16, **sampling})
-    return EngineRequest(
-        request_id=f"test-{next(_ids)}", model=MODEL, messages=HISTORY, sampling=options
-    )
-
-
-def text_chunks(data: bytes, size: int) -> list[InputChunk]:
-    pieces = [data[i : i + size] for i in range(0, len(data), size)]
-    return [InputChunk(sequence_id=i, modality="text", data=p) for i, p in enumerate(pieces)]
-
-
-async def collect(events: Any) -> tuple[str, OutputEvent]:
-    text, last = "", None
-    async with asyncio.timeout(120):
-        async for event in events:
-            if isinstance(event, TextDelta):
-                text += event.text
-            last = event
-    assert last is not None
-    return text, last
-
-
-async def one_shot(engine: VllmEngine, req: EngineRequest, text: str) -> tuple[str, OutputEvent]:
-    session = engine.open_session(req)
-    await session.feed(text_chunks(text.encode(), len(text.encode())))
-    await session.end_input()
-    return await collect(session.events())
 
 
 @pytest.fixture(scope="module")
@@ -95,42 +59,6 @@ async def test_streamed_input_answers_like_one_shot(
 
 
 @pytest.mark.engine
-async def test_max_tokens_ends_with_length(vllm_engine: VllmEngine) -> None:
-    text, end = await one_shot(vllm_engine, request(max_tokens=3), "Tell me a long story.")
-    assert text
-    assert isinstance(end, Finished)
-    assert (end.finish_reason, end.usage.completion_tokens) == ("length", 3)
-
-
-@pytest.mark.engine
-async def test_stop_string_truncates_the_answer(vllm_engine: VllmEngine) -> None:
-    full, _ = await one_shot(vllm_engine, request(), QUESTION)
-    words = full.split()
-    assert len(words) >= 3, full
-    stop = " " + words[2]
-    text, end = await one_shot(vllm_engine, request(stop=(stop,)), QUESTION)
-    assert text == full[: full.index(stop)]
-    assert isinstance(end, Finished) and end.finish_reason == "stop"
-
-
-@pytest.mark.engine
-async def test_abort_mid_generation_ends_events(vllm_engine: VllmEngine) -> None:
-    session = vllm_engine.open_session(request(max_tokens=400, temperature=1.0, seed=1))
-    await session.feed(text_chunks(b"Write a long essay about rivers.", 8))
-    await session.end_input()
-    events = session.events()
-    async with asyncio.timeout(60):
-        first = await anext(events)
-    assert isinstance(first, TextDelta)
-    await session.abort()
-    async with asyncio.timeout(5):
-        rest = [event async for event in events]
-    assert isinstance(rest[-1], Finished) and rest[-1].finish_reason == "abort"
-    assert rest[-1].usage.completion_tokens < 400
-    await session.abort()  # twice is fine
-
-
-@pytest.mark.engine
 async def test_abort_while_input_streams_then_engine_still_serves(
     vllm_engine: VllmEngine,
 ) -> None:
@@ -144,24 +72,6 @@ async def test_abort_while_input_streams_then_engine_still_serves(
     await session.feed(text_chunks(b"ignored", 7))  # after abort: no effect
     text, end = await one_shot(vllm_engine, request(max_tokens=2), "Hi")
     assert isinstance(end, Finished) and end.usage.completion_tokens >= 1
-
-
-@pytest.mark.engine
-async def test_abort_before_any_input(vllm_engine: VllmEngine) -> None:
-    session = vllm_engine.open_session(request())
-    await session.abort()
-    await session.abort()
-    events = [event async for event in session.events()]
-    assert len(events) == 1 and isinstance(events[0], Finished)
-    assert events[0].finish_reason == "abort" and events[0].usage.prompt_tokens == 0
-
-
-@pytest.mark.engine
-async def test_non_text_chunks_are_rejected(vllm_engine: VllmEngine) -> None:
-    session = vllm_engine.open_session(request())
-    with pytest.raises(EngineRejectedError):
-        await session.feed([InputChunk(sequence_id=0, modality="audio", data=b"\0\0")])
-    await session.abort()
 
 
 @pytest.mark.engine
@@ -195,13 +105,7 @@ async def test_assistant_prefix_is_continued(vllm_engine: VllmEngine, tokenizer:
 
 
 @pytest.mark.engine
-async def test_open_session_rejects_what_the_engine_cannot_serve(vllm_engine: VllmEngine) -> None:
-    with pytest.raises(EngineRejectedError):
-        vllm_engine.open_session(EngineRequest("x", "other-model", (), SamplingOptions()))
-    with pytest.raises(EngineRejectedError):
-        vllm_engine.open_session(
-            EngineRequest("x", MODEL, (), SamplingOptions(), output_modalities=("audio",))
-        )
+async def test_open_session_rejects_invalid_sampling(vllm_engine: VllmEngine) -> None:
     with pytest.raises(EngineRejectedError):
         vllm_engine.open_session(EngineRequest("x", MODEL, (), SamplingOptions(top_p=7.0)))
 

@@ -1,0 +1,81 @@
+"""Audio in the shapes the engines and the gateway exchange.
+
+Input chunks arrive as raw pcm16 (little-endian, mono, 16 kHz unless the chunk
+says otherwise) or as WAV files; engines want WAV (OpenAI ``input_audio``) or a
+float32 waveform with its sample rate (vLLM's ``(array, sr)`` audio item).
+Output leaves the adapters as pcm16 bytes (``AudioDelta``). Only the standard
+library here, plus numpy where a waveform is involved (imported lazily).
+"""
+
+from __future__ import annotations
+
+import io
+import wave
+from typing import TYPE_CHECKING
+
+from omni_adapter.port import EngineRejectedError, InputChunk
+
+if TYPE_CHECKING:
+    import numpy as np
+
+#: What a pcm16 chunk without ``sample_rate`` is taken to be (the OpenAI input rate).
+DEFAULT_INPUT_SAMPLE_RATE = 16_000
+
+
+def pcm16_of(chunk: InputChunk) -> tuple[bytes, int]:
+    """The chunk's samples as mono pcm16 and their sample rate.
+
+    Raises ``EngineRejectedError`` for formats other than pcm16 and 16-bit WAV.
+    """
+    fmt = (chunk.format or "pcm16").lower()
+    if fmt in ("pcm16", "pcm"):
+        if len(chunk.data) % 2:
+            raise EngineRejectedError("pcm16 audio must hold whole 16-bit samples")
+        return chunk.data, chunk.sample_rate or DEFAULT_INPUT_SAMPLE_RATE
+    if fmt == "wav":
+        return _read_wav(chunk.data)
+    raise EngineRejectedError(f"audio format {chunk.format!r} is not supported (pcm16 or wav)")
+
+
+def _read_wav(data: bytes) -> tuple[bytes, int]:
+    try:
+        with wave.open(io.BytesIO(data)) as wav:
+            channels, width, rate = wav.getnchannels(), wav.getsampwidth(), wav.getframerate()
+            frames = wav.readframes(wav.getnframes())
+    except (wave.Error, EOFError) as exc:
+        raise EngineRejectedError(f"not a readable WAV file: {exc}") from exc
+    if width != 2:
+        raise EngineRejectedError("WAV audio must be 16-bit PCM")
+    if channels == 1:
+        return frames, rate
+    # Downmix: the engines take mono.
+    import numpy as np
+
+    samples = np.frombuffer(frames, dtype="<i2").reshape(-1, channels)
+    return samples.mean(axis=1).round().astype("<i2").tobytes(), rate
+
+
+def wav_of(pcm16: bytes, sample_rate: int) -> bytes:
+    """A mono 16-bit WAV file around pcm16 samples."""
+    buffer = io.BytesIO()
+    with wave.open(buffer, "wb") as wav:
+        wav.setnchannels(1)
+        wav.setsampwidth(2)
+        wav.setframerate(sample_rate)
+        wav.writeframes(pcm16)
+    return buffer.getvalue()
+
+
+def waveform_of(pcm16: bytes) -> np.ndarray:
+    """pcm16 samples as float32 in [-1, 1), the way vLLM's realtime API converts them."""
+    import numpy as np
+
+    return np.frombuffer(pcm16, dtype="<i2").astype(np.float32) / 32768.0
+
+
+def pcm16_from_waveform(waveform: np.ndarray) -> bytes:
+    """A float waveform in [-1, 1] as pcm16 bytes (clipped, like vLLM-Omni's encoder)."""
+    import numpy as np
+
+    clipped = np.clip(waveform.astype(np.float32, copy=False), -1.0, 1.0)
+    return (clipped * 32767.0).astype("<i2").tobytes()

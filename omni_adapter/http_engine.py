@@ -1,0 +1,485 @@
+"""The ``openai-http`` adapter: a co-located ``vllm serve`` reached over HTTP.
+
+The engine is a separate process (``vllm serve``, or ``vllm serve --omni`` for
+vLLM-Omni models) speaking the OpenAI API. One ``httpx.AsyncClient`` is shared
+by every session; each session ends in one streaming ``/v1/chat/completions``
+request carrying the whole input, sent after ``end_input``.
+
+The HTTP API has no streaming input, so this engine is not incremental. What an
+early start policy still buys is the **prefix-cache warm-up**: while input is
+arriving, the session sends ``max_tokens=1`` requests with the input so far
+(input only grows, so all of it is a stable prefix of the final prompt). The
+engine (with ``--enable-prefix-caching``) keeps the KV blocks of that prefix,
+and the final request only prefills what came after the last warm-up. Bounded:
+at most one warm-up in flight per session; the next one starts when it ends
+and enough new input arrived. The final request waits for a warm-up already on
+the wire (its blocks are cached only once computed) and cancels one not sent
+yet, so a session whose input arrives all at once (``on_end_only``) never warms.
+
+Errors are translated here, like httpx's own ``map_httpcore_exceptions``:
+timeouts, refused or dropped connections and 5xx become ``engine_unavailable``
+(or ``engine_overloaded`` for 429), upstream 4xx become ``invalid_request`` with
+the engine's message. Nothing from ``httpx`` leaves this module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import codecs
+import json
+import logging
+import time
+import weakref
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from omni_adapter.audio import pcm16_of, wav_of
+from omni_adapter.port import (
+    AudioDelta,
+    Capabilities,
+    EngineError,
+    EngineRejectedError,
+    EngineRequest,
+    EngineUnavailableError,
+    FinishReason,
+    InputChunk,
+    OutputEvent,
+    SamplingOptions,
+    TextDelta,
+    Usage,
+)
+from omni_adapter.session_events import SessionEvents, check_servable
+
+logger = logging.getLogger(__name__)
+
+CHAT_PATH = "/v1/chat/completions"
+#: OpenAI's ``delta.audio`` is pcm16 at 24 kHz; vLLM-Omni says its rate per chunk.
+OPENAI_AUDIO_SAMPLE_RATE = 24_000
+#: A new warm-up only after this much new input (bytes): one KV block is 16
+#: tokens, a few dozen bytes of text; fewer would cache nothing new.
+WARMUP_MIN_NEW_BYTES = 48
+_FINISH_REASONS: dict[str, FinishReason] = {
+    "stop": "stop", "length": "length", "tool_calls": "tool_calls", "abort": "abort"}
+
+
+@dataclass(frozen=True)
+class HttpEngineConfig:
+    base_url: str
+    #: Longest wait for the next byte of an answer (the first token included).
+    timeout_sec: float = 120.0
+    connect_timeout_sec: float = 5.0
+    #: How long ``open_http_engine`` waits for the engine to come up.
+    start_timeout_sec: float = 900.0
+    #: The engine takes and produces audio (an omni model behind ``--omni``).
+    audio: bool = False
+    #: Warm the engine's prefix cache while input streams (early start policies).
+    warmup: bool = True
+
+
+async def open_http_engine(
+    config: HttpEngineConfig, client: httpx.AsyncClient | None = None
+) -> HttpEngine:
+    """Connect to the engine, waiting up to ``start_timeout_sec`` for it to serve.
+
+    Pass ``client`` to share one (tests pass a transport); it is then not closed here.
+    """
+    own_client = client is None
+    if client is None:
+        client = httpx.AsyncClient(
+            base_url=config.base_url,
+            timeout=httpx.Timeout(config.timeout_sec, connect=config.connect_timeout_sec),
+        )
+    try:
+        names = await _wait_for_models(client, config.start_timeout_sec)
+    except BaseException:
+        if own_client:
+            await client.aclose()
+        raise
+    logger.info("openai-http engine at %s serves %s", config.base_url, ", ".join(names))
+    return HttpEngine(client, config, names, own_client=own_client)
+
+
+async def _wait_for_models(client: httpx.AsyncClient, timeout_sec: float) -> tuple[str, ...]:
+    """The model names of ``/v1/models``, once the engine answers."""
+    deadline = time.monotonic() + timeout_sec
+    while True:
+        try:
+            response = await client.get("/v1/models")
+            if response.status_code < 500:
+                response.raise_for_status()
+                names = tuple(model["id"] for model in response.json()["data"])
+                if names:
+                    return names
+            problem = f"HTTP {response.status_code}"
+        except httpx.TransportError as exc:
+            problem = f"{type(exc).__name__}: {exc}"
+        except (httpx.HTTPStatusError, ValueError, KeyError, TypeError) as exc:
+            raise EngineUnavailableError(f"the engine's /v1/models is unusable: {exc}") from exc
+        if time.monotonic() >= deadline:
+            raise EngineUnavailableError(f"the engine at {client.base_url} is not serving ({problem})")
+        await asyncio.sleep(1.0)
+
+
+class HttpEngine:
+    """The sidecar as seen by the gateway: one client, many sessions."""
+
+    def __init__(
+        self,
+        client: httpx.AsyncClient,
+        config: HttpEngineConfig,
+        model_names: Sequence[str],
+        *,
+        own_client: bool = False,
+    ) -> None:
+        self._client = client
+        self._config = config
+        self._own_client = own_client
+        self._sessions: weakref.WeakSet[HttpSession] = weakref.WeakSet()
+        self._closed = False
+        modalities = frozenset({"text", "audio"} if config.audio else {"text"})
+        self.capabilities = Capabilities(
+            input_modalities=modalities,
+            output_modalities=modalities,
+            incremental=False,
+            model_names=tuple(model_names),
+        )
+
+    def open_session(self, request: EngineRequest) -> HttpSession:
+        if self._closed:
+            raise EngineUnavailableError("the engine is closed")
+        check_servable(self.capabilities, request)
+        session = HttpSession(self._client, request, self.capabilities.input_modalities,
+                              warmup=self._config.warmup)
+        self._sessions.add(session)
+        return session
+
+    async def check_health(self) -> None:
+        if self._closed:
+            raise EngineUnavailableError("the engine is closed")
+        try:
+            response = await self._client.get("/health", timeout=5.0)
+        except httpx.HTTPError as exc:
+            raise EngineUnavailableError(f"the engine is unreachable: {exc!r}") from exc
+        if response.status_code != 200:
+            raise EngineUnavailableError(f"the engine is not healthy (HTTP {response.status_code})")
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for session in list(self._sessions):
+            await session.abort()
+        if self._own_client:
+            await self._client.aclose()
+
+
+class HttpSession:
+    """One session: input collected (and warmed), then one streamed answer."""
+
+    def __init__(
+        self,
+        client: httpx.AsyncClient,
+        request: EngineRequest,
+        accepted: frozenset[str],
+        *,
+        warmup: bool,
+    ) -> None:
+        self._client = client
+        self._request = request
+        self._accepted = accepted
+        self._warmup_enabled = warmup
+        self._content = UserContent()
+        self._events = SessionEvents()
+        self._input_ended = False
+        self._warmup: asyncio.Task[None] | None = None
+        self._warmup_on_wire = False
+        #: Input size (bytes) the latest warm-up covered.
+        self._warmed_bytes = 0
+        #: Warm-up requests sent so far (observability and tests).
+        self.warmups_sent = 0
+        self._answer: asyncio.Task[None] | None = None
+        #: Prompt tokens the engine took from its prefix cache for the answer,
+        #: when it reports them (``--enable-prompt-tokens-details``).
+        self.cached_prompt_tokens = 0
+        self._prompt_tokens = 0
+        self._completion_tokens = 0
+
+    async def feed(self, chunks: Sequence[InputChunk]) -> None:
+        for chunk in chunks:
+            if chunk.modality not in self._accepted:
+                accepted = ", ".join(sorted(self._accepted))
+                raise EngineRejectedError(f"this engine accepts {accepted}, not {chunk.modality}")
+        if self._events.ended:
+            return
+        if self._input_ended:
+            raise EngineRejectedError("the input has already ended")
+        for chunk in chunks:
+            self._content.add(chunk)
+        self._maybe_warm()
+
+    async def end_input(self) -> None:
+        if self._events.ended or self._input_ended:
+            return
+        self._input_ended = True
+        self._content.finish()
+        if self._warmup is not None and not self._warmup_on_wire:
+            # Input arrived all at once: the final request is the only one needed.
+            self._warmup.cancel()
+        self._answer = asyncio.get_running_loop().create_task(
+            self._run_answer(), name=f"http-answer-{self._request.request_id}")
+
+    def events(self) -> AsyncIterator[OutputEvent]:
+        return self._events.stream()
+
+    async def abort(self) -> None:
+        self._finish("abort")
+        tasks = [t for t in (self._warmup, self._answer) if t is not None and not t.done()]
+        for task in tasks:
+            if task is not asyncio.current_task():
+                # Closing the response makes vLLM abort the request.
+                task.cancel()
+        await asyncio.gather(*(t for t in tasks if t is not asyncio.current_task()),
+                             return_exceptions=True)
+
+    # -- warm-up ------------------------------------------------------------
+
+    def _maybe_warm(self, _: object = None) -> None:
+        if not self._warmup_enabled or self._input_ended or self._events.ended:
+            return
+        if self._warmup is not None and not self._warmup.done():
+            return  # one in flight at most; its end looks again
+        size = self._content.size
+        if self.warmups_sent and size - self._warmed_bytes < WARMUP_MIN_NEW_BYTES:
+            return
+        self._warmed_bytes = size
+        self._warmup_on_wire = False
+        body = self._body(self._content.render(), warm=True)
+        self._warmup = asyncio.get_running_loop().create_task(
+            self._send_warmup(body), name=f"http-warmup-{self._request.request_id}")
+        self._warmup.add_done_callback(self._maybe_warm)
+
+    async def _send_warmup(self, body: dict[str, Any]) -> None:
+        """Best effort: a failed warm-up only costs the cache hit."""
+        self._warmup_on_wire = True
+        self.warmups_sent += 1
+        try:
+            response = await self._client.post(CHAT_PATH, json=body)
+        except httpx.HTTPError as exc:
+            logger.debug("session %s: warm-up failed: %r", self._request.request_id, exc)
+            return
+        if response.status_code != 200:
+            logger.debug("session %s: warm-up got HTTP %s", self._request.request_id,
+                         response.status_code)
+
+    # -- the answer -----------------------------------------------------------
+
+    async def _run_answer(self) -> None:
+        if self._warmup is not None:
+            await asyncio.wait([self._warmup])
+        body = self._body(self._content.render(), warm=False)
+        try:
+            with _engine_errors():
+                async with self._client.stream("POST", CHAT_PATH, json=body) as response:
+                    if response.status_code != 200:
+                        await response.aread()
+                        self._fail(_error_from_response(response))
+                        return
+                    await self._relay(response)
+        except _EngineFailure as failure:
+            self._fail(failure.error)
+
+    async def _relay(self, response: httpx.Response) -> None:
+        reason: str | None = None
+        async for line in response.aiter_lines():
+            if not line.startswith("data:"):
+                continue
+            data = line[len("data:"):].strip()
+            if data == "[DONE]":
+                finish = _FINISH_REASONS.get(reason or "")
+                if finish is None:
+                    self._fail(EngineError(f"generation failed ({reason or 'no finish reason'})"))
+                else:
+                    self._finish(finish)
+                return
+            try:
+                chunk = json.loads(data)
+            except ValueError:
+                self._fail(EngineError("the engine sent a malformed stream"))
+                return
+            if "error" in chunk:
+                self._fail(_error_from_body(chunk, status=None))
+                return
+            reason = self._on_chunk(chunk) or reason
+        self._fail(EngineError("the engine closed the stream before the end of the answer",
+                               code="engine_unavailable"))
+
+    def _on_chunk(self, chunk: dict[str, Any]) -> str | None:
+        """Emit the chunk's deltas; return its finish reason, if any."""
+        if usage := chunk.get("usage"):
+            self._prompt_tokens = usage.get("prompt_tokens") or self._prompt_tokens
+            # vLLM-Omni repeats usage with 0 completion tokens on audio chunks.
+            self._completion_tokens = max(self._completion_tokens, usage.get("completion_tokens") or 0)
+            if details := usage.get("prompt_tokens_details"):
+                self.cached_prompt_tokens = details.get("cached_tokens") or 0
+        reason = None
+        for choice in chunk.get("choices") or ():
+            delta = choice.get("delta") or {}
+            content = delta.get("content")
+            if chunk.get("modality") == "audio":
+                # vLLM-Omni: base64 audio in ``content``, its format beside.
+                if content:
+                    rate = (choice.get("audio_metadata") or {}).get("sample_rate_hz")
+                    self._events.emit(AudioDelta(base64.b64decode(content), rate or OPENAI_AUDIO_SAMPLE_RATE))
+            elif content:
+                self._events.emit(TextDelta(content))
+            if (audio := delta.get("audio")) and audio.get("data"):
+                self._events.emit(AudioDelta(base64.b64decode(audio["data"]), OPENAI_AUDIO_SAMPLE_RATE,
+                                    transcript=audio.get("transcript") or ""))
+            reason = choice.get("finish_reason") or reason
+        return reason
+
+    def _body(self, content: str | list[dict[str, Any]], *, warm: bool) -> dict[str, Any]:
+        request = self._request
+        messages = [*request.messages, {"role": "user", "content": content}]
+        body: dict[str, Any] = {"model": request.model, "messages": messages}
+        if request.assistant_prefix:
+            messages.append({"role": "assistant", "content": request.assistant_prefix})
+            # vLLM's extension: render the last message open, so the answer continues it.
+            body.update(add_generation_prompt=False, continue_final_message=True)
+        if warm:
+            # Prefill only; text only, so an omni engine's later stages stay idle.
+            body.update(max_tokens=1, temperature=0.0, stream=False)
+            if "audio" in self._accepted:
+                body["modalities"] = ["text"]
+            return body
+        body.update(openai_sampling(request.sampling))
+        body.update(stream=True, stream_options={"include_usage": True})
+        if "audio" in request.output_modalities:
+            body.update(modalities=list(request.output_modalities), audio={"format": "pcm16"})
+        return body
+
+    def _finish(self, reason: FinishReason) -> None:
+        self._events.finish(reason, Usage(self._prompt_tokens, self._completion_tokens))
+
+    def _fail(self, error: EngineError) -> None:
+        self._events.fail(error)
+
+
+class UserContent:
+    """The user turn as it grows: text and audio parts in input order.
+
+    Renders as a plain string while there is only text (so the engine renders
+    the same prompt as for a one-shot request), else as OpenAI content parts;
+    consecutive audio chunks become one ``input_audio`` part.
+    """
+
+    def __init__(self) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        #: ``str`` for text, ``(bytearray pcm16, sample rate)`` for audio.
+        self._parts: list[str | tuple[bytearray, int]] = []
+        #: Input bytes received, the measure for re-warming.
+        self.size = 0
+
+    def add(self, chunk: InputChunk) -> None:
+        self.size += len(chunk.data)
+        if chunk.modality == "text":
+            self._add_text(self._decoder.decode(chunk.data))
+            return
+        pcm16, rate = pcm16_of(chunk)
+        self._add_text(self._decoder.decode(b"", final=True))
+        last = self._parts[-1] if self._parts else None
+        if isinstance(last, tuple) and last[1] == rate:
+            last[0].extend(pcm16)
+        else:
+            self._parts.append((bytearray(pcm16), rate))
+
+    def finish(self) -> None:
+        self._add_text(self._decoder.decode(b"", final=True))
+
+    def _add_text(self, text: str) -> None:
+        if not text:
+            return
+        if self._parts and isinstance(self._parts[-1], str):
+            self._parts[-1] += text
+        else:
+            self._parts.append(text)
+
+    def render(self) -> str | list[dict[str, Any]]:
+        if all(isinstance(part, str) for part in self._parts):
+            return "".join(self._parts)  # type: ignore[arg-type]
+        rendered: list[dict[str, Any]] = []
+        for part in self._parts:
+            if isinstance(part, str):
+                rendered.append({"type": "text", "text": part})
+            else:
+                wav = base64.b64encode(wav_of(bytes(part[0]), part[1])).decode()
+                rendered.append({"type": "input_audio", "input_audio": {"data": wav, "format": "wav"}})
+        return rendered
+
+
+def openai_sampling(options: SamplingOptions) -> dict[str, Any]:
+    """The session's sampling fields as an OpenAI request (vLLM reads top_k, repetition_penalty)."""
+    fields: dict[str, Any] = {
+        "max_tokens": options.max_tokens,
+        # OpenAI's default; vLLM would otherwise apply the model's defaults.
+        "temperature": 1.0 if options.temperature is None else options.temperature,
+        "top_p": options.top_p,
+        "top_k": options.top_k,
+        "seed": options.seed,
+        "presence_penalty": options.presence_penalty,
+        "frequency_penalty": options.frequency_penalty,
+        "repetition_penalty": options.repetition_penalty,
+        "stop": list(options.stop) or None,
+    }
+    return {key: value for key, value in fields.items() if value is not None}
+
+
+class _EngineFailure(Exception):
+    def __init__(self, error: EngineError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+@contextmanager
+def _engine_errors() -> Iterator[None]:
+    """Translate httpx's transport errors into the port's error events."""
+    try:
+        yield
+    except httpx.TimeoutException as exc:
+        raise _EngineFailure(EngineError(
+            f"the engine did not answer in time ({type(exc).__name__})", code="engine_unavailable",
+        )) from exc
+    except httpx.TransportError as exc:
+        raise _EngineFailure(EngineError(
+            f"the engine is unreachable ({type(exc).__name__})", code="engine_unavailable",
+        )) from exc
+
+
+def _error_from_response(response: httpx.Response) -> EngineError:
+    try:
+        body = response.json()
+    except ValueError:
+        body = {}
+    return _error_from_body(body if isinstance(body, dict) else {}, status=response.status_code)
+
+
+def _error_from_body(body: dict[str, Any], *, status: int | None) -> EngineError:
+    """The engine's error envelope (vLLM's is OpenAI's) as the port's error event."""
+    error = body.get("error")
+    if isinstance(error, dict):
+        message = str(error.get("message") or "the engine refused the request")
+        status = status or (error.get("code") if isinstance(error.get("code"), int) else None)
+    else:
+        message = str(error or body.get("detail") or f"the engine answered HTTP {status}")
+    details = {"upstream_status": status} if status else {}
+    if status == 429:
+        return EngineError(message, code="engine_overloaded", details=details)
+    if status is not None and 400 <= status < 500:
+        return EngineError(message, code="invalid_request", details=details)
+    return EngineError(message, code="engine_unavailable" if status == 503 else "engine_error",
+                       details=details)

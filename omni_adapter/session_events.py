@@ -1,0 +1,62 @@
+"""What every adapter's session shares: request checks and the event stream's end rule."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+from omni_adapter.port import (
+    AudioDelta,
+    Capabilities,
+    EngineError,
+    EngineRejectedError,
+    EngineRequest,
+    Finished,
+    FinishReason,
+    OutputEvent,
+    TextDelta,
+    Usage,
+)
+
+
+def check_servable(capabilities: Capabilities, request: EngineRequest) -> None:
+    """Reject a request for a model or an output modality the engine does not serve."""
+    if request.model not in capabilities.model_names:
+        raise EngineRejectedError(f"model {request.model!r} is not served by this engine")
+    unsupported = set(request.output_modalities) - capabilities.output_modalities
+    if unsupported:
+        raise EngineRejectedError(f"this engine does not produce {', '.join(sorted(unsupported))}")
+
+
+class SessionEvents:
+    """A session's outputs: deltas, then exactly one ``Finished`` or ``EngineError``.
+
+    Whatever comes after the end is dropped, so racing paths (an abort during
+    the last output, a failure after a stop string) cannot add a second end.
+    """
+
+    def __init__(self) -> None:
+        self._queue: asyncio.Queue[OutputEvent] = asyncio.Queue()
+        self.ended = False
+
+    def emit(self, event: TextDelta | AudioDelta) -> None:
+        if not self.ended:
+            self._queue.put_nowait(event)
+
+    def finish(self, reason: FinishReason, usage: Usage) -> None:
+        self._end(Finished(reason, usage))
+
+    def fail(self, error: EngineError) -> None:
+        self._end(error)
+
+    def _end(self, event: Finished | EngineError) -> None:
+        if not self.ended:
+            self.ended = True
+            self._queue.put_nowait(event)
+
+    async def stream(self) -> AsyncIterator[OutputEvent]:
+        while True:
+            event = await self._queue.get()
+            yield event
+            if isinstance(event, Finished | EngineError):
+                return

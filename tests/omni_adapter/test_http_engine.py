@@ -1,0 +1,290 @@
+"""The ``openai-http`` adapter against a real ``vllm serve`` (and its pure parts).
+
+Real sidecar: answers, the prefix-cache warm-up, upstream 4xx, abort. Real
+sockets: a refused connection and a server that never answers. Scripted
+responses (``httpx.MockTransport``) only for what SmolLM2 cannot produce:
+audio output in both wire formats, and the request bodies for audio.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import uuid
+from collections.abc import AsyncIterator, Callable
+
+import httpx
+import pytest
+from pydantic import ValidationError
+
+from gateway.settings import Settings
+from omni_adapter.audio import wav_of
+from omni_adapter.factory import EngineChoice, open_engine
+from omni_adapter.http_engine import (
+    HttpEngine,
+    HttpEngineConfig,
+    HttpSession,
+    UserContent,
+    open_http_engine,
+)
+from omni_adapter.port import (
+    AudioDelta,
+    EngineError,
+    EngineRejectedError,
+    EngineRequest,
+    EngineUnavailableError,
+    Finished,
+    InputChunk,
+    SamplingOptions,
+    TextDelta,
+)
+from tests.omni_adapter.sessions import MODEL, collect, one_shot, request, text_chunks
+from tests.redis_server import free_port
+from tests.vllm_sidecar import VllmSidecar
+
+QUESTION = ("Here is a list of fruits: apples, pears, plums, cherries, bananas, kiwis, "
+            "mangos, lemons and figs. Which of them is usually red? Answer in one word.")
+
+
+class WarmupCounter(httpx.AsyncBaseTransport):
+    """The real transport, counting warm-up requests (``max_tokens=1``, not streamed) in flight."""
+
+    def __init__(self) -> None:
+        self._inner = httpx.AsyncHTTPTransport()
+        self.in_flight = self.most_in_flight = 0
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content) if request.method == "POST" else {}
+        warm = body.get("max_tokens") == 1 and not body.get("stream")
+        self.in_flight += warm
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            return await self._inner.handle_async_request(request)
+        finally:
+            self.in_flight -= warm
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+@pytest.fixture
+async def counted(vllm_sidecar: VllmSidecar) -> AsyncIterator[tuple[HttpEngine, WarmupCounter]]:
+    vllm_sidecar.ensure_running()
+    transport = WarmupCounter()
+    async with httpx.AsyncClient(base_url=vllm_sidecar.url, transport=transport, timeout=60) as client:
+        engine = await open_http_engine(HttpEngineConfig(base_url=vllm_sidecar.url), client)
+        yield engine, transport
+        await engine.aclose()
+
+
+def unique_history() -> tuple[dict[str, str], ...]:
+    """A system prompt no earlier request shared, so only this test can have cached it."""
+    return ({"role": "system", "content": f"Session {uuid.uuid4().hex}. You answer in one word."},)
+
+
+@pytest.mark.engine
+async def test_warmup_makes_the_final_request_hit_the_cache(
+    counted: tuple[HttpEngine, WarmupCounter],
+) -> None:
+    engine, transport = counted
+    history = unique_history()
+    session = engine.open_session(request(history=history))
+    assert isinstance(session, HttpSession)
+    for chunk in text_chunks(QUESTION.encode(), 40):
+        await session.feed([chunk])
+        await asyncio.sleep(0.3)
+    await session.end_input()
+    text, end = await collect(session.events())
+    expected, expected_end = await one_shot(engine, request(history=history), QUESTION)
+
+    assert text == expected and text
+    assert isinstance(end, Finished) and isinstance(expected_end, Finished)
+    assert end.usage.prompt_tokens == expected_end.usage.prompt_tokens
+    assert session.warmups_sent >= 1
+    assert transport.most_in_flight == 1
+    # The warm-ups cached the prompt's leading KV blocks (32 tokens each).
+    assert session.cached_prompt_tokens >= 32
+
+
+@pytest.mark.engine
+async def test_input_all_at_once_sends_no_warmup(counted: tuple[HttpEngine, WarmupCounter]) -> None:
+    engine, transport = counted
+    session = engine.open_session(request(history=unique_history()))
+    assert isinstance(session, HttpSession)
+    await session.feed(text_chunks(QUESTION.encode(), 30))
+    await session.end_input()
+    text, end = await collect(session.events())
+    assert text and isinstance(end, Finished)
+    assert session.warmups_sent == 0 and transport.most_in_flight == 0
+    assert session.cached_prompt_tokens == 0
+
+
+@pytest.mark.engine
+async def test_upstream_4xx_becomes_invalid_request(http_engine: HttpEngine) -> None:
+    _, end = await one_shot(http_engine, request(top_p=7.0), "Hi")
+    assert isinstance(end, EngineError)
+    assert end.code == "invalid_request" and "top_p" in end.message
+    assert end.details == {"upstream_status": 400}
+    _, end = await one_shot(http_engine, request(), "word " * 3000)  # over the 2048-token context
+    assert isinstance(end, EngineError) and end.code == "invalid_request"
+
+
+@pytest.mark.engine
+async def test_capabilities_and_health(http_engine: HttpEngine) -> None:
+    caps = http_engine.capabilities
+    assert caps.model_names == (MODEL,) and not caps.incremental
+    assert caps.input_modalities == caps.output_modalities == frozenset({"text"})
+    await http_engine.check_health()
+
+
+@pytest.mark.engine
+async def test_factory_opens_the_sidecar_from_settings(vllm_sidecar: VllmSidecar) -> None:
+    vllm_sidecar.ensure_running()
+    settings = Settings(engine="openai-http", engine_url=vllm_sidecar.url)
+    engine = await open_engine(EngineChoice(kind=settings.engine, engine_url=settings.engine_url,
+                                            engine_start_timeout_sec=0))
+    try:
+        assert isinstance(engine, HttpEngine) and engine.capabilities.model_names == (MODEL,)
+    finally:
+        await engine.aclose()
+
+
+def test_the_gpu_sidecar_chart_selects_this_adapter(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Helm chart's GPU+sidecar values name the settings this adapter reads."""
+    from tests.deploy import k8s
+
+    config_map = k8s.one(k8s.render_values_file("ci/gpu-sidecar-values.yaml"), "ConfigMap", "omni-gateway")
+    for key, value in config_map["data"].items():
+        monkeypatch.setenv(key, value)
+    settings = Settings()
+    assert settings.engine == "openai-http" and settings.engine_url == "http://127.0.0.1:8091"
+
+
+def test_openai_http_needs_an_engine_url() -> None:
+    with pytest.raises(ValidationError, match="ENGINE_URL"):
+        Settings(engine="openai-http")
+
+
+async def test_unreachable_engine_is_unavailable() -> None:
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    with pytest.raises(EngineUnavailableError):
+        await open_http_engine(HttpEngineConfig(base_url=url, start_timeout_sec=0))
+    async with httpx.AsyncClient(base_url=url) as client:
+        engine = HttpEngine(client, HttpEngineConfig(base_url=url), [MODEL])
+        with pytest.raises(EngineUnavailableError):
+            await engine.check_health()
+        _, end = await one_shot(engine, request(), "Hi")
+    assert isinstance(end, EngineError) and end.code == "engine_unavailable"
+
+
+async def test_engine_that_never_answers_times_out() -> None:
+    async def accept_and_stall(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(65536)
+        await asyncio.sleep(30)
+
+    server = await asyncio.start_server(accept_and_stall, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=0.5) as client:
+            engine = HttpEngine(client, HttpEngineConfig(base_url=client.base_url), [MODEL])
+            async with asyncio.timeout(10):
+                _, end = await one_shot(engine, request(), "Hi")
+    finally:
+        server.close()
+    assert isinstance(end, EngineError) and end.code == "engine_unavailable"
+    assert "in time" in end.message
+
+
+# -- scripted responses: what SmolLM2 cannot produce -------------------------------------
+
+
+def sse(*chunks: object) -> bytes:
+    return b"".join(f"data: {json.dumps(c) if not isinstance(c, str) else c}\n\n".encode()
+                    for c in chunks)
+
+
+def scripted_engine(handler: Callable[[httpx.Request], httpx.Response]) -> HttpEngine:
+    client = httpx.AsyncClient(base_url="http://engine", transport=httpx.MockTransport(handler))
+    return HttpEngine(client, HttpEngineConfig(base_url="http://engine", audio=True), [MODEL],
+                      own_client=True)
+
+
+async def test_audio_deltas_in_both_wire_formats_and_audio_input() -> None:
+    pcm_a, pcm_b = b"\x01\x00\x02\x00", b"\x03\x00\x04\x00\x05\x00"
+    bodies: list[dict] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        bodies.append(json.loads(request.content))
+        return httpx.Response(200, content=sse(
+            {"choices": [{"index": 0, "delta": {"role": "assistant", "content": "Hi"}}]},
+            # OpenAI: delta.audio, pcm16 at 24 kHz.
+            {"choices": [{"index": 0, "delta": {"audio": {
+                "data": base64.b64encode(pcm_a).decode(), "transcript": "Hi"}}}]},
+            # vLLM-Omni: an audio chunk with base64 content and its sample rate beside.
+            {"modality": "audio", "choices": [{"index": 0, "delta": {
+                "content": base64.b64encode(pcm_b).decode()},
+                "audio_metadata": {"format": "pcm", "sample_rate_hz": 22050, "frame_count": 3,
+                                   "channels": 1}, "finish_reason": "stop"}],
+             "usage": {"prompt_tokens": 9, "completion_tokens": 0, "total_tokens": 9}},
+            {"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 2, "total_tokens": 11}},
+            "[DONE]"), headers={"content-type": "text/event-stream"})
+
+    engine = scripted_engine(handler)
+    req = EngineRequest("a1", MODEL, (), SamplingOptions(temperature=0.0),
+                        output_modalities=("text", "audio"))
+    session = engine.open_session(req)
+    await session.feed([InputChunk(0, "text", b"Listen: "),
+                        InputChunk(1, "audio", b"\x10\x00" * 4, format="pcm16"),
+                        InputChunk(2, "audio", b"\x20\x00" * 2, format="pcm16")])
+    await session.end_input()
+    events = [event async for event in session.events()]
+    await engine.aclose()
+
+    assert events == [
+        TextDelta("Hi"),
+        AudioDelta(pcm_a, 24_000, transcript="Hi"),
+        AudioDelta(pcm_b, 22_050),
+        Finished("stop", events[-1].usage),  # type: ignore[union-attr]
+    ]
+    assert (events[-1].usage.prompt_tokens, events[-1].usage.completion_tokens) == (9, 2)  # type: ignore[union-attr]
+    final = bodies[-1]
+    assert final["stream"] and final["modalities"] == ["text", "audio"]
+    assert final["audio"] == {"format": "pcm16"}
+    text_part, audio_part = final["messages"][-1]["content"]
+    assert text_part == {"type": "text", "text": "Listen: "}
+    # Both audio chunks in one WAV at the default input rate.
+    assert audio_part["input_audio"] == {
+        "data": base64.b64encode(wav_of(b"\x10\x00" * 4 + b"\x20\x00" * 2, 16_000)).decode(),
+        "format": "wav"}
+
+
+async def test_error_in_the_stream_and_early_close() -> None:
+    replies = iter([
+        sse({"choices": [{"index": 0, "delta": {"content": "Hi"}}]},
+            {"error": {"message": "boom", "type": "InternalServerError", "code": 500}}),
+        sse({"choices": [{"index": 0, "delta": {"content": "Hi"}}]}),  # no [DONE]
+    ])
+    engine = scripted_engine(lambda _: httpx.Response(200, content=next(replies)))
+    _, first = await one_shot(engine, request(), "x")
+    _, second = await one_shot(engine, request(), "x")
+    await engine.aclose()
+    assert first == EngineError("boom", code="engine_error", details={"upstream_status": 500})
+    assert isinstance(second, EngineError) and second.code == "engine_unavailable"
+
+
+def test_user_content_keeps_text_as_a_string_until_audio_arrives() -> None:
+    content = UserContent()
+    content.add(InputChunk(0, "text", "caf\u00e9 ".encode()[:4]))  # splits the é
+    content.add(InputChunk(1, "text", "caf\u00e9 ".encode()[4:]))
+    assert content.render() == "caf\u00e9 "
+    content.add(InputChunk(2, "audio", wav_of(b"\x01\x00", 8000), format="wav"))
+    content.add(InputChunk(3, "text", b"end"))
+    content.finish()
+    rendered = content.render()
+    assert [part["type"] for part in rendered] == ["text", "input_audio", "text"]
+    assert base64.b64decode(rendered[1]["input_audio"]["data"]) == wav_of(b"\x01\x00", 8000)
+    with pytest.raises(EngineRejectedError):
+        content.add(InputChunk(4, "audio", b"\x00" * 10, format="mp3"))
+    with pytest.raises(EngineRejectedError):
+        content.add(InputChunk(5, "audio", b"\x00" * 3, format="pcm16"))

@@ -1,0 +1,78 @@
+"""What every real adapter must do, run on each (``real_engine``: in-process vLLM and the sidecar)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from omni_adapter.port import (
+    Engine,
+    EngineRejectedError,
+    EngineRequest,
+    Finished,
+    InputChunk,
+    SamplingOptions,
+    TextDelta,
+)
+from tests.omni_adapter.sessions import MODEL, one_shot, request, text_chunks
+
+pytestmark = pytest.mark.engine
+
+QUESTION = "What colour is the sky on a clear day? Answer — briefly, it's a test."
+
+
+async def test_max_tokens_ends_with_length(real_engine: Engine) -> None:
+    text, end = await one_shot(real_engine, request(max_tokens=3), "Tell me a long story.")
+    assert text
+    assert isinstance(end, Finished)
+    assert (end.finish_reason, end.usage.completion_tokens) == ("length", 3)
+
+
+async def test_stop_string_truncates_the_answer(real_engine: Engine) -> None:
+    full, _ = await one_shot(real_engine, request(), QUESTION)
+    words = full.split()
+    assert len(words) >= 3, full
+    stop = " " + words[2]
+    text, end = await one_shot(real_engine, request(stop=(stop,)), QUESTION)
+    assert text == full[: full.index(stop)]
+    assert isinstance(end, Finished) and end.finish_reason == "stop"
+
+
+async def test_abort_mid_generation_ends_events_then_engine_still_serves(real_engine: Engine) -> None:
+    session = real_engine.open_session(request(max_tokens=400, temperature=1.0, seed=1))
+    await session.feed(text_chunks(b"Write a long essay about rivers.", 8))
+    await session.end_input()
+    events = session.events()
+    async with asyncio.timeout(60):
+        first = await anext(events)
+    assert isinstance(first, TextDelta)
+    await session.abort()
+    async with asyncio.timeout(5):
+        rest = [event async for event in events]
+    assert isinstance(rest[-1], Finished) and rest[-1].finish_reason == "abort"
+    assert rest[-1].usage.completion_tokens < 400
+    await session.abort()  # twice is fine
+    _, end = await one_shot(real_engine, request(max_tokens=2), "Hi")
+    assert isinstance(end, Finished) and end.usage.completion_tokens == 2
+
+
+async def test_abort_before_any_input(real_engine: Engine) -> None:
+    session = real_engine.open_session(request())
+    await session.abort()
+    await session.abort()
+    events = [event async for event in session.events()]
+    assert len(events) == 1 and isinstance(events[0], Finished)
+    assert events[0].finish_reason == "abort" and events[0].usage.prompt_tokens == 0
+
+
+async def test_unsupported_chunks_models_and_modalities_are_rejected(real_engine: Engine) -> None:
+    session = real_engine.open_session(request())
+    with pytest.raises(EngineRejectedError):
+        await session.feed([InputChunk(sequence_id=0, modality="audio", data=b"\0\0")])
+    await session.abort()
+    with pytest.raises(EngineRejectedError):
+        real_engine.open_session(EngineRequest("x", "other-model", (), SamplingOptions()))
+    with pytest.raises(EngineRejectedError):
+        real_engine.open_session(
+            EngineRequest("x", MODEL, (), SamplingOptions(), output_modalities=("audio",)))
