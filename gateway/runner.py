@@ -109,7 +109,10 @@ class SessionRunner:
         self._lease_ttl_sec = lease_ttl_sec
 
     async def run(self) -> None:
-        record = await self._retrying(lambda: self._store.view(self.session_id))
+        try:
+            record = await self._retrying(lambda: self._store.view(self.session_id))
+        except errors.SessionNotFound:
+            return  # its keys expired before this replica got to it
         if record.state.is_terminal:
             return
         progress = _Progress.of(await self._retrying(lambda: self._store.read_output(self.session_id)))
