@@ -38,7 +38,7 @@ from typing import Any
 
 import httpx
 
-from omni_adapter.audio import pcm16_of, wav_of
+from omni_adapter.audio import OPENAI_PCM16_RATE, pcm16_of, wav_of
 from omni_adapter.port import (
     AudioDelta,
     Capabilities,
@@ -58,8 +58,6 @@ from omni_adapter.session_events import SessionEvents, check_servable
 logger = logging.getLogger(__name__)
 
 CHAT_PATH = "/v1/chat/completions"
-#: OpenAI's ``delta.audio`` is pcm16 at 24 kHz; vLLM-Omni says its rate per chunk.
-OPENAI_AUDIO_SAMPLE_RATE = 24_000
 #: A new warm-up only after this much new input (bytes): one KV block is 16
 #: tokens, a few dozen bytes of text; fewer would cache nothing new.
 WARMUP_MIN_NEW_BYTES = 48
@@ -334,11 +332,11 @@ class HttpSession:
                 # vLLM-Omni: base64 audio in ``content``, its format beside.
                 if content:
                     rate = (choice.get("audio_metadata") or {}).get("sample_rate_hz")
-                    self._events.emit(AudioDelta(base64.b64decode(content), rate or OPENAI_AUDIO_SAMPLE_RATE))
+                    self._events.emit(AudioDelta(base64.b64decode(content), rate or OPENAI_PCM16_RATE))
             elif content:
                 self._events.emit(TextDelta(content))
             if (audio := delta.get("audio")) and audio.get("data"):
-                self._events.emit(AudioDelta(base64.b64decode(audio["data"]), OPENAI_AUDIO_SAMPLE_RATE,
+                self._events.emit(AudioDelta(base64.b64decode(audio["data"]), OPENAI_PCM16_RATE,
                                     transcript=audio.get("transcript") or ""))
             reason = choice.get("finish_reason") or reason
         return reason

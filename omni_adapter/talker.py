@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 from typing import Protocol
 
-from omni_adapter.pcm import OPENAI_PCM16_RATE, parse_wav, resample
+from omni_adapter.audio import OPENAI_PCM16_RATE, parse_wav, resample
 from omni_adapter.port import (
     AudioDelta,
     Engine,

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from gateway.output.frames import DONE, FrameBuilder
-from omni_adapter.pcm import OPENAI_PCM16_RATE, resample, to_wav
+from omni_adapter.audio import OPENAI_PCM16_RATE, resample, wav_of
 from omni_adapter.port import AudioDelta
 
 
@@ -53,7 +53,7 @@ class AudioOutput:
         """The completion with ``message.audio`` added, if anything was spoken."""
         if not self._pcm:
             return completion
-        wav = to_wav(b"".join(self._pcm), OPENAI_PCM16_RATE)
+        wav = wav_of(b"".join(self._pcm), OPENAI_PCM16_RATE)
         completion["choices"][0]["message"]["audio"] = {
             "id": self.audio_id, "data": base64.b64encode(wav).decode(),
             "expires_at": self.expires_at, "transcript": " ".join(self._transcript)}

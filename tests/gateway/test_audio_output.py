@@ -9,7 +9,7 @@ import numpy as np
 
 from gateway.output.audio import AudioOutput
 from gateway.output.frames import FrameBuilder
-from omni_adapter.pcm import OPENAI_PCM16_RATE, parse_wav
+from omni_adapter.audio import OPENAI_PCM16_RATE, parse_wav
 from omni_adapter.port import AudioDelta, Usage
 
 FRAMES = FrameBuilder("sis-abc123", "m", 1_700_000_000)

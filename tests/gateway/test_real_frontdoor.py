@@ -14,7 +14,7 @@ import numpy as np
 import openai
 import pytest
 
-from omni_adapter.pcm import OPENAI_PCM16_RATE, parse_wav
+from omni_adapter.audio import OPENAI_PCM16_RATE, parse_wav
 from omni_adapter.port import Engine
 from omni_adapter.talker import EspeakTalker, TalkingEngine
 from tests.gateway.client import (

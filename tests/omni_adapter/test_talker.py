@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from omni_adapter.pcm import OPENAI_PCM16_RATE
+from omni_adapter.audio import OPENAI_PCM16_RATE
 from omni_adapter.port import (
     AudioDelta,
     EngineError,

@@ -8,7 +8,7 @@ import struct
 import numpy as np
 import pytest
 
-from omni_adapter.pcm import parse_wav, resample, to_wav
+from omni_adapter.audio import parse_wav, resample, wav_of
 
 
 def tone(frequency: float, rate: int, seconds: float) -> bytes:
@@ -25,7 +25,7 @@ def dominant_frequency(pcm: bytes, rate: int) -> float:
 
 def test_wav_round_trip() -> None:
     pcm = tone(440, 16_000, 0.1)
-    assert parse_wav(to_wav(pcm, 16_000)) == (pcm, 16_000)
+    assert parse_wav(wav_of(pcm, 16_000)) == (pcm, 16_000)
 
 
 def test_streaming_wav_with_placeholder_sizes_is_read_to_the_end() -> None:
