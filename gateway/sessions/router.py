@@ -59,6 +59,7 @@ def session_view(record: SessionRecord) -> SessionView:
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=CreatedSession,
              responses=errors.error_responses(errors.InvalidJson, errors.ValidationFailed,
                                               errors.ModelNotFound, errors.ChunkTooLarge,
+                                              errors.SequenceOutOfWindow, errors.SessionPayloadTooLarge,
                                               errors.StoreUnavailable, errors.StreamingInputDisabled,
                                               errors.Unauthorized, errors.TooManySessions,
                                               errors.CapacityExhausted))

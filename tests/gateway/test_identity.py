@@ -116,6 +116,16 @@ async def test_completed_sessions_free_their_slot(redis_url: str, keys: Keys) ->
         assert (await new_session(client, A)).status_code == 201
 
 
+async def test_a_refused_first_chunk_leaves_no_session_and_frees_its_slot(redis_url: str, keys: Keys) -> None:
+    A = bearer(keys.a)
+    settings = make_settings(redis_url=redis_url, api_keys=keys.setting, max_sessions_per_identity=1,
+                             max_out_of_order=8)
+    async with app_client(settings, ScriptedEngine()) as client:
+        refused = await client.post(BASE, headers=A, json={"first_chunk": {"sequence_id": 285, "text": "/"}})
+        assert refused.status_code == 409 and code_of(refused) == "sequence_out_of_window"
+        assert (await new_session(client, A)).status_code == 201, "the refused create held no slot"
+
+
 async def test_global_session_cap_is_503(redis_url: str, keys: Keys) -> None:
     A, B = bearer(keys.a), bearer(keys.b)
     async with aioredis.Redis.from_url(redis_url) as redis:
