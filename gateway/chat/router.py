@@ -19,7 +19,7 @@ router = APIRouter(prefix="/v1", tags=["openai"])
 Identity = Annotated[str, Depends(get_identity)]
 
 
-def get_chat(request: Request) -> ChatService:
+async def get_chat(request: Request) -> ChatService:
     resources = get_resources(request)
     return ChatService(resources.service, resources.store, resources.settings.max_chunk_bytes)
 
