@@ -25,7 +25,6 @@ import asyncio
 import json
 import platform
 import random
-import statistics
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
@@ -34,6 +33,7 @@ from pathlib import Path
 import httpx
 import uvicorn
 
+from bench.stats import summary
 from gateway.app import create_app
 from gateway.settings import Settings
 from omni_adapter.port import Capabilities, EngineRequest, InputChunk, OutputEvent
@@ -85,11 +85,6 @@ class RecordingEngine:
         return None
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
-
-
 async def serve(app: object, port: int) -> uvicorn.Server:
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     asyncio.get_running_loop().create_task(server.serve())
@@ -134,14 +129,9 @@ async def measure(sessions: int, chunks: int) -> dict:
     ack_to_feed = [(engine.fed_at[key] - acked) * 1000 for key, (_, acked) in sent_at.items()]
     return {
         "sessions": sessions, "chunks_per_session": chunks, "samples": len(send_to_feed),
-        "send_to_feed_ms": summary(send_to_feed), "ack_to_feed_ms": summary(ack_to_feed),
+        "send_to_feed_ms": summary(send_to_feed, 2), "ack_to_feed_ms": summary(ack_to_feed, 2),
         "machine": {"cpus": __import__("os").cpu_count(), "python": platform.python_version()},
     }
-
-
-def summary(values: list[float]) -> dict[str, float]:
-    return {"p50": round(percentile(values, 50), 2), "p99": round(percentile(values, 99), 2),
-            "max": round(max(values), 2), "mean": round(statistics.fmean(values), 2)}
 
 
 def report(result: dict) -> str:

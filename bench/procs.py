@@ -1,0 +1,54 @@
+"""Start and stop the processes a benchmark measures (gateway, bare app)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+
+@contextmanager
+def server(module_args: list[str], *, port: int, env: dict[str, str], log: Path,
+           ready_path: str = "/healthz", start_timeout_sec: float = 900) -> Iterator[subprocess.Popen[bytes]]:
+    """Run ``python -m <module_args>`` until the block ends; wait until ``ready_path`` answers 200."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", *module_args], env=os.environ | env, stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + start_timeout_sec
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{module_args[0]} exited; see {log}")
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}{ready_path}", timeout=5).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{module_args[0]} not ready after {start_timeout_sec} s; see {log}")
+            time.sleep(0.5)
+        yield proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident memory of a process (Linux)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS for {pid}")
