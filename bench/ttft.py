@@ -30,8 +30,10 @@ POLICIES = ("on_end_only", "on_first_chunk")
 class TtftConfig:
     rates_per_sec: tuple[float, ...] = (0.1, 0.2, 0.3)
     queries: int = 16
-    pages_per_query: int = 6
-    page_chars: int = 1000
+    #: ~1.5 k tokens per query in pages of ~125 tokens: a crawler appending
+    #: search results, and a last page small against the whole, as in the paper.
+    pages_per_query: int = 12
+    page_chars: int = 500
     #: The answer is not the point: a few tokens keep decode from crowding prefill.
     max_tokens: int = 8
     seed: int = 7

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Install what is needed (scripts/setup.sh), then run every benchmark and
+# write bench/results/latest.{json,md} and the TTFT CCDF plot.
+# About 30 minutes on 2 cores; pass --quick for a 4-minute plumbing check,
+# or a part name (ttft, floor, overhead, report). Not part of the test suite.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./scripts/setup.sh
+exec .venv/bin/python -m bench "$@"
