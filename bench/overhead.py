@@ -112,7 +112,7 @@ async def append_load(base_url: str, concurrency: int, seconds: float, pid: int,
         if profile_to is not None:
             profiler = await asyncio.create_subprocess_exec(
                 str(PY_SPY), "record", "--pid", str(pid), "--duration", str(max(1, int(seconds) - 1)),
-                "--format", "raw", "--output", str(profile_to), "--nonblocking",
+                "--format", "raw", "--output", str(profile_to), "--nonblocking", "--rate", "250",
                 stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL) if PY_SPY.exists() else None
         await asyncio.gather(*tasks)
         cpu = cpu_seconds(pid) - cpu_before

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import time
@@ -56,7 +57,9 @@ class SessionService:
             raise errors.UnsupportedModality(
                 f"the engine does not take {chunk.modality} input (it takes: {accepted})", param=param)
 
+    @functools.cached_property
     def _too_large_json(self) -> str:
+        """The failure a session gets when its input outgrows the cap (the Lua scripts store it)."""
         return error_json(errors.SessionPayloadTooLarge(
             f"the session's input exceeds {self._settings.max_payload_per_session} bytes; session closed"))
 
@@ -82,7 +85,7 @@ class SessionService:
                                 overall=self._settings.max_open_sessions, until_ms=until)
         try:
             outcome = await self._store.create(session_id, fields, self._claimant(), first,
-                                               self._too_large_json())
+                                               self._too_large_json)
         except errors.GatewayError:
             # A refused first chunk leaves no session behind, so no slot either.
             await self._store.free_slots(session_id, identity)
@@ -99,7 +102,7 @@ class SessionService:
         started_at = time.perf_counter()
         try:
             outcome = await self._store.append(session_id, chunk, self._claimant(),
-                                               self._too_large_json(), caller=identity)
+                                               self._too_large_json, caller=identity)
         except errors.SessionPayloadTooLarge as exc:
             self._metrics.transition(exc.previous_state, SessionState.FAILED)
             raise
