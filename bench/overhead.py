@@ -4,9 +4,10 @@ Generation is out of the way: the gateway runs as its own process on the
 stamping engine of :mod:`bench.servers` (no inference), with a real
 ``redis-server``; load comes from this process over loopback.
 
-- Appends: C concurrent sessions (``on_end_only``, never finished) each
-  append small text chunks back to back for a fixed time; latency per append
-  and appends per second, and the gateway's CPU time per append.
+- Appends: C concurrent sessions (``on_end_only``, never finished) append
+  small text chunks, first each at a client's pace (one per 250 ms, the
+  latency a client sees at that load), then back to back (the most appends
+  per second the replica takes, and its CPU time per append).
 - Relay: from the engine emitting a token (the stamp in its text) to the SSE
   client reading it, for 1 and for 20 sessions streaming at once.
 - Memory per idle session: gateway RSS and Redis ``used_memory`` growth per
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import sys
 import tempfile
 import time
@@ -47,10 +49,12 @@ GATEWAY_ENV = {"OMNI_GATEWAY_MAX_SESSIONS_PER_IDENTITY": "0", "OMNI_GATEWAY_RATE
 class OverheadConfig:
     concurrency: tuple[int, ...] = (1, 50, 200, 1000)
     seconds_per_level: float = 8.0
+    #: Latency is measured with each session appending once per this period.
+    pace_sec: float = 0.25
     relay_sessions: tuple[int, ...] = (1, 20)
     relay_tokens: int = 100
     idle_sessions: int = 1000
-    started_sessions: int = 200
+    started_sessions: int = 500
     floor_samples: int = 2000
     #: Run py-spy on the gateway during this concurrency level (0: no profile).
     profile_at: int = 200
@@ -87,42 +91,76 @@ async def bare_http(url: str, samples: int) -> dict:
     return summary(took)
 
 
-async def append_load(base_url: str, concurrency: int, seconds: float, pid: int, profile_to: Path | None) -> dict:
+async def append_load(base_url: str, concurrency: int, config: OverheadConfig, pid: int,
+                      profile_to: Path | None) -> dict:
+    """One concurrency level: latency at a client's pace, then throughput flat out."""
     async with http_session(concurrency) as http:
         client = SessionClient(http, base_url)
-        sessions = await asyncio.gather(*(client.create(start_policy="on_end_only") for _ in range(concurrency)))
-        latencies: list[float] = []
-        warmup_until = time.monotonic() + 1.0
-        stop_at = warmup_until + seconds
+        gate = asyncio.Semaphore(50)  # open the sessions at a steady pace, not in one burst
 
-        async def appender(sid: str) -> None:
-            seq = 0
-            while (now := time.monotonic()) < stop_at:
-                started = time.perf_counter()
-                await client.append(sid, seq, CHUNK_TEXT)
-                if now >= warmup_until:
-                    latencies.append((time.perf_counter() - started) * 1000)
-                seq += 1
+        async def create() -> str:
+            async with gate:
+                return await client.create(start_policy="on_end_only")
 
-        profiler = None
-        await asyncio.sleep(0)
-        tasks = [asyncio.create_task(appender(sid)) for sid in sessions]
-        await asyncio.sleep(max(0.0, warmup_until - time.monotonic()))
-        cpu_before = cpu_seconds(pid)
-        if profile_to is not None:
-            profiler = await asyncio.create_subprocess_exec(
-                str(PY_SPY), "record", "--pid", str(pid), "--duration", str(max(1, int(seconds) - 1)),
-                "--format", "raw", "--output", str(profile_to), "--nonblocking", "--rate", "250",
-                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL) if PY_SPY.exists() else None
-        await asyncio.gather(*tasks)
-        cpu = cpu_seconds(pid) - cpu_before
-        if profiler is not None:
-            await asyncio.wait_for(profiler.wait(), 60)
+        sessions = await asyncio.gather(*(create() for _ in range(concurrency)))
+        next_seq = dict.fromkeys(sessions, 0)
+        paced = await drive(client, next_seq, config.seconds_per_level, config.pace_sec, pid, None)
+        flat_out = await drive(client, next_seq, config.seconds_per_level, None, pid, profile_to)
         await asyncio.gather(*(client.delete(sid) for sid in sessions))
+    return {"concurrency": concurrency,
+            "append_p50_ms": paced["p50_ms"], "append_p99_ms": paced["p99_ms"],
+            "paced_offered_per_s": round(concurrency / config.pace_sec), "paced_refused": paced["refused"],
+            "appends_per_s": flat_out["per_s"], "flat_out_p50_ms": flat_out["p50_ms"],
+            "flat_out_p99_ms": flat_out["p99_ms"], "refused": flat_out["refused"],
+            "gateway_cpu_ms_per_append": flat_out["cpu_ms_each"]}
+
+
+async def drive(client: SessionClient, next_seq: dict[str, int], seconds: float, pace_sec: float | None,
+                pid: int, profile_to: Path | None) -> dict:
+    """Append to every session for ``seconds`` after a 1 s warm-up.
+
+    ``pace_sec``: each session appends once per period (open loop, random
+    phase), like a client streaming 250 ms of audio at a time; ``None``: each
+    appends again as soon as the last one is answered (the most it can take).
+    """
+    latencies: list[float] = []
+    refused: Counter[str] = Counter()
+    warmup_until = time.monotonic() + 1.0
+    warmup_perf = time.perf_counter() + 1.0
+    stop_at = warmup_until + seconds
+
+    async def appender(sid: str) -> None:
+        due = time.monotonic() + (random.uniform(0, pace_sec) if pace_sec else 0.0)
+        while due < stop_at:
+            await asyncio.sleep(max(0.0, due - time.monotonic()))
+            started = time.perf_counter()
+            try:
+                await client.append(sid, next_seq[sid], CHUNK_TEXT)
+            except RuntimeError as exc:  # an error answer: counted, not timed, sent again
+                refused[str(exc).split(" {")[0]] += 1
+                continue
+            if started >= warmup_perf:
+                latencies.append((time.perf_counter() - started) * 1000)
+            next_seq[sid] += 1
+            due = due + pace_sec if pace_sec else time.monotonic()
+
+    tasks = [asyncio.create_task(appender(sid)) for sid in next_seq]
+    await asyncio.sleep(max(0.0, warmup_until - time.monotonic()))
+    cpu_before, count_before = cpu_seconds(pid), len(latencies)
+    profiler = None
+    if profile_to is not None and PY_SPY.exists():
+        profiler = await asyncio.create_subprocess_exec(
+            str(PY_SPY), "record", "--pid", str(pid), "--duration", str(max(1, int(seconds) - 1)),
+            "--format", "raw", "--output", str(profile_to), "--nonblocking", "--rate", "250",
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+    await asyncio.gather(*tasks)
+    cpu = cpu_seconds(pid) - cpu_before
+    if profiler is not None:
+        await asyncio.wait_for(profiler.wait(), 60)
     stats = summary(latencies)
-    return {"concurrency": concurrency, "append_p50_ms": stats["p50"], "append_p99_ms": stats["p99"],
-            "append_max_ms": stats["max"], "appends_per_s": round(len(latencies) / seconds),
-            "gateway_cpu_ms_per_append": round(cpu * 1000 / max(1, len(latencies)), 3)}
+    return {"p50_ms": stats["p50"], "p99_ms": stats["p99"], "per_s": round(len(latencies) / seconds),
+            "cpu_ms_each": round(cpu * 1000 / max(1, len(latencies) - count_before), 3),
+            "refused": dict(refused)}
 
 
 async def relay(base_url: str, sessions: int, tokens: int) -> list[float]:
@@ -169,7 +207,7 @@ async def memory_per_session(base_url: str, redis_url: str, pid: int, counts: di
         async def used_memory() -> int:
             return (await rdb.info("memory"))["used_memory"]
 
-        warmup = await asyncio.gather(*(one(p) for p in counts for _ in range(100)))
+        warmup = await asyncio.gather(*(one(p) for p in counts for _ in range(20)))
         await asyncio.gather(*(client.delete(sid) for sid in warmup))
         for policy, sessions in counts.items():
             await asyncio.sleep(2)  # runners settle into their blocking reads
@@ -215,7 +253,7 @@ async def measure(config: OverheadConfig, results_dir: Path, log: callable = pri
             out["overhead"] = []
             for concurrency in config.concurrency:
                 profile = results_dir / "overhead_profile.raw" if concurrency == config.profile_at else None
-                level = await append_load(base, concurrency, config.seconds_per_level, proc.pid, profile)
+                level = await append_load(base, concurrency, config, proc.pid, profile)
                 log(f"appends x{concurrency}: {level}")
                 out["overhead"].append(level)
                 if profile is not None and profile.exists():

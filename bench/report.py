@@ -132,10 +132,16 @@ def markdown(r: dict) -> str:
         f"Floors in the same run: Redis PING P50 {r['redis_rtt_p50_ms']} ms, "
         f"bare ASGI app over HTTP P50 {r['bare_http_p50_ms']} ms.",
         "",
-        "| sessions | append P50 ms | append P99 ms | appends/s | gateway CPU ms/append |",
-        "|---|---|---|---|---|",
-        *(f"| {o['concurrency']} | {o['append_p50_ms']} | {o['append_p99_ms']} | {o['appends_per_s']} | "
-          f"{o['gateway_cpu_ms_per_append']} |" for o in r["overhead"]),
+        "Each session appends once per 250 ms (offered load = sessions x 4/s) for the latency columns, "
+        "then back to back for the flat-out columns.",
+        "",
+        "| sessions | offered /s | append P50 ms | append P99 ms | flat-out appends/s | flat-out P50 ms "
+        "| flat-out P99 ms | gateway CPU ms/append | refused (paced / flat out) |",
+        "|---|---|---|---|---|---|---|---|---|",
+        *(f"| {o['concurrency']} | {o['paced_offered_per_s']} | {o['append_p50_ms']} | {o['append_p99_ms']} | "
+          f"{o['appends_per_s']} | {o['flat_out_p50_ms']} | {o['flat_out_p99_ms']} | "
+          f"{o['gateway_cpu_ms_per_append']} | {o['paced_refused'] or '-'} / {o['refused'] or '-'} |"
+          for o in r["overhead"]),
         "",
         f"- One append at P50 costs {r['append_p50_over_bare_http']}x a bare HTTP request and "
         f"{r['append_p50_over_redis_rtt']}x a Redis round trip.",

@@ -68,7 +68,9 @@ def test_report_has_the_fields_the_issue_asks_for_and_judges_targets(tmp_path: P
     ttft = {"runs": [run(0.1, "on_end_only", 3.0, 6.0), run(0.1, "on_first_chunk", 0.25, 4.0)]}
     floor = {"warm_s": {"p50": 0.2}, "cold_s": {"p50": 2.5}, "prompt_tokens_mean": 1500,
              "last_page_tokens_mean": 250}
-    level = {"append_p50_ms": 1.0, "append_p99_ms": 4.0, "appends_per_s": 2500, "gateway_cpu_ms_per_append": 0.3}
+    level = {"append_p50_ms": 1.0, "append_p99_ms": 4.0, "paced_offered_per_s": 800, "paced_refused": {},
+             "appends_per_s": 2500, "flat_out_p50_ms": 20.0, "flat_out_p99_ms": 40.0, "refused": {},
+             "gateway_cpu_ms_per_append": 0.3}
     overhead_result = {
         "redis_rtt_ms": {"p50": 0.1}, "bare_http_ms": {"p50": 0.4},
         "overhead": [{"concurrency": 1, **level}, {"concurrency": 200, **level}],
