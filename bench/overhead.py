@@ -223,17 +223,22 @@ async def memory_per_session(base_url: str, redis_url: str, pid: int, counts: di
     return results
 
 
-def top_frames(raw_profile: Path, limit: int = 25) -> list[tuple[str, float]]:
-    """py-spy's folded stacks -> the functions with the most samples anywhere on the stack (%)."""
-    inclusive: Counter[str] = Counter()
+def time_by_package(raw_profile: Path) -> list[tuple[str, float]]:
+    """py-spy's folded stacks -> % of samples whose innermost frame is in each package.
+
+    Self time by package says which layer burns the CPU (the HTTP server,
+    the framework, the Redis client, our code) better than any one function.
+    """
+    by_package: Counter[str] = Counter()
     total = 0
     for line in raw_profile.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
-        n = int(count)
-        total += n
-        for frame in set(stack.split(";")):
-            inclusive[frame] += n
-    return [(frame, round(100 * n / total, 1)) for frame, n in inclusive.most_common(limit)]
+        leaf = stack.rsplit(";", 1)[-1]
+        # A frame reads "function (path/to/module.py:line)"; the package is the path's first part.
+        path = leaf.rpartition("(")[2].split(":")[0]
+        by_package[path.split("/")[0] if "/" in path else path.removesuffix(".py") or "?"] += int(count)
+        total += int(count)
+    return [(package, round(100 * n / total, 1)) for package, n in by_package.most_common(12)]
 
 
 async def measure(config: OverheadConfig, results_dir: Path, log: callable = print) -> dict:
@@ -258,13 +263,18 @@ async def measure(config: OverheadConfig, results_dir: Path, log: callable = pri
                 out["overhead"].append(level)
                 if profile is not None and profile.exists():
                     out["profile_at"] = concurrency
-                    out["profile_top"] = top_frames(profile)
+                    out["profile_top"] = time_by_package(profile)
             out["relay"] = []
             for sessions in config.relay_sessions:
                 lags = await relay(base, sessions, config.relay_tokens)
                 out["relay"].append({"sessions": sessions, **summary(lags)})
                 log(f"relay x{sessions}: {out['relay'][-1]}")
-            out["memory"] = await memory_per_session(base, redis.url, proc.pid, {
+
+        # A fresh gateway for memory: after the load above its allocator holds
+        # freed memory that new sessions would reuse unseen.
+        with server(["bench.servers", "stamp", "--port", str(gw_port)], port=gw_port, env=env,
+                    log=Path(tmp) / "gateway-memory.log", ready_path="/readyz") as proc:
+            out["memory"] = await memory_per_session(f"http://127.0.0.1:{gw_port}", redis.url, proc.pid, {
                 "on_end_only": config.idle_sessions, "on_first_chunk": config.started_sessions})
             log(f"memory: {out['memory']}")
     return out

@@ -84,6 +84,7 @@ def test_report_has_the_fields_the_issue_asks_for_and_judges_targets(tmp_path: P
     assert result["idle_session_bytes"] == 3000 and result["started_session_bytes"] == 43000
     assert result["relay_p99_ms"] == 1.5
     assert result["redis_rtt_p50_ms"] == 0.1 and result["bare_http_p50_ms"] == 0.4
+    assert result["append_p50_over_bare_http"] == 50.0, "flat-out P50 of one session over the bare request"
     assert {k for k, ok in result["met"].items() if not ok} == set()
     assert "**missed**" not in report.markdown(result)
     worse = {"runs": [run(0.1, "on_end_only", 3.0, 6.0), run(0.1, "on_first_chunk", 0.25, 7.0)]}
