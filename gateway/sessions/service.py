@@ -83,13 +83,8 @@ class SessionService:
         until = fields["created_at"] + fields["timeout_ms"] + fields["generation_ttl_ms"]
         await self._store.admit(identity, session_id, per_identity=self._settings.max_sessions_per_identity,
                                 overall=self._settings.max_open_sessions, until_ms=until)
-        try:
-            outcome = await self._store.create(session_id, fields, self._claimant(), first,
-                                               self._too_large_json)
-        except errors.GatewayError:
-            # A refused first chunk leaves no session behind, so no slot either.
-            await self._store.free_slots(session_id, identity)
-            raise
+        outcome = await self._store.create(session_id, fields, self._claimant(), first,
+                                           self._too_large_json)
         self._metrics.transition(None, SessionState.OPEN)
         if first is not None:
             self._count_chunk(first, outcome)

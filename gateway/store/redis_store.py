@@ -159,6 +159,9 @@ class SessionStore:
         flat = [item for pair in fields.items() for item in pair]
         reply = await self._run("create", session_keys(session_id), [now, replica, *chunk_args, *flat])
         if _text(reply[0]) != "accepted":
+            # A refused first chunk leaves no session behind, so no slot either
+            # (``admit`` took it just before).
+            await self._free_slots(session_id, fields.get("identity"))
             raise _error_for(reply, session_id, first.sequence_id if first else None)
         outcome = _input_outcome(reply, replica)
         await self.schedule(session_id, now if outcome.started else now + int(fields["timeout_ms"]))
@@ -177,7 +180,7 @@ class SessionStore:
             await self._schedule_if_started(session_id, outcome)
             return outcome
         if status == "too_large":
-            await self.free_slots(session_id, _text(reply[2]))
+            await self._free_slots(session_id, _text(reply[2]))
         raise _error_for(reply, session_id, chunk.sequence_id)
 
     async def finish(self, session_id: str, final_sequence_id: int | None, replica: str,
@@ -196,7 +199,7 @@ class SessionStore:
         if _text(reply[0]) != "accepted":
             raise _error_for(reply, session_id)
         if len(reply) > 3:
-            await self.free_slots(session_id, _text(reply[3]))
+            await self._free_slots(session_id, _text(reply[3]))
         return SessionState(_text(reply[2]))
 
     # --- limits -----------------------------------------------------------
@@ -222,7 +225,7 @@ class SessionStore:
                 f"this identity already has {per_identity} open sessions; finish or cancel one",
                 retry_after=5)
 
-    async def free_slots(self, session_id: str, identity: str | None) -> None:
+    async def _free_slots(self, session_id: str, identity: str | None) -> None:
         """A session ended: it no longer counts against any cap."""
         if not identity:
             return
@@ -279,7 +282,7 @@ class SessionStore:
                 else:
                     await self._redis.zrem(SCHEDULE, session_id)
             if status in ("expired", "failed"):
-                await self.free_slots(session_id, _text(reply[2]))
+                await self._free_slots(session_id, _text(reply[2]))
                 outcomes.append(TendOutcome(session_id, SessionState(status), SessionState(_text(reply[1]))))
             elif status == "claimed":
                 room -= 1
@@ -357,7 +360,7 @@ class SessionStore:
         if _text(reply[0]) != "ok":
             return None
         if completion:
-            await self.free_slots(session_id, identity)
+            await self._free_slots(session_id, identity)
         return [_text(v) for v in reply[1:]]
 
     async def fail(self, session_id: str, error_json: str, lease: Lease | None = None) -> SessionState | None:
@@ -369,7 +372,7 @@ class SessionStore:
         reply = await self._run("fail", session_keys(session_id), [now_ms(), error_json, *holder])
         if _text(reply[0]) != "failed":
             return None
-        await self.free_slots(session_id, _text(reply[2]))
+        await self._free_slots(session_id, _text(reply[2]))
         return SessionState(_text(reply[1]))
 
     async def read_output(self, session_id: str) -> list[Frame]:
