@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -241,7 +242,7 @@ def time_by_package(raw_profile: Path) -> list[tuple[str, float]]:
     return [(package, round(100 * n / total, 1)) for package, n in by_package.most_common(12)]
 
 
-async def measure(config: OverheadConfig, results_dir: Path, log: callable = print) -> dict:
+async def measure(config: OverheadConfig, results_dir: Path, log: Callable[[str], object] = print) -> dict:
     out: dict = {"config": config.__dict__ | {"concurrency": list(config.concurrency),
                                               "relay_sessions": list(config.relay_sessions)}}
     with redis_process() as redis, tempfile.TemporaryDirectory() as tmp:

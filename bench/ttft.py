@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from bench.client import SessionClient, http_session
@@ -73,7 +74,7 @@ async def run_policy(base_url: str, trace: list[Query], policy: str, max_tokens:
         return list(await asyncio.gather(*(run_query(client, q, policy, t0, max_tokens) for q in trace)))
 
 
-async def measure(base_url: str, config: TtftConfig, log: callable = print) -> dict:
+async def measure(base_url: str, config: TtftConfig, log: Callable[[str], object] = print) -> dict:
     """Every (rate, policy) run in turn against one gateway; returns the ``ttft`` results."""
     source = PageSource(config.page_chars, config.seed)
     runs = []
