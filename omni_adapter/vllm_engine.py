@@ -50,6 +50,7 @@ from omni_adapter.port import (
     TextDelta,
     Usage,
 )
+from omni_adapter.process_lifetime import engine_children_die_with_parent
 from omni_adapter.session_events import SessionEvents, check_servable
 from omni_adapter.text_stream import IncrementalTokenizer, StreamingTokenizer
 
@@ -86,6 +87,9 @@ async def open_vllm_engine(config: VllmEngineConfig) -> VllmEngine:
     process starts: it runs in the app lifespan, before anything is served.
     """
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(config.kv_cache_space_gib))
+    # No engine process may outlive the gateway (a SIGKILLed gateway used to
+    # leave two 3.8 GB processes behind).
+    engine_children_die_with_parent()
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
