@@ -81,7 +81,7 @@ class VllmEngineConfig:
 
 
 async def open_vllm_engine(config: VllmEngineConfig) -> VllmEngine:
-    """Start the engine: 20-100 s, most of it torch.compile unless ``enforce_eager``.
+    """Start the engine: ~40 s once torch.compile's cache is warm, ~100 s the first time.
 
     Like vLLM's own API server, this blocks the event loop while the engine
     process starts: it runs in the app lifespan, before anything is served.
@@ -90,6 +90,12 @@ async def open_vllm_engine(config: VllmEngineConfig) -> VllmEngine:
     # No engine process may outlive the gateway (a SIGKILLed gateway used to
     # leave two 3.8 GB processes behind).
     engine_children_die_with_parent()
+    # vLLM's AOT compile cache is saved but never loads with this torch
+    # ("'function' object has no attribute 'finalize_loading'"), so every
+    # start recompiled for minutes. Without it torch.compile's own caches
+    # serve a restart: ready in ~42 s at full decode speed, where eager mode
+    # is as quick to start but decodes 40% slower (bench/engine_start.py).
+    os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 

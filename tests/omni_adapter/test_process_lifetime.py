@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -58,27 +57,51 @@ def _wait_all_dead(pids: list[int], timeout: float) -> list[int]:
     return [p for p in pids if _alive(p)]
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux only")
-def test_forked_children_and_grandchildren_die_with_a_sigkilled_parent() -> None:
-    # The shape vLLM has on the CPU: parent -> fork (engine core) -> fork (worker).
-    program = textwrap.dedent("""
-        import os, time
-        from omni_adapter.process_lifetime import engine_children_die_with_parent
-        engine_children_die_with_parent()
-        if os.fork() == 0:
-            if os.fork() == 0:
-                time.sleep(120)
-            time.sleep(120)
+_FORK_FAMILY = """
+import os, time
+from omni_adapter.process_lifetime import engine_children_die_with_parent
+engine_children_die_with_parent()
+if os.fork() == 0:
+    if os.fork() == 0:
         time.sleep(120)
-    """)
-    parent = subprocess.Popen([sys.executable, "-c", program], start_new_session=True)
+    time.sleep(120)
+time.sleep(120)
+"""
+
+# vLLM on the CPU spawns: the engine core is a new interpreter, and so is its worker.
+_SPAWN_FAMILY = """
+import multiprocessing, time
+from omni_adapter.process_lifetime import engine_children_die_with_parent
+
+def worker():
+    time.sleep(120)
+
+def engine_core():
+    multiprocessing.get_context("spawn").Process(target=worker).start()
+    time.sleep(120)
+
+if __name__ == "__main__":
+    engine_children_die_with_parent()
+    multiprocessing.get_context("spawn").Process(target=engine_core).start()
+    time.sleep(120)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux only")
+@pytest.mark.parametrize("program", [_FORK_FAMILY, _SPAWN_FAMILY], ids=["fork", "spawn"])
+def test_children_and_grandchildren_die_with_a_sigkilled_parent(program: str, tmp_path: Path) -> None:
+    script = tmp_path / "family.py"
+    script.write_text(program)
+    parent = subprocess.Popen([sys.executable, str(script)], start_new_session=True)
     family: list[int] = []
     try:
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 30
+        # fork: two sleepers; spawn: the resource tracker too.
         while len(_descendants(parent.pid)) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
+        time.sleep(0.5)  # let the grandchild's interpreter arm its signal
         family = _descendants(parent.pid)
-        assert len(family) == 2
+        assert len(family) >= 2
         parent.kill()
         parent.wait()
         assert _wait_all_dead(family, 5) == []
