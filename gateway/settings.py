@@ -9,6 +9,7 @@ engine with SmolLM2-135M on the CPU and an in-process store.
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import uuid
@@ -55,7 +56,9 @@ class Settings(BaseSettings):
     max_sessions_per_identity: int = Field(100, ge=0)
     #: Requests per second per identity, token bucket (0: no limit).
     rate_limit_rps: float = Field(100.0, ge=0)
-    rate_limit_burst: int = Field(200, ge=1)
+    #: Requests one identity may send at once; unset: two seconds' worth of the
+    #: rate, so lowering the rate lowers the burst too.
+    rate_limit_burst: int | None = Field(None, ge=1)
     #: Open sessions across all identities and replicas (0: no limit).
     max_open_sessions: int = Field(10_000, ge=0)
 
@@ -109,6 +112,12 @@ class Settings(BaseSettings):
     dtype: str = "float32"
     max_model_len: int = Field(4096, ge=16)
     kv_cache_space_gib: int = Field(2, ge=1)
+
+    @model_validator(mode="after")
+    def _burst_follows_rate(self) -> Settings:
+        if self.rate_limit_burst is None:
+            self.rate_limit_burst = max(1, math.ceil(2 * self.rate_limit_rps))
+        return self
 
     @model_validator(mode="after")
     def _engine_url_for_http(self) -> Settings:
