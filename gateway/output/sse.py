@@ -20,16 +20,20 @@ from gateway.store.redis_store import SessionStore
 
 logger = logging.getLogger(__name__)
 
-#: Redis stream ids: "<ms>-<seq>".
-EVENT_ID = re.compile(r"^\d+-\d+$")
+#: Redis stream ids: "<ms>-<seq>", each part an unsigned 64-bit number.
+EVENT_ID = re.compile(r"^[0-9]{1,20}-[0-9]{1,20}$")
+_MAX_ID_PART = 2**64 - 1
 #: One blocking read waits this long before checking the session still exists.
 READ_BLOCK_MS = 5_000
+#: A subscriber that takes no frame for this long is dropped (it stopped reading).
+SEND_TIMEOUT_SEC = 30.0
 
 
 def parse_last_event_id(value: str | None) -> str:
+    """The stream id to read after; 400 for anything Redis would refuse mid-stream."""
     if value is None or value == "":
         return "0-0"
-    if not EVENT_ID.match(value):
+    if not EVENT_ID.match(value) or any(int(part) > _MAX_ID_PART for part in value.split("-")):
         raise errors.InvalidRequest("Last-Event-ID must be an id received from this stream",
                                     param="Last-Event-ID")
     return value
@@ -44,8 +48,13 @@ async def session_events(store: SessionStore, session_id: str, after: str) -> As
                 after = frame.id
                 if frame.last:
                     return
-            if not frames:
-                await store.view(session_id)  # raises once the session's keys are gone
+            if not frames and (await store.view(session_id)).state.is_terminal:
+                # Frames are written only while generating: a terminal session
+                # gets none after this read, so end rather than wait for its
+                # keys to expire (the read may have raced the final frame).
+                for frame in await store.read_frames(session_id, after, block_ms=None):
+                    yield ServerSentEvent(data=frame.data, event=frame.event or None, id=frame.id)
+                return
     except errors.GatewayError as exc:
         logger.warning("session %s: stream ended early: %s", session_id, exc.code)
         yield ServerSentEvent(data=json.dumps(exc.envelope()), event="error")

@@ -10,7 +10,7 @@ from sse_starlette import EventSourceResponse
 
 from gateway import errors
 from gateway.dependencies import get_identity, get_service, get_settings, get_store
-from gateway.output.sse import parse_last_event_id, session_events
+from gateway.output.sse import SEND_TIMEOUT_SEC, parse_last_event_id, session_events
 from gateway.sessions.chunks import record_from_json, record_from_raw
 from gateway.sessions.models import (
     ChunkAccepted,
@@ -139,14 +139,18 @@ async def get_session(session_id: str, service: Service, identity: Identity) -> 
             response_class=EventSourceResponse,
             responses={200: {"content": {"text/event-stream": {"schema": {"type": "string"}}},
                              "description": "chat.completion.chunk frames, then [DONE]; resumable"},
+                       204: {"description": "Last-Event-ID is the stream's final frame: nothing follows "
+                                            "(EventSource stops reconnecting)"},
                        **errors.error_responses(*_COMMON, errors.InvalidRequest)})
 async def stream_events(session_id: str, service: Service, identity: Identity,
                         store: Annotated[SessionStore, Depends(get_store)],
                         settings: Annotated[Settings, Depends(get_settings)],
-                        last_event_id: Annotated[str | None, Header()] = None) -> EventSourceResponse:
+                        last_event_id: Annotated[str | None, Header()] = None) -> Response:
     after = parse_last_event_id(last_event_id)
-    await service.view(identity, session_id)  # 404 / 410 before the first byte
+    if await service.stream_is_over(identity, session_id, after):  # 404 / 410 before the first byte
+        return Response(status_code=status.HTTP_204_NO_CONTENT)
     return EventSourceResponse(session_events(store, session_id, after), ping=settings.sse_ping_sec,
+                               send_timeout=SEND_TIMEOUT_SEC,
                                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 

@@ -26,7 +26,7 @@ from gateway.sessions.models import CreateSessionRequest
 from gateway.sessions.policies import StartThresholds
 from gateway.sessions.states import SessionState
 from gateway.settings import Settings
-from gateway.store.records import ChunkRecord, InputOutcome, SessionRecord
+from gateway.store.records import ChunkRecord, InputOutcome, SessionRecord, event_id_key
 from gateway.store.redis_store import SessionStore
 from omni_adapter.port import Capabilities, SamplingOptions
 
@@ -117,6 +117,17 @@ class SessionService:
         if record.state is SessionState.EXPIRED:
             raise errors.SessionExpired(f"session {session_id!r} expired after being idle")
         return record
+
+    async def stream_is_over(self, identity: str, session_id: str, after: str) -> bool:
+        """True when the client has seen the stream's final frame: nothing will follow ``after``.
+
+        Browsers' ``EventSource`` reconnects with the last id it saw, even
+        after ``[DONE]``; answering those with an open stream kept one open
+        request per reconnect for the result's lifetime.
+        """
+        await self.view(identity, session_id)  # 404 / 410 first
+        final = await self._store.last_frame(session_id)
+        return final is not None and final.last and event_id_key(after) >= event_id_key(final.id)
 
     async def cancel(self, identity: str, session_id: str) -> None:
         cancelled = error_json(errors.SessionCancelled("the session was cancelled by the client"))

@@ -95,6 +95,13 @@ class SessionRecord:
         return json.loads(value) if value else None
 
 
+
+def event_id_key(event_id: str) -> tuple[int, int]:
+    """A frame id ("<ms>-<seq>") in stream order; as strings "9-0" would sort after "10-0"."""
+    ms, seq = event_id.split("-")
+    return int(ms), int(seq)
+
+
 @dataclass(frozen=True)
 class Frame:
     """One SSE frame as stored in the output stream."""

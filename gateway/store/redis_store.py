@@ -312,9 +312,10 @@ class SessionStore:
         fields = {_text(flat[i]): _text(flat[i + 1]) for i in range(0, len(flat), 2)}
         return SessionRecord(session_id, fields, [int(v) for v in missing])
 
-    async def _xread(self, key: str, after: str, block_ms: int, count: int) -> list[tuple[str, dict[str, str]]]:
-        """Entries of one stream after ``after``, waiting up to ``block_ms`` for the first."""
-        async with self._call(block_ms / 1000):
+    async def _xread(self, key: str, after: str, block_ms: int | None,
+                     count: int) -> list[tuple[str, dict[str, str]]]:
+        """Entries of one stream after ``after``, waiting up to ``block_ms`` for the first (``None``: no wait)."""
+        async with self._call((block_ms or 0) / 1000):
             reply = await self._redis.xread({key: after}, block=block_ms, count=count)
         return [(_text(entry_id), {_text(k): _text(v) for k, v in raw.items()})
                 for _, entries in reply or () for entry_id, raw in entries]
@@ -382,11 +383,15 @@ class SessionStore:
         return [_frame(_text(entry_id), {_text(k): _text(v) for k, v in raw.items()})
                 for entry_id, raw in entries]
 
-    async def read_frames(self, session_id: str, after: str, block_ms: int) -> list[Frame]:
+    async def read_frames(self, session_id: str, after: str, block_ms: int | None) -> list[Frame]:
         entries = await self._xread(session_keys(session_id).output, after, block_ms, 256)
         return [_frame(entry, fields) for entry, fields in entries]
 
-    async def last_frame_id(self, session_id: str) -> str:
+    async def last_frame(self, session_id: str) -> Frame | None:
         async with self._call():
             entries = await self._redis.xrevrange(session_keys(session_id).output, count=1)
-        return _text(entries[0][0]) if entries else "0-0"
+        return _frame(_text(entries[0][0]), {_text(k): _text(v) for k, v in entries[0][1].items()}) if entries else None
+
+    async def last_frame_id(self, session_id: str) -> str:
+        frame = await self.last_frame(session_id)
+        return frame.id if frame else "0-0"

@@ -101,6 +101,51 @@ async def test_last_event_id_replays_exactly_the_rest(client: httpx.AsyncClient)
     assert_error(bad, 400, "invalid_request", "Last-Event-ID")
 
 
+async def test_resuming_after_the_final_frame_ends_at_once(client: httpx.AsyncClient) -> None:
+    # Browsers' EventSource reconnects with the id of [DONE] by itself; each
+    # reconnect used to stay open until the result expired (an hour).
+    sid = await create(client, first_chunk={"sequence_id": 0, "text": "a b", "end_of_input": True})
+    events = parse_sse((await client.get(f"{BASE}/{sid}/events")).text)
+    assert events[-1].data == "[DONE]"
+    for last_seen in (events[-1].id, "99999999999999-0"):
+        async with asyncio.timeout(2):
+            resumed = await client.get(f"{BASE}/{sid}/events", headers={"Last-Event-ID": last_seen})
+        assert resumed.status_code == 204, resumed.text  # EventSource stops reconnecting on 204
+        assert resumed.content == b""
+
+
+async def test_a_terminal_stream_without_a_final_frame_ends(client: httpx.AsyncClient,
+                                                            engine: ScriptedEngine) -> None:
+    # Cancelled before any output: a subscriber gets the error frame and the end, never a hang.
+    engine.script = Script(hang=True)
+    sid = await create(client, first_chunk={"sequence_id": 0, "text": "x", "end_of_input": True})
+    await asyncio.sleep(0.1)
+    assert (await client.delete(f"{BASE}/{sid}")).status_code == 204
+    async with asyncio.timeout(2):
+        events = parse_sse((await client.get(f"{BASE}/{sid}/events")).text)
+    assert events[-1].event == "error"
+    async with asyncio.timeout(2):
+        after_error = await client.get(f"{BASE}/{sid}/events", headers={"Last-Event-ID": events[-1].id})
+    assert after_error.status_code == 204
+
+
+@pytest.mark.parametrize("last_event_id", ["99999999999999999999-0", "1-99999999999999999999",
+                                           "18446744073709551616-0", "²-0".encode(), "٣-0".encode(), "1-0-0", "-1-0"])
+async def test_last_event_id_outside_the_stream_id_range_is_400(client: httpx.AsyncClient,
+                                                                last_event_id: str | bytes) -> None:
+    # Redis refuses ids past 2**64-1: that used to cut the SSE body midway.
+    sid = await create(client, first_chunk={"sequence_id": 0, "text": "a", "end_of_input": True})
+    response = await client.get(f"{BASE}/{sid}/events", headers={"Last-Event-ID": last_event_id})
+    assert_error(response, 400, "invalid_request", "Last-Event-ID")
+
+
+async def test_largest_valid_last_event_id_is_accepted(client: httpx.AsyncClient) -> None:
+    sid = await create(client, first_chunk={"sequence_id": 0, "text": "a", "end_of_input": True})
+    parse_sse((await client.get(f"{BASE}/{sid}/events")).text)  # completed
+    response = await client.get(f"{BASE}/{sid}/events", headers={"Last-Event-ID": f"{2**64 - 1}-{2**64 - 1}"})
+    assert response.status_code == 204
+
+
 async def test_two_subscribers_see_the_same_stream(client: httpx.AsyncClient) -> None:
     sid = await create(client, start_policy="on_end_only")
     readers = [asyncio.create_task(client.get(f"{BASE}/{sid}/events")) for _ in range(2)]
