@@ -54,7 +54,8 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
             store = SessionStore(client, timeout_sec=settings.redis_timeout_sec)
             metrics = Metrics()
             runners = RunnerPool(
-                lambda sid, lease: SessionRunner(sid, lease, store, active, metrics, settings.lease_ttl_sec),
+                lambda sid, lease: SessionRunner(sid, lease, store, active, metrics, settings.lease_ttl_sec,
+                                                 settings.engine_progress_timeout_sec),
                 capacity=settings.max_engine_sessions)
             service = SessionService(settings, store, active.capabilities, runners, metrics, draining)
             tender = asyncio.create_task(run_tender(service, runners, settings.tend_interval_sec), name="tender")

@@ -33,11 +33,12 @@ the handler knows HTTP.
     │   ├── RequestTooLarge (413 request_too_large)  any body over the request cap
     │   ├── ChunkTooLarge (413 chunk_too_large)
     │   └── SessionPayloadTooLarge (413 payload_too_large)  closes the session
-    └── ServiceUnavailable (503 service_unavailable)
-        ├── StreamingInputDisabled (503 streaming_input_disabled)
-        ├── CapacityExhausted (503 capacity_exhausted)    Retry-After
-        ├── StoreUnavailable (503 store_unavailable)
-        └── EngineUnavailable (503 engine_unavailable)
+    ├── ServiceUnavailable (503 service_unavailable)
+    │   ├── StreamingInputDisabled (503 streaming_input_disabled)
+    │   ├── CapacityExhausted (503 capacity_exhausted)    Retry-After
+    │   ├── StoreUnavailable (503 store_unavailable)
+    │   └── EngineUnavailable (503 engine_unavailable)
+    └── EngineTimeout (504 engine_timeout)  stored when an answer stops making progress
 """
 
 from __future__ import annotations
@@ -230,6 +231,11 @@ class StoreUnavailable(ServiceUnavailable):
 
 class EngineUnavailable(ServiceUnavailable):
     code = "engine_unavailable"
+
+
+class EngineTimeout(GatewayError):
+    status_code = HTTPStatus.GATEWAY_TIMEOUT
+    code = "engine_timeout"
 
 
 def from_envelope(envelope: dict[str, Any]) -> GatewayError:

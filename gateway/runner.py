@@ -96,17 +96,21 @@ class _Progress:
 class _Timing:
     created_ms: int
     input_done_ms: int | None = None
+    #: When the engine last showed progress on the answer (monotonic seconds):
+    #: the end of input, then every event it yields.
+    progress_at: float = 0.0
 
 
 class SessionRunner:
     def __init__(self, session_id: str, lease: Lease, store: SessionStore, engine: Engine,
-                 metrics: Metrics, lease_ttl_sec: float) -> None:
+                 metrics: Metrics, lease_ttl_sec: float, progress_timeout_sec: float = 120.0) -> None:
         self.session_id = session_id
         self.lease = lease
         self._store = store
         self._engine = engine
         self._metrics = metrics
         self._lease_ttl_sec = lease_ttl_sec
+        self._progress_timeout_sec = progress_timeout_sec
 
     async def run(self) -> None:
         try:
@@ -118,7 +122,8 @@ class SessionRunner:
         progress = _Progress.of(await self._retrying(lambda: self._store.read_output(self.session_id)))
         if progress.frame_data:
             logger.info("session %s: taking over after %d frames", self.session_id, len(progress.frame_data))
-        timing = _Timing(created_ms=record.int("created_at"), input_done_ms=record.int("input_done_at") or None)
+        timing = _Timing(created_ms=record.int("created_at"), input_done_ms=record.int("input_done_at") or None,
+                         progress_at=time.monotonic())
         try:
             session = self._engine.open_session(engine_request(record, progress.text))
         except EngineRejectedError as exc:
@@ -133,15 +138,21 @@ class SessionRunner:
         parts = [
             asyncio.create_task(self._relay(session, record, progress, timing), name=f"relay-{self.session_id}"),
             asyncio.create_task(self._heartbeat(), name=f"lease-{self.session_id}"),
+            asyncio.create_task(self._watch_progress(timing), name=f"progress-{self.session_id}"),
             asyncio.create_task(self._feed(session, timing), name=f"feed-{self.session_id}"),
         ]
         try:
-            # The relay ends the work; a lost lease (heartbeat) ends it early.
-            done, _ = await asyncio.wait(parts[:2], return_when=asyncio.FIRST_COMPLETED)
+            # The relay ends the work; a lost lease (heartbeat) or an answer
+            # that stopped making progress (watch) ends it early.
+            done, _ = await asyncio.wait(parts[:3], return_when=asyncio.FIRST_COMPLETED)
             for part in done:
                 part.result()
         except LeaseLost:
             logger.warning("session %s: lease lost; another replica runs it now", self.session_id)
+        except errors.EngineTimeout as exc:
+            logger.error("session %s: %s", self.session_id, exc.message)
+            self._metrics.engine_errors.labels(exc.code).inc()
+            await self._fail(exc)
         except asyncio.CancelledError:
             # Shutdown past its grace period: hand the work to another replica,
             # which continues from what is in Redis.
@@ -164,6 +175,23 @@ class SessionRunner:
             await asyncio.sleep(self._lease_ttl_sec / 3)
             if not await self._retrying(lambda: self._store.renew(self.session_id, self.lease)):
                 raise LeaseLost(self.session_id)
+
+    async def _watch_progress(self, timing: _Timing) -> None:
+        """Raise EngineTimeout once a complete input's answer makes no progress in time.
+
+        Before the input is complete the engine legitimately waits for it
+        (idle input is the tender's business: the session timeout).
+        """
+        check_every = min(1.0, self._progress_timeout_sec / 4)
+        while True:
+            await asyncio.sleep(check_every)
+            if timing.input_done_ms is None:
+                continue
+            stalled = time.monotonic() - timing.progress_at
+            if stalled > self._progress_timeout_sec:
+                raise errors.EngineTimeout(
+                    f"the engine produced nothing for {stalled:.0f} s after the input was complete "
+                    f"(limit {self._progress_timeout_sec:g} s)")
 
     async def _release(self) -> None:
         try:
@@ -226,6 +254,7 @@ class SessionRunner:
             ])
         for event in events:
             if event.kind == "end":
+                timing.progress_at = time.monotonic()
                 timing.input_done_ms = int(event.value)
                 await session.end_input()
             elif event.kind == "abort":
@@ -256,6 +285,7 @@ class SessionRunner:
             return [("", frames.role(), False)] if written == 0 else []
 
         async for event in session.events():
+            timing.progress_at = time.monotonic()
             if isinstance(event, TextDelta):
                 if not pieces and timing.input_done_ms is not None:
                     self._metrics.ttft.observe(max(0.0, time.time() - timing.input_done_ms / 1000))

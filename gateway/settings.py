@@ -92,6 +92,11 @@ class Settings(BaseSettings):
     drain_sec: float = Field(1.0, ge=0)
     #: Then how long owned sessions get to finish before they are released.
     shutdown_grace_sec: float = Field(10.0, ge=0)
+    #: Once input is complete, the longest the engine may go without producing
+    #: anything (first token included) before the session fails with
+    #: ``engine_timeout``; a stuck engine request must not leave a session
+    #: ``generating`` forever.
+    engine_progress_timeout_sec: float = Field(120.0, gt=0)
 
     # Engine
     #: ``vllm``: in-process vLLM; ``omni``: in-process vLLM-Omni (``AsyncOmni``);

@@ -24,6 +24,8 @@ class Script:
     """How the fake answers: ``echo: <input>`` word by word, or an error."""
 
     error_after_words: int | None = None
+    #: Raise (as an adapter task that dies would) after this many words.
+    crash_after_words: int | None = None
     #: Never finish on its own (until aborted): for cancel-during-generation tests.
     hang: bool = False
     word_delay_sec: float = 0.0
@@ -69,6 +71,8 @@ class ScriptedSession:
             if self.script.error_after_words == i:
                 yield EngineError("scripted failure", code="engine_error")
                 return
+            if self.script.crash_after_words == i:
+                raise ValueError("scripted crash: an unparsable line from the engine")
             await asyncio.sleep(self.script.word_delay_sec)
             if self.aborted:
                 return

@@ -372,6 +372,42 @@ async def test_engine_failure_mid_stream_sends_error_event(client: httpx.AsyncCl
     assert (await view(client, sid))["state"] == "failed"
 
 
+async def test_an_answer_that_stops_making_progress_fails_with_engine_timeout(
+        redis_url: str, engine: ScriptedEngine) -> None:
+    # A stuck engine request used to leave the session generating forever.
+    engine.script = Script(hang=True)
+    settings = make_settings(redis_url=redis_url, tend_interval_sec=0.05, engine_progress_timeout_sec=0.4)
+    async with app_client(settings, engine) as client:
+        sid = await create(client, first_chunk={"sequence_id": 0, "text": "a b", "end_of_input": True})
+        async with asyncio.timeout(5):
+            events = parse_sse((await client.get(f"{BASE}/{sid}/events")).text)
+        assert content_of(events) == "echo: a b"  # what came before the stall stays
+        assert events[-1].event == "error" and events[-1].json()["error"]["code"] == "engine_timeout"
+        result = (await client.get(f"{BASE}/{sid}/result")).json()
+        assert result["state"] == "failed" and result["error"]["code"] == "engine_timeout"
+        assert engine.sessions[0].aborted
+
+
+async def test_a_slow_but_moving_answer_is_not_timed_out(redis_url: str, engine: ScriptedEngine) -> None:
+    engine.script = Script(word_delay_sec=0.15)
+    settings = make_settings(redis_url=redis_url, tend_interval_sec=0.05, engine_progress_timeout_sec=0.4)
+    async with app_client(settings, engine) as client:
+        sid = await create(client, first_chunk={"sequence_id": 0, "text": "a b c d e", "end_of_input": True})
+        events = parse_sse((await client.get(f"{BASE}/{sid}/events")).text)
+        assert events[-1].data == "[DONE]"  # 1 s in all, but never 0.4 s without a word
+
+
+async def test_an_adapter_that_raises_fails_its_session_at_once(
+        client: httpx.AsyncClient, engine: ScriptedEngine, caplog: pytest.LogCaptureFixture) -> None:
+    engine.script = Script(crash_after_words=1)
+    sid = await create(client, first_chunk={"sequence_id": 0, "text": "a b", "end_of_input": True})
+    async with asyncio.timeout(5):
+        events = parse_sse((await client.get(f"{BASE}/{sid}/events")).text)
+    assert events[-1].event == "error"
+    assert (await view(client, sid))["state"] == "failed"
+    assert any(sid in r.getMessage() and r.exc_info for r in caplog.records)
+
+
 # --- operations --------------------------------------------------------------
 
 
