@@ -58,14 +58,16 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
                                                  settings.engine_progress_timeout_sec),
                 capacity=settings.max_engine_sessions)
             service = SessionService(settings, store, active.capabilities, runners, metrics, draining)
-            tender = asyncio.create_task(run_tender(service, runners, settings.tend_interval_sec), name="tender")
+            tender = asyncio.create_task(run_tender(service, runners, settings.tend_interval_sec, metrics),
+                                         name="tender")
             identity = IdentityResolver(settings.api_keys, settings.identity_header)
             log_identity = logger.warning if identity.mode == "open" else logger.info
             log_identity("identity: %s", identity.describe())
             logger.info("omni-gateway ready: replica %s, models %s", settings.replica_id,
                         ", ".join(active.capabilities.model_names))
             try:
-                yield {"resources": Resources(settings, store, active, service, metrics, identity, draining)}
+                yield {"resources": Resources(settings, store, active, service, metrics, identity, draining,
+                                              tender)}
             finally:
                 draining.begin()
                 tender.cancel()

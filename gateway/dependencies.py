@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 
 from starlette.requests import Request
@@ -26,6 +27,8 @@ class Resources:
     metrics: Metrics
     identity: IdentityResolver
     draining: Draining
+    #: The background task that expires sessions and claims ownerless work.
+    tender: asyncio.Task[None]
 
 
 def get_resources(request: Request) -> Resources:

@@ -36,6 +36,8 @@ class Metrics:
         self.errors = Counter("omni_gateway_errors", "Errors returned to clients", ["code"], registry=r)
         self.engine_errors = Counter("omni_gateway_engine_errors", "Engine sessions that failed", ["code"],
                                      registry=r)
+        self.tender_failures = Counter("omni_gateway_tender_failures", "Tender rounds that failed (it retries)",
+                                       ["code"], registry=r)
 
     def transition(self, before: SessionState | None, after: SessionState) -> None:
         if before == after:

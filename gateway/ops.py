@@ -20,11 +20,15 @@ async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz", responses=errors.error_responses(errors.StoreUnavailable, errors.EngineUnavailable))
+@router.get("/readyz", responses=errors.error_responses(errors.ServiceUnavailable, errors.StoreUnavailable,
+                                                      errors.EngineUnavailable))
 async def readyz(resources: Res) -> dict[str, str]:
     """Ready for traffic: not shutting down, Redis answers and the engine is healthy."""
     if resources.draining.active:
         raise errors.EngineUnavailable("this replica is shutting down")
+    if resources.tender.done():
+        # Without its tender a replica neither expires sessions nor takes over work.
+        raise errors.ServiceUnavailable("this replica's tender is not running")
     await resources.store.ping()
     try:
         await resources.engine.check_health()

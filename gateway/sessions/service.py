@@ -224,15 +224,38 @@ class SessionService:
             self._runners.start(session_id, outcome.lease)
 
 
-async def run_tender(service: SessionService, runners: RunnerPool, interval_sec: float) -> None:
-    """Background task: tend the schedule every ``interval_sec``, and whenever a runner ends."""
+#: The tender's waits after consecutive failures, so a sick Redis is not hammered.
+TENDER_BACKOFF_SEC = (0.5, 1.0, 2.0, 5.0)
+
+
+async def run_tender(service: SessionService, runners: RunnerPool, interval_sec: float,
+                     metrics: Metrics | None = None) -> None:
+    """Background task: tend the schedule every ``interval_sec``, and whenever a runner ends.
+
+    It must never die while the replica lives (expiry, claims and failover
+    depend on it), so every failure is logged, counted and followed by a
+    back-off; the next round starts afresh. ``/readyz`` fails if it ended.
+    """
     log = logging.getLogger(__name__)
+    failures = 0
     while True:
         runners.freed.clear()
         try:
             await service.tend()
-        except errors.StoreUnavailable:
-            log.warning("tender: store unavailable, retrying")
+        except Exception as exc:
+            backoff = max(interval_sec, TENDER_BACKOFF_SEC[min(failures, len(TENDER_BACKOFF_SEC) - 1)])
+            failures += 1
+            if metrics is not None:
+                metrics.tender_failures.labels(getattr(exc, "code", type(exc).__name__)).inc()
+            if isinstance(exc, errors.StoreUnavailable):
+                log.warning("tender: %s; retrying in %.1f s", exc.message, backoff)
+            else:
+                log.exception("tender: a round failed; retrying in %.1f s", backoff)
+            await asyncio.sleep(backoff)
+            continue
+        if failures:
+            log.info("tender: tending again after %d failed rounds", failures)
+            failures = 0
         # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow the
         # cancel that stops this task when the event fires at the same time.
         with contextlib.suppress(TimeoutError):

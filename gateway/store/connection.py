@@ -51,11 +51,43 @@ async def open_redis(url: str | None, timeout_sec: float, *, cluster: bool = Fal
         await client.aclose()
 
 
+#: Errors that mean "Redis cannot serve now" rather than "this call is wrong":
+#: unreachable, out of memory, a replica after a failover, a cluster that is
+#: down or re-sharding, loading, a reply we cannot parse. redis-py gives
+#: these classes of their own (and strips the reply's prefix); errors raised
+#: by ``redis.call`` inside our scripts get the same classes.
+_UNAVAILABLE_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
+                       redis.exceptions.InvalidResponse, redis.exceptions.OutOfMemoryError,
+                       redis.exceptions.ReadOnlyError, redis.exceptions.ClusterError,
+                       redis.exceptions.TryAgainError, redis.exceptions.AskError, OSError)
+#: The same, for replies redis-py has no class for: a busy script, a failing
+#: disk, too few replicas, and the classed ones should a parser not map them.
+_UNAVAILABLE_REPLIES = ("BUSY", "MISCONF", "NOREPLICAS", "OOM", "READONLY", "LOADING", "MASTERDOWN",
+                        "CLUSTERDOWN", "TRYAGAIN")
+
+
+def is_store_unavailable(exc: BaseException) -> bool:
+    if isinstance(exc, _UNAVAILABLE_ERRORS):
+        return True
+    return isinstance(exc, redis.exceptions.ResponseError) and str(exc).startswith(_UNAVAILABLE_REPLIES)
+
+
 @contextmanager
 def translate_redis_errors() -> Iterator[None]:
-    """Nothing from ``redis.*`` leaves the store: outages become a 503."""
+    """Nothing from ``redis.*`` leaves the store: "cannot serve now" becomes a 503.
+
+    Any other Redis error (a bug in a script, say) stays a 500 for a request,
+    and background loops log it and carry on.
+    """
     try:
         yield
-    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
-            redis.exceptions.BusyLoadingError, OSError) as exc:
-        raise StoreUnavailable("the session store is unreachable; retry shortly") from exc
+    except Exception as exc:
+        if is_store_unavailable(exc):
+            raise StoreUnavailable(f"the session store cannot serve now ({_first_word(exc)}); "
+                                   "retry shortly") from exc
+        raise
+
+
+def _first_word(exc: BaseException) -> str:
+    words = str(exc).split(maxsplit=1)
+    return words[0] if words and words[0].isupper() and words[0].isalpha() else type(exc).__name__
