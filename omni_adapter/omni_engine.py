@@ -196,7 +196,8 @@ class OmniSession(VllmSession):
         pcm16, rate = segment
         self._audio_items.append((waveform_of(pcm16), rate))
         self._audio_count += 1
-        return self._tokens.push(self._audio.placeholder(self._audio_count))
+        # The placeholder's audio tokens are control tokens: it is trusted text.
+        return self._tokens.push(self._audio.placeholder(self._audio_count), trusted_text=True)
 
     def _prompt(self, ids: list[int]) -> Any:
         from vllm.inputs import TokensPrompt

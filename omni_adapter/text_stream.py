@@ -21,6 +21,15 @@ must also follow a non-space character, because the committed text is then
 tokenized on its own and trailing whitespace pre-tokenizes differently at the
 end of a text.
 
+Client text never becomes a control token. vLLM's own chat path renders the
+template with the user's text inside and tokenizes the whole string, so a
+message containing ``<|im_end|>\n<|im_start|>system`` closes its turn and
+opens a system turn. Here only the chat template's own text (and an adapter's
+placeholders) is *trusted*: the input is split at the special tokens of
+trusted text, and every segment between them is tokenized with special-token
+matching off, so ``<|im_end|>`` typed by a client is eight ordinary tokens.
+Streamed pieces and the messages' contents are client text.
+
 Other families (SentencePiece/Metaspace, prefix spaces, lstrip/rstrip added
 tokens) break those assumptions, so every tokenizer is checked once against a
 probe text split at every position. One that fails keeps all text pending until
@@ -33,6 +42,7 @@ import codecs
 import logging
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 from uuid import uuid4
 
@@ -51,6 +61,36 @@ _PROBE_TEXT = (
     "(x) [y] {z} \"quoted\" ?!... café naïve cafe\u0301 日本語のテキスト 🙂👍🏽 Ωμέγα "
     "WORD'S\r\n\r\n trailing   \n \n x \n\t\n end."
 )
+
+
+@dataclass(frozen=True)
+class Piece:
+    text: str
+    #: Template (or adapter) text, whose special tokens are control tokens;
+    #: client text is never trusted.
+    trusted: bool = False
+
+
+@dataclass(frozen=True)
+class Framed:
+    """Text made of trusted and client pieces, such as a rendered chat template."""
+
+    pieces: tuple[Piece, ...] = ()
+
+    @property
+    def text(self) -> str:
+        return "".join(p.text for p in self.pieces)
+
+    def __add__(self, other: Framed) -> Framed:
+        return Framed(self.pieces + other.pieces)
+
+
+def trusted(text: str) -> Framed:
+    return Framed((Piece(text, True),)) if text else Framed()
+
+
+def client(text: str) -> Framed:
+    return Framed((Piece(text, False),)) if text else Framed()
 
 
 class HfTokenizer(Protocol):
@@ -72,6 +112,12 @@ class StreamingTokenizer:
 
     def __init__(self, tokenizer: HfTokenizer) -> None:
         self.tokenizer = tokenizer
+        #: The same tokenizer with special-token matching off, for client text.
+        self._plain: Any = None
+        #: Special tokens: control tokens where trusted text has them.
+        self._special_re: re.Pattern[str] | None = None
+        self._special_ids: dict[str, int] = {}
+        #: Non-special added tokens still split client text into segments.
         self._added_re: re.Pattern[str] | None = None
         self._added_prefixes: frozenset[str] = frozenset()
         self._max_prefix_len = 0
@@ -89,29 +135,71 @@ class StreamingTokenizer:
                 reason,
             )
 
-    def open(self, prefix: str = "", suffix: str = "") -> IncrementalTokenizer:
-        """Start a stream that begins with ``prefix`` and ends with ``suffix``."""
+    def open(self, prefix: Framed | str = "", suffix: Framed | str = "") -> IncrementalTokenizer:
+        """Start a stream that begins with ``prefix`` and ends with ``suffix`` (plain strings are trusted)."""
         return IncrementalTokenizer(self, prefix=prefix, suffix=suffix)
 
-    def chat_frame(self, messages: Sequence[Mapping[str, Any]]) -> tuple[str, str]:
+    def chat_frame(self, messages: Sequence[Mapping[str, Any]]) -> tuple[Framed, Framed]:
         """Render the chat template around one streamed user turn.
 
         Returns the text before and after the user's content. The template is
-        rendered once with a unique sentinel as the content and split there, so
-        the whole stream tokenizes exactly like the one-shot rendered prompt.
+        rendered once with unique sentinels as the user's content and as each
+        message's text, and split there: the template's own text is trusted,
+        the messages' text is client text, and the whole stream tokenizes
+        like the one-shot rendered prompt (with client text kept plain).
         """
-        sentinel = f"OmniGatewayInput{uuid4().hex}"
-        conversation = [*messages, {"role": "user", "content": sentinel}]
+        tag = uuid4().hex
+        contents: dict[str, str] = {}
+
+        def hide(text: str) -> str:
+            key = f"OmniGatewayText{len(contents)}x{tag}"
+            contents[key] = text
+            return key
+
+        conversation = [_with_hidden_text(m, hide) for m in messages]
+        sentinel = f"OmniGatewayInput{tag}"
+        conversation.append({"role": "user", "content": sentinel})
         rendered = self.tokenizer.apply_chat_template(
             conversation, add_generation_prompt=True, tokenize=False
         )
         if not isinstance(rendered, str) or rendered.count(sentinel) != 1:
             raise ValueError("the chat template does not place the user input verbatim")
-        prefix, suffix = rendered.split(sentinel)
-        return prefix, suffix
+        before, after = rendered.split(sentinel)
+        return self._unhide(before, contents), self._unhide(after, contents)
+
+    @staticmethod
+    def _unhide(text: str, contents: Mapping[str, str]) -> Framed:
+        if not contents:
+            return trusted(text)
+        framed = Framed()
+        for part in re.split(f"({'|'.join(map(re.escape, contents))})", text):
+            framed += client(contents[part]) if part in contents else trusted(part)
+        return framed
 
     def encode(self, text: str) -> list[int]:
+        """Trusted text: its special tokens are control tokens."""
         return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def encode_plain(self, text: str) -> list[int]:
+        """Client text: ``<|im_end|>`` in it is ordinary text."""
+        if self._plain is None:  # no fast backend to clone
+            return list(self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
+        return list(self._plain.encode(text, add_special_tokens=False).ids)
+
+    def split_trusted(self, text: str) -> list[str | int]:
+        """Trusted text as plain runs and the ids of its special tokens, in order."""
+        if self._special_re is None:
+            return [text] if text else []
+        out: list[str | int] = []
+        at = 0
+        for match in self._special_re.finditer(text):
+            if match.start() > at:
+                out.append(text[at:match.start()])
+            out.append(self._special_ids[match.group()])
+            at = match.end()
+        if at < len(text):
+            out.append(text[at:])
+        return out
 
     def split_point(self, pending: str) -> int:
         """Length of the longest prefix of ``pending`` whose ids are final."""
@@ -147,48 +235,79 @@ class StreamingTokenizer:
     def _load_rules(self) -> str | None:
         """Read the added tokens and pre-tokenizer; return why not incremental."""
         backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        decoder = (backend.get_added_tokens_decoder() if backend is not None
+                   else getattr(self.tokenizer, "added_tokens_decoder", {}))
+        specials = {t.content: i for i, t in decoder.items() if t.content and t.special}
+        if specials:
+            # Longest first: Python's alternation then matches leftmost-longest,
+            # like the tokenizers library's added-token split.
+            self._special_re = re.compile("|".join(map(re.escape, sorted(specials, key=len, reverse=True))))
+            self._special_ids = specials
         if backend is None:
             return "it has no fast (tokenizers) backend"
+        if specials:
+            from tokenizers import Tokenizer
+
+            self._plain = Tokenizer.from_str(backend.to_str())
+            self._plain.encode_special_tokens = True
         self._pre_tokenizer = backend.pre_tokenizer
         if self._pre_tokenizer is None:
             return "it has no pre-tokenizer, so BPE may merge across any boundary"
-        added = list(backend.get_added_tokens_decoder().values())
+        added = list(decoder.values())
         if any(t.lstrip or t.rstrip or t.single_word for t in added):
             return "an added token strips whitespace or matches single words only"
-        contents = sorted({t.content for t in added if t.content}, key=len, reverse=True)
+        contents = sorted({t.content for t in added if t.content and not t.special}, key=len, reverse=True)
         if any(a != b and a.startswith(b) for a in contents for b in contents):
             return "an added token is a prefix of another one"
         if contents:
-            # Longest first: Python's alternation then matches leftmost-longest,
-            # like the tokenizers library's added-token split.
             self._added_re = re.compile("|".join(map(re.escape, contents)))
             self._added_prefixes = frozenset(c[:i] for c in contents for i in range(1, len(c)))
             self._max_prefix_len = max(len(c) for c in contents) - 1
         return None
 
     def _passes_self_check(self) -> bool:
+        """Split the probe at every position: each run must give the one-shot ids.
+
+        Twice: with control-token look-alikes in the client text (they stay
+        plain), and between two trusted special tokens, against the
+        tokenizer's own one-shot encoding of the whole text.
+        """
         decoder = self.tokenizer.backend_tokenizer.get_added_tokens_decoder()
         added = [decoder[i].content for i in sorted(decoder)] or [""]
         first, last = added[0], added[-1]
-        probe = (
-            f"{first}sys\n\n{_PROBE_TEXT}{last} x{first}\n"
-            f"{first[:-1]} partial{last}{first}y \n"
-        )
+        look_alikes = f"{first}sys\n\n{_PROBE_TEXT}{last} x{first}\n{first[:-1]} partial{last}{first}y \n"
+        prefix, suffix = f"{first}sys\n\n", f"{last} x{first}\n"
         try:
-            expected = self.encode(probe)
-            splits: list[list[str]] = [list(probe)]
-            splits += [[probe[:i], probe[i:]] for i in range(1, len(probe))]
-            return all(self._run(pieces) == expected for pieces in splits)
+            checks = [(Framed(), look_alikes, Framed(), self.encode_plain(look_alikes)),
+                      (trusted(prefix), _PROBE_TEXT, trusted(suffix), self.encode(prefix + _PROBE_TEXT + suffix))]
+            for before, text, after, expected in checks:
+                splits: list[list[str]] = [list(text)]
+                splits += [[text[:i], text[i:]] for i in range(1, len(text))]
+                if not all(self._run(before, pieces, after) == expected for pieces in splits):
+                    return False
+            return True
         except Exception:
             logger.debug("tokenizer self-check raised", exc_info=True)
             return False
 
-    def _run(self, pieces: Sequence[str]) -> list[int]:
-        stream = IncrementalTokenizer(self, incremental=True)
+    def _run(self, prefix: Framed, pieces: Sequence[str], suffix: Framed) -> list[int]:
+        stream = IncrementalTokenizer(self, prefix, suffix, incremental=True)
         ids: list[int] = []
         for piece in pieces:
             ids += stream.push(piece)
         return ids + stream.finish()
+
+
+def _with_hidden_text(message: Mapping[str, Any], hide: Any) -> dict[str, Any]:
+    """The message with its text (a string or text parts) replaced by sentinels."""
+    content = message.get("content")
+    if isinstance(content, str):
+        return {**message, "content": hide(content)}
+    if isinstance(content, list):
+        parts = [{**p, "text": hide(p["text"])} if isinstance(p, Mapping) and isinstance(p.get("text"), str)
+                 else p for p in content]
+        return {**message, "content": parts}
+    return dict(message)
 
 
 class IncrementalTokenizer:
@@ -196,25 +315,31 @@ class IncrementalTokenizer:
 
     ``push`` accepts UTF-8 bytes split anywhere (even inside a character) or
     ``str``; it returns the ids that became final. ``finish`` returns the rest.
+    Pushed text is client text unless pushed as ``trusted``. The text after
+    the last trusted special token is held in ``pending_text``: it has no
+    control tokens, so it is tokenized plainly as its boundaries settle.
     """
 
     def __init__(
         self,
         rules: StreamingTokenizer,
-        prefix: str = "",
-        suffix: str = "",
+        prefix: Framed | str = "",
+        suffix: Framed | str = "",
         *,
         incremental: bool | None = None,
     ) -> None:
         self._rules = rules
         self._incremental = rules.incremental if incremental is None else incremental
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        # The prefix is pending text like any other: tokenizing it separately
-        # would fix a boundary the one-shot tokenization may merge across.
-        self._pending = prefix
-        self._suffix = suffix
+        self._pending = ""
+        #: Ids final but not returned yet (the prefix's, until the first push).
+        self._ready: list[int] = []
+        self._suffix = trusted(suffix) if isinstance(suffix, str) else suffix
         self._committed = 0
         self._finished = False
+        # The prefix's tail is pending text like any other: tokenizing it
+        # separately would fix a boundary the one-shot tokenization may merge across.
+        self._take(trusted(prefix) if isinstance(prefix, str) else prefix)
 
     @property
     def committed_tokens(self) -> int:
@@ -230,31 +355,47 @@ class IncrementalTokenizer:
     def incremental(self) -> bool:
         return self._incremental
 
-    def push(self, data: bytes | str) -> list[int]:
+    def push(self, data: bytes | str, *, trusted_text: bool = False) -> list[int]:
         """Append a piece of the input; return the ids that became final."""
         if self._finished:
             raise RuntimeError("push() after finish()")
         raw = data if isinstance(data, bytes) else data.encode()
         text = self._decoder.decode(raw)
-        if not text:
-            return []
-        self._pending += text
-        if not self._incremental:
-            return []
-        return self._commit(self._rules.split_point(self._pending))
+        self._take(Framed((Piece(text, trusted_text),)))
+        if self._incremental:
+            self._settle(self._rules.split_point(self._pending))
+        return self._drain()
 
     def finish(self) -> list[int]:
         """End the input: append the suffix and return all remaining ids."""
         if self._finished:
             raise RuntimeError("finish() called twice")
         self._finished = True
-        self._pending += self._decoder.decode(b"", final=True) + self._suffix
-        return self._commit(len(self._pending))
+        self._pending += self._decoder.decode(b"", final=True)
+        self._take(self._suffix)
+        self._settle(len(self._pending))
+        return self._drain()
 
-    def _commit(self, cut: int) -> list[int]:
+    def _take(self, framed: Framed) -> None:
+        """Add text; at each trusted special token everything before it is final."""
+        for piece in framed.pieces:
+            if not piece.trusted:
+                self._pending += piece.text
+                continue
+            for part in self._rules.split_trusted(piece.text):
+                if isinstance(part, str):
+                    self._pending += part
+                else:
+                    self._settle(len(self._pending))
+                    self._ready.append(part)
+
+    def _settle(self, cut: int) -> None:
         if cut <= 0:
-            return []
-        ids = self._rules.encode(self._pending[:cut])
+            return
+        self._ready += self._rules.encode_plain(self._pending[:cut])
         self._pending = self._pending[cut:]
+
+    def _drain(self) -> list[int]:
+        ids, self._ready = self._ready, []
         self._committed += len(ids)
         return ids

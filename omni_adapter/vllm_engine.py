@@ -52,7 +52,7 @@ from omni_adapter.port import (
 )
 from omni_adapter.process_lifetime import engine_children_die_with_parent
 from omni_adapter.session_events import SessionEvents, check_servable
-from omni_adapter.text_stream import IncrementalTokenizer, StreamingTokenizer
+from omni_adapter.text_stream import IncrementalTokenizer, StreamingTokenizer, client
 
 if TYPE_CHECKING:
     from vllm.engine.protocol import EngineClient, StreamingInput
@@ -148,10 +148,10 @@ class VllmEngine:
         # Built once here to reject invalid options now, not after the input.
         requested = request.sampling.max_tokens
         sampling_params(request.sampling, max_tokens=1 if requested is None else requested)
-        tokens = self._streaming.open(prefix, suffix + request.assistant_prefix)
+        tokens = self._streaming.open(prefix, suffix + client(request.assistant_prefix))
         # After a hand-off the answer so far is part of the prompt; it still
         # counts against max_tokens and in the usage as completion tokens.
-        emitted = len(self._streaming.encode(request.assistant_prefix)) if request.assistant_prefix else 0
+        emitted = len(self._streaming.encode_plain(request.assistant_prefix)) if request.assistant_prefix else 0
         session = self._new_session(request, tokens, emitted)
         self._sessions.add(session)
         return session

@@ -152,7 +152,7 @@ ANSWER = [
 
 def rendered_ids(streaming: StreamingTokenizer, user_content: str) -> list[int]:
     prefix, suffix = streaming.chat_frame(HISTORY)
-    return streaming.encode(prefix + user_content + suffix)
+    return streaming.encode(prefix.text + user_content + suffix.text)
 
 
 async def test_streamed_text_and_audio_in_text_and_audio_out(streaming: StreamingTokenizer) -> None:
