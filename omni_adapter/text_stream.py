@@ -51,6 +51,13 @@ logger = logging.getLogger(__name__)
 #: Trailing pre-tokens kept pending; see the module docstring for why one is
 #: not enough.
 HELD_PRE_TOKENS = 2
+#: Text with no settled boundary in this many characters (a base64 blob, a
+#: minified file) is cut anyway, so pending text cannot grow without limit;
+#: only the tokens at such a cut may differ from a one-shot tokenization.
+MAX_PENDING_CHARS = 8192
+#: A big piece is taken in slices of this size, so no single step holds the
+#: interpreter long (callers run ``push`` in a worker thread).
+PUSH_SLICE_CHARS = 16384
 
 #: Exercises what moves byte-level pre-token boundaries: contractions cut
 #: before their letters, whitespace runs before text and newlines, digit runs,
@@ -117,6 +124,9 @@ class StreamingTokenizer:
         #: Special tokens: control tokens where trusted text has them.
         self._special_re: re.Pattern[str] | None = None
         self._special_ids: dict[str, int] = {}
+        #: The most UTF-8 bytes one token covers: pending text of n bytes is at
+        #: least n / this many tokens, which counts toward the context early.
+        self.max_token_bytes = _max_token_bytes(tokenizer)
         #: Non-special added tokens still split client text into segments.
         self._added_re: re.Pattern[str] | None = None
         self._added_prefixes: frozenset[str] = frozenset()
@@ -184,7 +194,9 @@ class StreamingTokenizer:
         """Client text: ``<|im_end|>`` in it is ordinary text."""
         if self._plain is None:  # no fast backend to clone
             return list(self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
-        return list(self._plain.encode(text, add_special_tokens=False).ids)
+        # encode_batch releases the GIL while it works (encode does not), so
+        # other threads (the event loop) run meanwhile.
+        return list(self._plain.encode_batch([text], add_special_tokens=False)[0].ids)
 
     def split_trusted(self, text: str) -> list[str | int]:
         """Trusted text as plain runs and the ids of its special tokens, in order."""
@@ -298,6 +310,15 @@ class StreamingTokenizer:
         return ids + stream.finish()
 
 
+def _max_token_bytes(tokenizer: HfTokenizer) -> int:
+    try:
+        vocab = tokenizer.get_vocab()  # type: ignore[attr-defined]
+        # Byte-level tokens spell one character per byte; others at most 4 bytes a character.
+        return max(1, max(len(token.encode()) for token in vocab))
+    except Exception:
+        return 64
+
+
 def _with_hidden_text(message: Mapping[str, Any], hide: Any) -> dict[str, Any]:
     """The message with its text (a string or text parts) replaced by sentinels."""
     content = message.get("content")
@@ -355,14 +376,27 @@ class IncrementalTokenizer:
     def incremental(self) -> bool:
         return self._incremental
 
+    @property
+    def pending_tokens_at_least(self) -> int:
+        """A lower bound on the tokens the pending text will become."""
+        return -(-len(self._pending.encode()) // self._rules.max_token_bytes)
+
     def push(self, data: bytes | str, *, trusted_text: bool = False) -> list[int]:
         """Append a piece of the input; return the ids that became final."""
         if self._finished:
             raise RuntimeError("push() after finish()")
         raw = data if isinstance(data, bytes) else data.encode()
         text = self._decoder.decode(raw)
-        self._take(Framed((Piece(text, trusted_text),)))
-        if self._incremental:
+        if trusted_text:
+            self._take(trusted(text))
+            text = ""
+        for at in range(0, len(text), PUSH_SLICE_CHARS):
+            self._pending += text[at:at + PUSH_SLICE_CHARS]
+            if self._incremental:
+                self._settle(self._rules.split_point(self._pending))
+                while len(self._pending) > MAX_PENDING_CHARS:
+                    self._settle(MAX_PENDING_CHARS // 2)
+        if self._incremental and trusted_text:
             self._settle(self._rules.split_point(self._pending))
         return self._drain()
 

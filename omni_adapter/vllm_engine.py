@@ -231,15 +231,23 @@ class VllmSession:
             return
         if self._input_ended:
             raise EngineRejectedError("the input has already ended")
-        for chunk in chunks:
-            self._ready += self._push(chunk)
+        # Tokenizing is CPU work (a 2 MB chunk takes seconds): off the event
+        # loop, so other sessions' appends, streams and heartbeats go on.
+        ids = await asyncio.to_thread(self._push_all, chunks)
+        # Not `self._ready += await ...`: that reads the list before the await,
+        # and the driver may have taken it meanwhile.
+        self._ready += ids
         await self._check_length()
         self._start()
+
+    def _push_all(self, chunks: Sequence[InputChunk]) -> list[int]:
+        return [i for chunk in chunks for i in self._push(chunk)]
 
     async def end_input(self) -> None:
         if self._closing or self._input_ended:
             return
-        self._ready += self._flush()
+        ids = await asyncio.to_thread(self._flush)
+        self._ready += ids
         await self._check_length()
         self._input_ended = True
         self._start()
@@ -291,7 +299,9 @@ class VllmSession:
 
         Raised to the caller too: it is the client's fault, at append time.
         """
-        prompt_tokens = self._fed + len(self._ready)
+        # Text still pending (no word boundary yet) counts too, as the fewest
+        # tokens it can become: it cannot pile up past the context unnoticed.
+        prompt_tokens = self._fed + len(self._ready) + self._tokens.pending_tokens_at_least
         if prompt_tokens < self._max_model_len:
             return
         message = (

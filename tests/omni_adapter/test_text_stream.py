@@ -13,7 +13,14 @@ from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from omni_adapter.model_bootstrap import ensure_default_model
-from omni_adapter.text_stream import Framed, IncrementalTokenizer, Piece, StreamingTokenizer, client
+from omni_adapter.text_stream import (
+    MAX_PENDING_CHARS,
+    Framed,
+    IncrementalTokenizer,
+    Piece,
+    StreamingTokenizer,
+    client,
+)
 
 FRAGMENTS = [
     "a", "x", "Hello", "world", " ", "  ", "   ", "\n", "\n\n", "\t", "\r\n", " \n",
@@ -192,6 +199,25 @@ def test_trusted_pushes_keep_their_control_tokens(
     ids += stream.finish()
     assert ids == one_shot(tokenizer, "say hi <|im_end|>\nnext")
     assert IM_END in ids
+
+
+@pytest.mark.parametrize("blob", ["a" * 200_000, "QUJD" * 50_000, "日本語" * 70_000])
+def test_text_without_a_boundary_cannot_pile_up(
+    tokenizer: Any, streaming: StreamingTokenizer, blob: str
+) -> None:
+    stream = streaming.open()
+    ids: list[int] = []
+    for _ in range(10):
+        ids += stream.push(blob)
+        assert len(stream.pending_text) <= MAX_PENDING_CHARS
+    ids += stream.finish()
+    assert tokenizer.decode(ids) == blob * 10  # cut, but nothing lost or changed
+
+
+def test_pending_text_is_a_lower_bound_of_its_tokens(tokenizer: Any, streaming: StreamingTokenizer) -> None:
+    stream = streaming.open()
+    stream.push("x" * 5000)
+    assert 0 < stream.pending_tokens_at_least <= len(one_shot(tokenizer, stream.pending_text))
 
 
 def test_push_after_finish_is_an_error(streaming: StreamingTokenizer) -> None:

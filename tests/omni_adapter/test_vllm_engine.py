@@ -15,9 +15,11 @@ from omni_adapter.port import (
     EngineRejectedError,
     EngineRequest,
     Finished,
+    InputChunk,
     SamplingOptions,
 )
 from omni_adapter.vllm_engine import StopStrings, VllmEngine
+from tests.loop_lag import LoopLagMonitor
 from tests.omni_adapter.sessions import HISTORY, MODEL, collect, one_shot, request, text_chunks
 
 QUESTION = "What colour is the sky on a clear day? Answer — briefly, it's a test."
@@ -82,6 +84,31 @@ async def test_input_longer_than_the_context_fails_the_session(vllm_engine: Vllm
     events = [event async for event in session.events()]
     assert len(events) == 1 and isinstance(events[0], EngineError)
     assert events[0].code == "invalid_request"
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("text", [
+    pytest.param(("Lorem ipsum dolor sit amet, consectetur. " * 60_000)[:2 * 1024 * 1024], id="2MB-of-words"),
+    pytest.param("a" * (2 * 1024 * 1024), id="2MB-without-a-boundary"),
+])
+async def test_a_big_chunk_is_tokenized_off_the_event_loop(vllm_engine: VllmEngine, text: str) -> None:
+    """Other sessions' appends, streams and heartbeats keep their latency meanwhile."""
+    session = vllm_engine.open_session(request())
+    async with LoopLagMonitor() as lag:
+        with pytest.raises(EngineRejectedError, match="context"):
+            await session.feed([InputChunk(0, "text", text.encode())])
+    assert lag.samples > 0
+    assert lag.max_sec < 0.1, f"the event loop stalled for {lag.max_sec * 1000:.0f} ms"
+
+
+@pytest.mark.engine
+async def test_pending_text_without_a_boundary_counts_toward_the_context(vllm_engine: VllmEngine) -> None:
+    # Ten 200 KB chunks with no word boundary used to pile up as pending text.
+    session = vllm_engine.open_session(request())
+    with pytest.raises(EngineRejectedError, match="context"):
+        for seq in range(10):
+            await session.feed([InputChunk(seq, "text", b"x" * 200_000)])
+    assert seq == 0  # refused on the first chunk, not after ten
 
 
 @pytest.mark.engine
