@@ -60,7 +60,7 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
             service = SessionService(settings, store, active.capabilities, runners, metrics, draining)
             tender = asyncio.create_task(run_tender(service, runners, settings.tend_interval_sec, metrics),
                                          name="tender")
-            identity = IdentityResolver(settings.api_keys, settings.identity_header)
+            identity = IdentityResolver(settings.api_keys, settings.identity_header, settings.trusted_proxies)
             log_identity = logger.warning if identity.mode == "open" else logger.info
             log_identity("identity: %s", identity.describe())
             logger.info("omni-gateway ready: replica %s, models %s", settings.replica_id,

@@ -38,7 +38,7 @@ def get_resources(request: Request) -> Resources:
 async def get_identity(request: Request) -> str:
     """The caller's identity (401 without valid credentials), charged one request (429)."""
     resources = get_resources(request)
-    identity = resources.identity.resolve(dict(request.headers))
+    identity = resources.identity.resolve(request.headers, request.client.host if request.client else None)
     settings = resources.settings
     if settings.rate_limit_rps > 0:
         await resources.store.take_token(identity, settings.rate_limit_rps, settings.rate_limit_burst)

@@ -52,6 +52,9 @@ class Settings(BaseSettings):
     #: A header set by the API gateway in front (e.g. ``X-Consumer-ID``); trusted
     #: as the caller's identity only when set here.
     identity_header: str | None = None
+    #: Open mode: comma-separated addresses or CIDRs of proxies (the API
+    #: gateway) whose ``X-Forwarded-For`` names the client the limits apply to.
+    trusted_proxies: str | None = None
     #: Open sessions one identity may hold at once (0: no limit).
     max_sessions_per_identity: int = Field(100, ge=0)
     #: Requests per second per identity, token bucket (0: no limit).

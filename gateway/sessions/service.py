@@ -20,6 +20,7 @@ from typing import Any
 
 from gateway import errors
 from gateway.draining import Draining
+from gateway.identity import owner_check
 from gateway.metrics import Metrics
 from gateway.runner import RunnerPool, error_json
 from gateway.sessions.models import CreateSessionRequest
@@ -97,7 +98,7 @@ class SessionService:
         started_at = time.perf_counter()
         try:
             outcome = await self._store.append(session_id, chunk, self._claimant(),
-                                               self._too_large_json, caller=identity)
+                                               self._too_large_json, caller=owner_check(identity))
         except errors.SessionPayloadTooLarge as exc:
             self._metrics.transition(exc.previous_state, SessionState.FAILED)
             raise
@@ -108,12 +109,12 @@ class SessionService:
 
     async def finish(self, identity: str, session_id: str, final_sequence_id: int | None) -> InputOutcome:
         outcome = await self._store.finish(session_id, final_sequence_id, self._claimant(),
-                                           caller=identity)
+                                           caller=owner_check(identity))
         self._after_input(session_id, outcome.previous_state, outcome)
         return outcome
 
     async def view(self, identity: str, session_id: str) -> SessionRecord:
-        record = await self._store.view(session_id, caller=identity)
+        record = await self._store.view(session_id, caller=owner_check(identity))
         if record.state is SessionState.EXPIRED:
             raise errors.SessionExpired(f"session {session_id!r} expired after being idle")
         return record
@@ -131,7 +132,7 @@ class SessionService:
 
     async def cancel(self, identity: str, session_id: str) -> None:
         cancelled = error_json(errors.SessionCancelled("the session was cancelled by the client"))
-        before = await self._store.cancel(session_id, cancelled, caller=identity)
+        before = await self._store.cancel(session_id, cancelled, caller=owner_check(identity))
         self._metrics.transition(before, SessionState.CANCELLED)
 
     async def result(self, identity: str, session_id: str, wait_sec: float) -> SessionRecord:

@@ -163,3 +163,45 @@ async def test_logs_carry_no_keys_or_payloads(redis_url: str, keys: Keys, caplog
         await asyncio.sleep(0.05)
     logged = "\n".join(record.getMessage() for record in caplog.records)
     assert keys.a not in logged and secret_text not in logged
+
+
+# --- open mode: limits per client, not one bucket for everyone ---------------
+
+
+def from_client(address: str) -> dict[str, str]:
+    """A request the API gateway (a trusted proxy on loopback) forwarded for ``address``."""
+    return {"X-Forwarded-For": f"198.51.100.250, {address}"}
+
+
+async def test_open_mode_rate_limits_each_client_on_its_own(redis_url: str) -> None:
+    a, b = f"203.0.113.{uuid.uuid4().int % 200}", "2001:db8::7"
+    settings = make_settings(redis_url=redis_url, rate_limit_rps=0.5, rate_limit_burst=3, trusted_proxies="127.0.0.1")
+    async with app_client(settings, ScriptedEngine()) as client:
+        codes = [(await client.get(f"{BASE}/sis-x", headers=from_client(a))).status_code for _ in range(4)]
+        assert codes == [404, 404, 404, 429]
+        # Another client behind the same gateway still has its whole burst.
+        assert (await client.get(f"{BASE}/sis-x", headers=from_client(b))).status_code == 404
+
+
+async def test_open_mode_caps_sessions_per_client_but_hides_none(redis_url: str) -> None:
+    a, b = f"192.0.2.{uuid.uuid4().int % 200}", f"192.0.2.{200 + uuid.uuid4().int % 50}"
+    settings = make_settings(redis_url=redis_url, max_sessions_per_identity=1, trusted_proxies="127.0.0.0/8")
+    async with app_client(settings, ScriptedEngine()) as client:
+        first = await client.post(BASE, json={}, headers=from_client(a))
+        assert first.status_code == 201
+        assert (await client.post(BASE, json={}, headers=from_client(a))).status_code == 429
+        assert (await client.post(BASE, json={}, headers=from_client(b))).status_code == 201
+        # Open mode has no owners: the id is the secret, and addresses change behind NAT.
+        sid = first.json()["session_id"]
+        assert (await client.get(f"{BASE}/{sid}", headers=from_client(b))).status_code == 200
+        assert (await client.delete(f"{BASE}/{sid}", headers=from_client(b))).status_code == 204
+        assert (await client.post(BASE, json={}, headers=from_client(a))).status_code == 201  # slot freed
+
+
+async def test_forwarded_for_counts_only_from_trusted_proxies(redis_url: str) -> None:
+    # Without trusted proxies the header is the client's own claim: ignored.
+    settings = make_settings(redis_url=redis_url, rate_limit_rps=0.5, rate_limit_burst=2)
+    async with app_client(settings, ScriptedEngine()) as client:
+        seen = [(await client.get(f"{BASE}/sis-x", headers=from_client(f"192.0.2.{i}"))).status_code
+                for i in range(3)]
+        assert seen[-1] == 429
