@@ -20,6 +20,11 @@ PCM16_DEFAULT_RATE = 16_000
 RAW_MODALITIES = ("text", "audio", "image", "video")
 
 
+def _ascii_int(value: str) -> int | None:
+    """A plain decimal number, or None: ``str.isdigit`` also takes "²" and "٣"."""
+    return int(value) if value.isascii() and value.isdigit() and len(value) <= 18 else None
+
+
 def record_from_json(chunk: ChunkIn, max_chunk_bytes: int) -> ChunkRecord:
     if chunk.text is not None:
         data = chunk.text.encode()
@@ -34,8 +39,8 @@ def record_from_json(chunk: ChunkIn, max_chunk_bytes: int) -> ChunkRecord:
 
 def record_from_raw(headers: Mapping[str, str], body: bytes, max_chunk_bytes: int) -> ChunkRecord:
     """A raw ``application/octet-stream`` chunk described by ``X-*`` headers."""
-    raw_seq = headers.get("x-sequence-id")
-    if raw_seq is None or not raw_seq.isdigit():
+    seq = _ascii_int(headers.get("x-sequence-id", ""))
+    if seq is None:
         raise errors.ValidationFailed("X-Sequence-Id must be an integer >= 0", param="X-Sequence-Id")
     modality = headers.get("x-modality", "text")
     if modality not in RAW_MODALITIES:
@@ -44,11 +49,12 @@ def record_from_raw(headers: Mapping[str, str], body: bytes, max_chunk_bytes: in
     end = headers.get("x-end-of-input", "false").lower()
     if end not in ("true", "false", "1", "0"):
         raise errors.ValidationFailed("X-End-Of-Input must be true or false", param="X-End-Of-Input")
-    rate = headers.get("x-sample-rate")
-    if rate is not None and not (rate.isdigit() and int(rate) > 0):
+    raw_rate = headers.get("x-sample-rate")
+    rate = None if raw_rate is None else _ascii_int(raw_rate)
+    if raw_rate is not None and not rate:
         raise errors.ValidationFailed("X-Sample-Rate must be a positive integer", param="X-Sample-Rate")
-    return _record(int(raw_seq), modality, body, headers.get("x-format"), headers.get("x-mime-type"),
-                   int(rate) if rate else None, end in ("true", "1"), max_chunk_bytes)
+    return _record(seq, modality, body, headers.get("x-format"), headers.get("x-mime-type"),
+                   rate, end in ("true", "1"), max_chunk_bytes)
 
 
 def _record(seq: int, modality: str, data: bytes, fmt: str | None, mime: str | None,
@@ -69,9 +75,12 @@ def _audio_ms(data: bytes, fmt: str | None, rate: int | None) -> int:
     if fmt == "wav":
         try:
             with wave.open(io.BytesIO(data)) as wav:
-                return int(wav.getnframes() * 1000 / wav.getframerate())
-        except (wave.Error, EOFError) as exc:
+                frames, rate = wav.getnframes(), wav.getframerate()
+        except (wave.Error, EOFError, ValueError) as exc:
             raise errors.InvalidPayload("audio payload is not a valid WAV file", param="payload") from exc
+        if rate <= 0:
+            raise errors.InvalidPayload("the WAV header gives a sample rate of 0", param="payload")
+        return int(frames * 1000 / rate)
     if fmt in (None, "pcm16"):
         return int(len(data) / 2 * 1000 / (rate or PCM16_DEFAULT_RATE))
     # Compressed formats (mp3, ogg...): duration unknown without decoding.

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import struct
 from collections.abc import AsyncIterator
 
 import httpx
@@ -259,6 +260,49 @@ async def test_malformed_bodies(client: httpx.AsyncClient) -> None:
                  400, "invalid_request", "Content-Type")
     state = await view(client, sid)
     assert state["state"] == "open" and state["received_chunks"] == 0
+
+
+def wav_header_with_rate(rate: int, frames: bytes = b"\x00\x00" * 8) -> bytes:
+    """A WAV file as a buggy encoder writes it (``wave`` refuses to write a rate of 0)."""
+    fmt = struct.pack("<HHIIHH", 1, 1, rate, rate * 2, 2, 16)
+    body = b"WAVE" + b"fmt " + struct.pack("<I", len(fmt)) + fmt + b"data" + struct.pack("<I", len(frames)) + frames
+    return b"RIFF" + struct.pack("<I", len(body)) + body
+
+
+@pytest.mark.parametrize(("headers", "param"), [
+    ({"X-Sequence-Id": "²".encode("latin-1")}, "X-Sequence-Id"),  # str.isdigit() says yes, int() says no
+    ({"X-Sequence-Id": "٣".encode()}, "X-Sequence-Id"),  # Arabic-Indic three
+    ({"X-Sequence-Id": "١".encode()}, "X-Sequence-Id"),
+    ({"X-Sequence-Id": "+1"}, "X-Sequence-Id"),
+    ({"X-Sequence-Id": " 1"}, "X-Sequence-Id"),
+    ({"X-Sequence-Id": "1" * 40}, "X-Sequence-Id"),
+    ({"X-Sequence-Id": ""}, "X-Sequence-Id"),
+    ({"X-Sequence-Id": "0", "X-Modality": "audio", "X-Sample-Rate": "0"}, "X-Sample-Rate"),
+    ({"X-Sequence-Id": "0", "X-Modality": "audio", "X-Sample-Rate": "²".encode("latin-1")}, "X-Sample-Rate"),
+    ({"X-Sequence-Id": "0", "X-End-Of-Input": "yes"}, "X-End-Of-Input"),
+])
+async def test_odd_raw_chunk_headers_are_422_not_500(client: httpx.AsyncClient, headers: dict,
+                                                     param: str) -> None:
+    sid = await create(client)
+    raw = {"Content-Type": "application/octet-stream", **headers}
+    assert_error(await client.post(f"{BASE}/{sid}/chunks", content=b"x", headers=raw), 422,
+                 "validation_error", param)
+    assert (await view(client, sid))["received_chunks"] == 0
+
+
+@pytest.mark.parametrize("wav", [wav_header_with_rate(0), b"RIFF\x00\x00garbage labelled as wav"],
+                         ids=["rate-0", "garbage"])
+async def test_broken_wav_is_422_at_append(client: httpx.AsyncClient, wav: bytes) -> None:
+    sid = await create(client)
+    for response in (
+        await client.post(f"{BASE}/{sid}/chunks", content=wav, headers={
+            "Content-Type": "application/octet-stream", "X-Sequence-Id": "0", "X-Modality": "audio",
+            "X-Format": "wav"}),
+        await client.post(f"{BASE}/{sid}/chunks", json={
+            "sequence_id": 0, "modality": "audio", "format": "wav", "payload": base64.b64encode(wav).decode()}),
+    ):
+        assert_error(response, 422, "invalid_payload", "payload")
+    assert (await view(client, sid))["received_chunks"] == 0
 
 
 async def test_modality_the_engine_cannot_take_is_refused_at_append(client: httpx.AsyncClient) -> None:
