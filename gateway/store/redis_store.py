@@ -33,6 +33,9 @@ from gateway.store.keys import (
 from gateway.store.records import ChunkRecord, Frame, InputOutcome, Lease, SessionRecord
 from gateway.store.scripts import script_sources
 
+#: A schedule score that is due on every replica whatever its clock.
+DUE_NOW = 0
+
 
 def now_ms() -> int:
     return int(time.time() * 1000)
@@ -164,7 +167,7 @@ class SessionStore:
             await self._free_slots(session_id, fields.get("identity"))
             raise _error_for(reply, session_id, first.sequence_id if first else None)
         outcome = _input_outcome(reply, replica)
-        await self.schedule(session_id, now if outcome.started else now + int(fields["timeout_ms"]))
+        await self.schedule(session_id, DUE_NOW if outcome.started else now + int(fields["timeout_ms"]))
         return outcome
 
     async def append(
@@ -255,7 +258,7 @@ class SessionStore:
         # with room claims it; if this one did, the tender learns when its
         # lease could lapse (tend.lua knows) and looks again then.
         if outcome.started:
-            await self.schedule(session_id, now_ms())
+            await self.schedule(session_id, DUE_NOW)
 
     async def tend(self, expired_json: str, incomplete_json: str, replica: str, room: int,
                    limit: int = 200) -> list[TendOutcome]:
@@ -264,8 +267,10 @@ class SessionStore:
         The schedule is only a hint: each session is decided by ``tend.lua``
         on its own meta hash, which also says when to look again.
         """
-        now = now_ms()
         async with self._call():
+            # Redis's clock, like the scripts': a replica's own may be off.
+            seconds, micros = await self._redis.time()
+            now = seconds * 1000 + micros // 1000
             due = await self._redis.zrangebyscore(SCHEDULE, "-inf", now, start=0, num=limit)
         outcomes: list[TendOutcome] = []
         for raw in due:
@@ -300,7 +305,7 @@ class SessionStore:
         reply = await self._run("release", session_keys(session_id), [lease.replica, lease.epoch])
         if _text(reply[0]) == "released":
             async with self._call():
-                await self._redis.zadd(SCHEDULE, {session_id: now_ms()})
+                await self._redis.zadd(SCHEDULE, {session_id: DUE_NOW})
 
     # --- reading --------------------------------------------------------
 

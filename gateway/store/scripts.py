@@ -26,9 +26,20 @@ def _lua_table() -> str:
     return "local TRANSITIONS = {\n" + "\n".join(rows) + "\n}\n" + f"local TERMINAL = {{{terminal}}}\n"
 
 
+#: Every script's "now" is Redis's clock. Callers still pass their own now as
+#: ARGV[1] (the scripts ignore it): leases, expiry and rate limits then never
+#: depend on a replica's clock, so one that is off by seconds neither steals
+#: leases nor loses its own.
+_SERVER_NOW = """local function server_now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+"""
+
+
 def script_sources() -> dict[str, str]:
     folder = files("gateway.store") / "lua"
-    library = _lua_table() + (folder / "lib.lua").read_text()
+    library = _SERVER_NOW + _lua_table() + (folder / "lib.lua").read_text()
     sources = {name: library + (folder / f"{name}.lua").read_text() for name in SESSION_SCRIPTS}
-    sources.update({name: (folder / f"{name}.lua").read_text() for name in STANDALONE_SCRIPTS})
+    sources.update({name: _SERVER_NOW + (folder / f"{name}.lua").read_text() for name in STANDALONE_SCRIPTS})
     return sources

@@ -1,6 +1,6 @@
 -- Cancel (idempotent for cancelled sessions). ARGV: now, cancelled_json, caller.
 -- Reply: {'accepted', 'cancelled', state before, identity} or an error status.
-local now = tonumber(ARGV[1])
+local now = server_now_ms()
 local state = redis.call('HGET', META, 'state')
 if not state or foreign(ARGV[3]) then return {'not_found'} end
 if state == 'expired' then return {'expired'} end

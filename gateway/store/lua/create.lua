@@ -1,7 +1,7 @@
 -- Create a session, optionally with its first chunk, in one step.
 -- ARGV: now, replica, has_chunk, seq, record, blob, eoi, too_large_json,
 --       then field/value pairs for the meta hash.
-local now, replica = tonumber(ARGV[1]), ARGV[2]
+local now, replica = server_now_ms(), ARGV[2]
 if redis.call('EXISTS', META) == 1 then return {'exists'} end
 local fields = {}
 for i = 9, #ARGV do table.insert(fields, ARGV[i]) end

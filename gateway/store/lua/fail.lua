@@ -2,7 +2,7 @@
 -- replica and epoch of the lease the caller holds ('' for none: not fenced).
 -- Reply: {'failed', before, identity} or {'gone', state} when it had already
 -- ended or the caller's lease was taken over.
-local now = tonumber(ARGV[1])
+local now = server_now_ms()
 local state = redis.call('HGET', META, 'state')
 if not state or TERMINAL[state] then return {'gone', state or ''} end
 if ARGV[3] ~= '' and not holds(ARGV[3], ARGV[4]) then return {'gone', state} end

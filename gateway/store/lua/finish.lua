@@ -1,6 +1,6 @@
 -- End of input (idempotent). ARGV: now, replica, final_sequence_id or '', caller.
 -- Reply: {status, state_after, state_before, started, next_seq, lease epoch, missing...}.
-local now, replica, asked = tonumber(ARGV[1]), ARGV[2], num(ARGV[3])
+local now, replica, asked = server_now_ms(), ARGV[2], num(ARGV[3])
 local state = redis.call('HGET', META, 'state')
 if not state or foreign(ARGV[4]) then return {'not_found'} end
 if state == 'expired' then return {'expired'} end

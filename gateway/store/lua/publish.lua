@@ -6,7 +6,7 @@
 -- reply never repeats one.
 -- Reply: {'ok', id...} or {'gone', state} when the session is no longer
 -- generating or the caller no longer holds its lease.
-local now, first, terminal, stored = tonumber(ARGV[1]), tonumber(ARGV[4]), ARGV[5], ARGV[6]
+local now, first, terminal, stored = server_now_ms(), tonumber(ARGV[4]), ARGV[5], ARGV[6]
 local state = redis.call('HGET', META, 'state')
 if state ~= 'generating' or not holds(ARGV[2], ARGV[3]) then return {'gone', state or ''} end
 local written = meta_num('out_frames') or 0

@@ -1,6 +1,6 @@
 -- Token bucket of one identity. KEYS[1]: its hash. ARGV: now (ms), rate
 -- (tokens/s), burst. Reply: 0 when a token was taken, else the ms to wait.
-local now, rate, burst = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local now, rate, burst = server_now_ms(), tonumber(ARGV[2]), tonumber(ARGV[3])
 local tokens = tonumber(redis.call('HGET', KEYS[1], 'tokens') or burst)
 local last = tonumber(redis.call('HGET', KEYS[1], 'ts') or now)
 tokens = math.min(burst, tokens + math.max(0, now - last) * rate / 1000)

@@ -7,7 +7,7 @@
 --        {'claimed', state, epoch, lease_until} when the claimant now owns its
 --        engine work,
 --        {'alive', state, recheck_at} otherwise, {'gone'} once it has ended.
-local now, claimant = tonumber(ARGV[1]), ARGV[4]
+local now, claimant = server_now_ms(), ARGV[4]
 local state = redis.call('HGET', META, 'state')
 if not state or TERMINAL[state] then return {'gone'} end
 
