@@ -64,6 +64,8 @@ class InputOutcome:
     missing_sequence_ids: list[int] = field(default_factory=list)
     #: Set when the calling replica took the lease on that work with this call.
     lease: Lease | None = None
+    #: Engine work started earlier has no live owner: schedule it again.
+    unowned: bool = False
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import Sequence
 from contextlib import asynccontextmanager
@@ -32,6 +33,8 @@ from gateway.store.keys import (
 )
 from gateway.store.records import ChunkRecord, Frame, InputOutcome, Lease, SessionRecord
 from gateway.store.scripts import script_sources
+
+logger = logging.getLogger(__name__)
 
 #: A schedule score that is due on every replica whatever its clock.
 DUE_NOW = 0
@@ -112,6 +115,7 @@ def _input_outcome(reply: list[Any], replica: str, duplicate: bool = False) -> I
         state=SessionState(_text(reply[1])),
         previous_state=SessionState(_text(reply[2])),
         started=int(reply[3]) == 1,
+        unowned=int(reply[3]) == 2,
         next_sequence_id=int(reply[4]),
         duplicate=duplicate,
         missing_sequence_ids=[int(v) for v in reply[6:]],
@@ -167,7 +171,10 @@ class SessionStore:
             await self._free_slots(session_id, fields.get("identity"))
             raise _error_for(reply, session_id, first.sequence_id if first else None)
         outcome = _input_outcome(reply, replica)
-        await self.schedule(session_id, DUE_NOW if outcome.started else now + int(fields["timeout_ms"]))
+        if outcome.started:
+            await self._schedule_if_started(session_id, outcome)
+        else:
+            await self.schedule(session_id, now + int(fields["timeout_ms"]))
         return outcome
 
     async def append(
@@ -254,11 +261,24 @@ class SessionStore:
             await self._redis.zadd(SCHEDULE, {session_id: due_ms}, lt=True)
 
     async def _schedule_if_started(self, session_id: str, outcome: InputOutcome) -> None:
-        # Started work is due for a tender now: if nobody took it, any replica
-        # with room claims it; if this one did, the tender learns when its
-        # lease could lapse (tend.lua knows) and looks again then.
-        if outcome.started:
+        """Started (or ownerless) work is due for a tender now.
+
+        If nobody took it, any replica with room claims it; if this one did,
+        the tender learns when its lease could lapse and looks again then.
+        The schedule lives in another Redis slot, so this is a second call
+        that can fail after the script succeeded. Work nobody owns must not
+        be left unscheduled: the client gets a 503 and its retry (a
+        duplicate, which re-asserts ownerless work) schedules it. Work this
+        replica took runs anyway; its heartbeat schedules it.
+        """
+        if not (outcome.started or outcome.unowned):
+            return
+        try:
             await self.schedule(session_id, DUE_NOW)
+        except errors.StoreUnavailable:
+            if outcome.lease is None:
+                raise
+            logger.warning("session %s: could not schedule its started work; its runner will", session_id)
 
     async def tend(self, expired_json: str, incomplete_json: str, replica: str, room: int,
                    limit: int = 200) -> list[TendOutcome]:
@@ -271,21 +291,19 @@ class SessionStore:
             # Redis's clock, like the scripts': a replica's own may be off.
             seconds, micros = await self._redis.time()
             now = seconds * 1000 + micros // 1000
-            due = await self._redis.zrangebyscore(SCHEDULE, "-inf", now, start=0, num=limit)
+            due = await self._redis.zrangebyscore(SCHEDULE, "-inf", now, start=0, num=limit, withscores=True,
+                                                  score_cast_func=int)
         outcomes: list[TendOutcome] = []
-        for raw in due:
+        for raw, seen in due:
             session_id = _text(raw)
             claimant = replica if room > 0 else ""
             reply = await self._run("tend", session_keys(session_id),
                                     [now, expired_json, incomplete_json, claimant])
             status = _text(reply[0])
+            look_again = {"alive": 2, "claimed": 3}.get(status)
             async with self._call():
-                if status == "alive":
-                    await self._redis.zadd(SCHEDULE, {session_id: int(reply[2])})
-                elif status == "claimed":
-                    await self._redis.zadd(SCHEDULE, {session_id: int(reply[3])})
-                else:
-                    await self._redis.zrem(SCHEDULE, session_id)
+                await self._scripts["rescore"](keys=[SCHEDULE], args=[
+                    session_id, seen, "" if look_again is None else int(reply[look_again])])
             if status in ("expired", "failed"):
                 await self._free_slots(session_id, _text(reply[2]))
                 outcomes.append(TendOutcome(session_id, SessionState(status), SessionState(_text(reply[1]))))
@@ -296,9 +314,16 @@ class SessionStore:
         return outcomes
 
     async def renew(self, session_id: str, lease: Lease) -> bool:
-        """Extend the lease; False when it is lost (taken over, or the session ended)."""
+        """Extend the lease; False when it is lost (taken over, or the session ended).
+
+        Also makes sure a tender looks by the time the lease could lapse,
+        should the call that started this work have failed to schedule it.
+        """
         reply = await self._run("renew", session_keys(session_id), [now_ms(), lease.replica, lease.epoch])
-        return _text(reply[0]) == "ok"
+        if _text(reply[0]) != "ok":
+            return False
+        await self.schedule(session_id, int(reply[1]))
+        return True
 
     async def release(self, session_id: str, lease: Lease) -> None:
         """Hand the session's engine work back (shutdown): another replica takes it at once."""

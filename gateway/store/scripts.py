@@ -14,7 +14,7 @@ from gateway.sessions.states import TERMINAL_STATES, TRANSITIONS
 SESSION_SCRIPTS = ("create", "append", "finish", "cancel", "tend", "renew", "release", "publish", "fail",
                    "view")
 #: Scripts on keys of their own (limits), standing alone.
-STANDALONE_SCRIPTS = ("admit", "rate")
+STANDALONE_SCRIPTS = ("admit", "rate", "rescore")
 
 
 def _lua_table() -> str:

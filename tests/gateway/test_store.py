@@ -274,3 +274,73 @@ async def test_a_replica_whose_clock_runs_behind_keeps_its_lease(
     assert await store.renew("s1", lease)
     monkeypatch.setattr(redis_store, "now_ms", real)
     assert await store.tend(EXPIRED, INCOMPLETE, "r2", room=5) == []  # r2 sees a live lease
+
+
+# --- started work is never left without a runner --------------------------------
+
+
+async def test_a_failed_schedule_call_is_a_503_and_the_retry_schedules_the_work(
+        store: SessionStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    await new_session(store)
+    real_schedule = store.schedule
+
+    async def schedule_times_out(session_id: str, due_ms: int) -> None:
+        raise errors.StoreUnavailable("the session store did not answer in time")
+
+    monkeypatch.setattr(store, "schedule", schedule_times_out)
+    # The script stored the chunk and started the work, nobody took it, and
+    # the schedule call after it failed: the client must not get a 2xx.
+    with pytest.raises(errors.StoreUnavailable):
+        await store.append("s1", text(0, "a"), "", TOO_LARGE)
+    monkeypatch.setattr(store, "schedule", real_schedule)
+    retry = await store.append("s1", text(0, "a"), "", TOO_LARGE)  # what the client does with a 503
+    assert retry.duplicate and retry.unowned
+    (claimed,) = await store.tend(EXPIRED, INCOMPLETE, "r2", room=5)
+    assert claimed.session_id == "s1" and claimed.lease == Lease("r2", 1)
+
+
+@pytest.mark.parametrize("call", ["append", "finish"])
+async def test_a_duplicate_or_finish_reasserts_ownerless_work(store: SessionStore, redis_client,
+                                                              call: str) -> None:
+    from gateway.store.keys import SCHEDULE
+
+    await new_session(store)
+    assert (await store.append("s1", text(0, "a", end=True), "", TOO_LARGE)).started
+    await redis_client.zrem(SCHEDULE, "s1")  # the schedule entry got lost
+    assert await store.tend(EXPIRED, INCOMPLETE, "r2", room=5) == []  # nothing a tender could find
+    outcome = (await store.append("s1", text(0, "a", end=True), "", TOO_LARGE) if call == "append"
+               else await store.finish("s1", None, ""))
+    assert outcome.unowned
+    (claimed,) = await store.tend(EXPIRED, INCOMPLETE, "r2", room=5)
+    assert claimed.session_id == "s1"
+
+
+async def test_owned_work_is_not_reasserted(store: SessionStore) -> None:
+    await new_session(store)
+    assert (await store.append("s1", text(0, "a"), "r1", TOO_LARGE)).lease is not None
+    assert not (await store.append("s1", text(0, "a"), "r1", TOO_LARGE)).unowned
+
+
+async def test_renewing_a_lease_puts_the_work_back_in_the_schedule(store: SessionStore, redis_client) -> None:
+    from gateway.store.keys import SCHEDULE
+
+    await new_session(store)
+    lease = (await store.append("s1", text(0, "a"), "r1", TOO_LARGE)).lease
+    assert lease is not None
+    await redis_client.zrem(SCHEDULE, "s1")
+    assert await store.renew("s1", lease)
+    assert await redis_client.zscore(SCHEDULE, "s1") == int((await store.view("s1")).fields["lease_until"])
+
+
+async def test_the_tender_never_overwrites_a_newer_due_now(store: SessionStore, redis_client) -> None:
+    from gateway.store.keys import SCHEDULE
+
+    await redis_client.zadd(SCHEDULE, {"s9": 1000})
+    rescore = store._scripts["rescore"]
+    await redis_client.zadd(SCHEDULE, {"s9": 0})  # an append made it due now after the tender read 1000
+    assert await rescore(keys=[SCHEDULE], args=["s9", 1000, 99_999]) == 0
+    assert await redis_client.zscore(SCHEDULE, "s9") == 0
+    assert await rescore(keys=[SCHEDULE], args=["s9", 0, 99_999]) == 1
+    assert await redis_client.zscore(SCHEDULE, "s9") == 99_999
+    assert await rescore(keys=[SCHEDULE], args=["s9", 99_999, ""]) == 1
+    assert await redis_client.zscore(SCHEDULE, "s9") is None

@@ -9,7 +9,7 @@ if state == 'failed' or state == 'cancelled' then return {'closed', state} end
 local final_seq = meta_num('final_seq')
 if asked ~= nil and final_seq ~= nil and asked ~= final_seq then return {'input_closed', final_seq} end
 if state == 'generating' or state == 'completed' then
-  return {'accepted', state, state, 0, meta_num('next_seq'), 0}
+  return {'accepted', state, state, started_flag(0, state, now), meta_num('next_seq'), 0}
 end
 
 if final_seq == nil then
@@ -25,6 +25,6 @@ end
 local before, after, started, next_seq, epoch = advance(state, now, replica)
 touch(now)
 refresh_ttl(after, now)
-local reply = {'accepted', after, before, started, next_seq, epoch}
+local reply = {'accepted', after, before, started_flag(started, after, now), next_seq, epoch}
 for _, seq in ipairs(missing_ids()) do table.insert(reply, seq) end
 return reply

@@ -122,6 +122,20 @@ local function advance(state, now, replica)
   return state, after, started, next_seq, epoch
 end
 
+-- 2 in a reply's "started" field: engine work started earlier has no live
+-- owner (the call that started it may have failed to schedule it, or its
+-- owner died): the caller puts it back in the schedule, so a client's retry
+-- (a duplicate) is enough to get it running again.
+local function unowned(state, now)
+  return runnable(state) and (redis.call('HGET', META, 'owner') == ''
+    or meta_num('lease_until') <= now)
+end
+
+local function started_flag(started, state, now)
+  if started == 0 and unowned(state, now) then return 2 end
+  return started
+end
+
 -- Sessions are visible only to the identity that created them; to anyone
 -- else they do not exist (no existence leak). Internal callers pass ''.
 local function foreign(caller)
@@ -144,7 +158,7 @@ local function append_chunk(now, replica, seq, record, blob, eoi, too_large_json
   local known = redis.call('HGET', DIGESTS, seq)
   if known then
     if split_record(known) == split_record(record) then
-      return {'duplicate', state, state, 0, meta_num('next_seq'), 0}
+      return {'duplicate', state, state, started_flag(0, state, now), meta_num('next_seq'), 0}
     end
     return {'conflict'}
   end
@@ -173,7 +187,7 @@ local function append_chunk(now, replica, seq, record, blob, eoi, too_large_json
   local before, after, started, new_next, epoch = advance(state, now, replica)
   touch(now)
   refresh_ttl(after, now)
-  return {'accepted', after, before, started, new_next, epoch}
+  return {'accepted', after, before, started_flag(started, after, now), new_next, epoch}
 end
 
 -- Sequence ids between the contiguous prefix and the highest id expected
