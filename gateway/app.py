@@ -25,7 +25,7 @@ from gateway.settings import Settings
 from gateway.store.connection import open_redis
 from gateway.store.redis_store import SessionStore
 from omni_adapter.factory import EngineChoice, open_engine
-from omni_adapter.port import Engine
+from omni_adapter.port import Engine, RequestChecks
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +57,8 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
                 lambda sid, lease: SessionRunner(sid, lease, store, active, metrics, settings.lease_ttl_sec,
                                                  settings.engine_progress_timeout_sec),
                 capacity=settings.max_engine_sessions)
-            service = SessionService(settings, store, active.capabilities, runners, metrics, draining)
+            service = SessionService(settings, store, active.capabilities, runners, metrics, draining,
+                                     active if isinstance(active, RequestChecks) else None)
             tender = asyncio.create_task(run_tender(service, runners, settings.tend_interval_sec, metrics),
                                          name="tender")
             identity = IdentityResolver(settings.api_keys, settings.identity_header, settings.trusted_proxies)

@@ -32,6 +32,7 @@ the handler knows HTTP.
     ├── PayloadTooLarge (413)
     │   ├── RequestTooLarge (413 request_too_large)  any body over the request cap
     │   ├── ChunkTooLarge (413 chunk_too_large)
+    │   ├── ContextLengthExceeded (413 context_length_exceeded)  the session stays
     │   └── SessionPayloadTooLarge (413 payload_too_large)  closes the session
     ├── ServiceUnavailable (503 service_unavailable)
     │   ├── StreamingInputDisabled (503 streaming_input_disabled)
@@ -201,6 +202,10 @@ class RequestTooLarge(PayloadTooLarge):
 
 class ChunkTooLarge(PayloadTooLarge):
     code = "chunk_too_large"
+
+
+class ContextLengthExceeded(PayloadTooLarge):
+    code = "context_length_exceeded"
 
 
 class SessionPayloadTooLarge(PayloadTooLarge):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 Modality = Literal["text", "audio", "image", "video"]
 FinishReason = Literal["stop", "length", "tool_calls", "abort"]
@@ -139,6 +139,29 @@ class Engine(Protocol):
     async def check_health(self) -> None: ...
 
     async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class RequestChecks(Protocol):
+    """What an engine can check before anything is stored (optional).
+
+    The gateway calls these on the API path (``check_request`` at create,
+    ``input_tokens_at_least`` per text chunk, in a worker thread), so a
+    request the engine would refuse is a 4xx at once, not a failed session
+    later. An engine that cannot tell (a remote sidecar) does not implement it.
+    """
+
+    #: The most prompt tokens a request may take (room left for one token).
+    max_input_tokens: int
+
+    def check_request(self, request: EngineRequest) -> int:
+        """Raise EngineRejectedError if the engine would refuse it; else the
+        prompt tokens it takes before any streamed input (template, history)."""
+        ...
+
+    def input_tokens_at_least(self, text: str) -> int:
+        """The fewest tokens ``text`` adds to a prompt, whatever comes around it."""
+        ...
 
 
 class EngineUnavailableError(Exception):

@@ -23,7 +23,7 @@ import re
 import shutil
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
-from typing import Protocol
+from typing import Any, Protocol
 
 from omni_adapter.audio import OPENAI_PCM16_RATE, parse_wav, resample
 from omni_adapter.port import (
@@ -236,6 +236,10 @@ class TalkingEngine:
 
     async def aclose(self) -> None:
         await self._thinker.aclose()
+
+    def __getattr__(self, name: str) -> Any:
+        # What else the Thinker offers (its request checks) is the engine's too.
+        return getattr(self._thinker, name)
 
 
 def with_talker(engine: Engine) -> Engine:

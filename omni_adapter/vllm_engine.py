@@ -32,6 +32,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -52,7 +53,7 @@ from omni_adapter.port import (
 )
 from omni_adapter.process_lifetime import engine_children_die_with_parent
 from omni_adapter.session_events import SessionEvents, check_servable
-from omni_adapter.text_stream import IncrementalTokenizer, StreamingTokenizer, client
+from omni_adapter.text_stream import Framed, IncrementalTokenizer, StreamingTokenizer, client
 
 if TYPE_CHECKING:
     from vllm.engine.protocol import EngineClient, StreamingInput
@@ -60,6 +61,9 @@ if TYPE_CHECKING:
     from vllm.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
+
+#: A text without its first and last word (and the whitespace before the last).
+_INSIDE_WORDS = re.compile(r"\S*(.*?)\S*\Z", re.DOTALL)
 
 TEXT_ONLY = frozenset({"text"})
 _FINISH_REASONS: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
@@ -137,17 +141,39 @@ class VllmEngine:
             model_names=(model_name,),
         )
 
-    def open_session(self, request: EngineRequest) -> VllmSession:
-        if self._closed:
-            raise EngineUnavailableError("the engine is closed")
+    @property
+    def max_input_tokens(self) -> int:
+        return self._max_model_len - 1
+
+    def check_request(self, request: EngineRequest) -> int:
+        """Everything ``open_session`` would refuse, and the prompt tokens around the input."""
+        prefix, suffix = self._frame(request)
+        stream = self._streaming.open(prefix, suffix)
+        return len(stream.finish())
+
+    def input_tokens_at_least(self, text: str) -> int:
+        # Only the words strictly inside the text: those tokenize the same
+        # whatever text comes before and after (the first and last word may
+        # merge with their neighbours); one more token is kept as a margin.
+        inside = _INSIDE_WORDS.match(text)
+        interior = inside.group(1).rstrip() if inside else ""
+        return max(0, len(self._streaming.encode_plain(interior)) - 1) if interior else 0
+
+    def _frame(self, request: EngineRequest) -> tuple[Framed, Framed]:
         check_servable(self.capabilities, request)
         try:
             prefix, suffix = self._streaming.chat_frame(request.messages)
         except Exception as exc:
             raise EngineRejectedError(f"the chat template cannot render the messages: {exc}") from exc
-        # Built once here to reject invalid options now, not after the input.
+        # Built here to reject invalid options now, not after the input.
         requested = request.sampling.max_tokens
         sampling_params(request.sampling, max_tokens=1 if requested is None else requested)
+        return prefix, suffix
+
+    def open_session(self, request: EngineRequest) -> VllmSession:
+        if self._closed:
+            raise EngineUnavailableError("the engine is closed")
+        prefix, suffix = self._frame(request)
         tokens = self._streaming.open(prefix, suffix + client(request.assistant_prefix))
         # After a hand-off the answer so far is part of the prompt; it still
         # counts against max_tokens and in the usage as completion tokens.

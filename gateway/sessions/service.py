@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import json
 import logging
@@ -29,7 +30,13 @@ from gateway.sessions.states import SessionState
 from gateway.settings import Settings
 from gateway.store.records import ChunkRecord, InputOutcome, SessionRecord, event_id_key
 from gateway.store.redis_store import SessionStore
-from omni_adapter.port import Capabilities, SamplingOptions
+from omni_adapter.port import (
+    Capabilities,
+    EngineRejectedError,
+    EngineRequest,
+    RequestChecks,
+    SamplingOptions,
+)
 
 #: Upper bound of ``/result?wait=``, so a poll never pins a connection for long.
 MAX_RESULT_WAIT_SEC = 60.0
@@ -37,19 +44,50 @@ MAX_RESULT_WAIT_SEC = 60.0
 
 class SessionService:
     def __init__(self, settings: Settings, store: SessionStore, capabilities: Capabilities,
-                 runners: RunnerPool, metrics: Metrics, draining: Draining) -> None:
+                 runners: RunnerPool, metrics: Metrics, draining: Draining,
+                 checks: RequestChecks | None = None) -> None:
         self._settings = settings
         self._store = store
         self._capabilities = capabilities
         self._runners = runners
         self._metrics = metrics
         self._draining = draining
+        #: The engine's own checks, when it can make them before anything is stored.
+        self._checks = checks
 
     # --- validation shared by create and append ----------------------------
 
     def check_enabled(self) -> None:
         if not self._settings.enabled:
             raise errors.StreamingInputDisabled("streaming input is disabled on this service")
+
+    async def _check_request(self, fields: dict[str, Any]) -> None:
+        """422 for a request the engine would refuse; its prompt so far counts against the context."""
+        if self._checks is None:
+            return
+        stored = json.loads(fields["request"])
+        request = EngineRequest(
+            request_id="check", model=fields["model"], messages=tuple(stored["messages"]),
+            sampling=SamplingOptions(**{**stored["sampling"], "stop": tuple(stored["sampling"]["stop"])}),
+            output_modalities=tuple(stored["modalities"]))
+        try:
+            # Rendering and tokenizing the history is CPU work: off the event loop.
+            frame_tokens = await asyncio.to_thread(self._checks.check_request, request)
+        except EngineRejectedError as exc:
+            raise errors.ValidationFailed(str(exc)) from exc
+        limit = self._checks.max_input_tokens
+        if frame_tokens >= limit:
+            raise errors.ContextLengthExceeded(
+                f"the messages alone take {frame_tokens} tokens; the model's context leaves {limit} "
+                "for the input", param="messages", prompt_tokens=frame_tokens, max_input_tokens=limit)
+        fields.update(max_input_tokens=limit, input_tokens=frame_tokens)
+
+    async def _counted(self, chunk: ChunkRecord) -> ChunkRecord:
+        """The chunk with the fewest tokens it adds, so the store can refuse what overflows."""
+        if self._checks is None or chunk.modality != "text":
+            return chunk
+        text = chunk.payload.decode("utf-8", errors="replace")
+        return dataclasses.replace(chunk, min_tokens=await asyncio.to_thread(self._checks.input_tokens_at_least, text))
 
     def check_input_modality(self, chunk: ChunkRecord, param: str = "modality") -> None:
         """422 for input the engine cannot take, before anything is stored."""
@@ -80,6 +118,9 @@ class SessionService:
             self.check_input_modality(first, param="first_chunk.modality")
         session_id = f"sis-{uuid.uuid4().hex}"
         fields = self._meta_fields(body, model, identity)
+        await self._check_request(fields)
+        if first is not None:
+            first = await self._counted(first)
         # Counted until it ends, or at most for its idle timeout plus the generation budget.
         until = fields["created_at"] + fields["timeout_ms"] + fields["generation_ttl_ms"]
         await self._store.admit(identity, session_id, per_identity=self._settings.max_sessions_per_identity,
@@ -95,6 +136,7 @@ class SessionService:
     async def append(self, identity: str, session_id: str, chunk: ChunkRecord) -> InputOutcome:
         self.check_enabled()
         self.check_input_modality(chunk)
+        chunk = await self._counted(chunk)
         started_at = time.perf_counter()
         try:
             outcome = await self._store.append(session_id, chunk, self._claimant(),

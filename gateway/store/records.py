@@ -23,6 +23,9 @@ class ChunkRecord:
     end_of_input: bool = False
     #: Duration of audio input, for ``min_length: {"audio_ms": N}``.
     audio_ms: int = 0
+    #: The fewest prompt tokens this chunk adds (0 when the engine cannot say):
+    #: counted against the model's context before the chunk is stored.
+    min_tokens: int = 0
 
     def _header(self) -> dict[str, Any]:
         return {
@@ -45,10 +48,10 @@ class ChunkRecord:
         return cls(sequence_id, h["m"], payload, h["f"], h["t"], h["r"], h["e"], h["a"])
 
     def digest_record(self) -> str:
-        """``<sha256>:<bytes>:<audio ms>``: identity for dedupe, sizes for counting."""
+        """``<sha256>:<bytes>:<audio ms>:<min tokens>``: identity for dedupe, sizes for counting."""
         sha = hashlib.sha256(json.dumps(self._header(), sort_keys=True).encode())
         sha.update(self.payload)
-        return f"{sha.hexdigest()}:{len(self.payload)}:{self.audio_ms}"
+        return f"{sha.hexdigest()}:{len(self.payload)}:{self.audio_ms}:{self.min_tokens}"
 
 
 @dataclass(frozen=True)

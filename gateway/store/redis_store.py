@@ -98,6 +98,11 @@ def _error_for(reply: list[Any], session_id: str, sequence_id: int | None = None
             "the session's total payload exceeds its cap; the session is closed")
         error.previous_state = SessionState(detail[0])
         return error
+    if status == "too_long":
+        return errors.ContextLengthExceeded(
+            f"the input would be at least {detail[0]} tokens, more than the model's context allows "
+            f"({detail[1]} tokens for the input); the session is unchanged",
+            param="sequence_id", prompt_tokens=int(detail[0]), max_input_tokens=int(detail[1]))
     if status == "empty":
         return errors.EmptyInput("finish without final_sequence_id needs at least one chunk")
     if status == "exists":

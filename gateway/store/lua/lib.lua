@@ -46,8 +46,8 @@ local function close_session(from, to, now, error_json)
 end
 
 local function split_record(record)
-  local digest, bytes, audio_ms = string.match(record, '^([^:]*):(%d+):(%d+)$')
-  return digest, tonumber(bytes), tonumber(audio_ms)
+  local digest, bytes, audio_ms, tokens = string.match(record, '^([^:]*):(%d+):(%d+):(%d+)$')
+  return digest, tonumber(bytes), tonumber(audio_ms), tonumber(tokens)
 end
 
 local function early_start_due()
@@ -171,17 +171,21 @@ local function append_chunk(now, replica, seq, record, blob, eoi, too_large_json
   if seq >= next_seq + meta_num('max_ooo') then return {'out_of_window', next_seq} end
   if meta_num('received') >= meta_num('max_chunks') then return {'too_many'} end
 
-  local _, nbytes = split_record(record)
+  local _, nbytes, _, ntokens = split_record(record)
   local total = meta_num('bytes') + nbytes
   if total > meta_num('max_bytes') then
     close_session(state, 'failed', now, too_large_json)
     return {'too_large', state, redis.call('HGET', META, 'identity')}
   end
+  -- The model's context: refused before anything is stored; the session stays.
+  local max_tokens = meta_num('max_input_tokens') or 0
+  local tokens = (meta_num('input_tokens') or 0) + ntokens
+  if max_tokens > 0 and tokens > max_tokens then return {'too_long', tokens, max_tokens} end
 
   redis.call('HSET', DIGESTS, seq, record)
   redis.call('HSET', CHUNKS, seq, blob)
   redis.call('HSET', META, 'bytes', total, 'received', meta_num('received') + 1,
-    'max_seq', math.max(max_seq, seq))
+    'max_seq', math.max(max_seq, seq), 'input_tokens', tokens)
   if eoi == 1 then redis.call('HSET', META, 'final_seq', seq) end
 
   local before, after, started, new_next, epoch = advance(state, now, replica)
