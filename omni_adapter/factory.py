@@ -46,15 +46,16 @@ async def open_engine(choice: EngineChoice) -> Engine:
         from omni_adapter.omni_engine import OmniEngineConfig, open_omni_engine
 
         return await open_omni_engine(OmniEngineConfig(model=model, served_model_name=name))
+    from omni_adapter.listener import with_listener
     from omni_adapter.talker import with_talker
     from omni_adapter.vllm_engine import VllmEngineConfig, open_vllm_engine
 
     thinker = await open_vllm_engine(VllmEngineConfig(
         model=model, served_model_name=name, dtype=choice.dtype,
         max_model_len=choice.max_model_len, kv_cache_space_gib=choice.kv_cache_space_gib))
-    # A text model speaks through the CPU Talker (espeak-ng), if installed;
-    # vLLM-Omni has its own Talker stage.
-    return with_talker(thinker)
+    # A text model hears through the CPU Listener (pocketsphinx) and speaks
+    # through the CPU Talker (hibari), if installed; vLLM-Omni has its own stages.
+    return with_talker(with_listener(thinker))
 
 
 async def _open_http(choice: EngineChoice) -> Engine:

@@ -75,13 +75,18 @@ def _audio_ms(data: bytes, fmt: str | None, rate: int | None) -> int:
     if fmt == "wav":
         try:
             with wave.open(io.BytesIO(data)) as wav:
-                frames, rate = wav.getnframes(), wav.getframerate()
+                frames, rate, width = wav.getnframes(), wav.getframerate(), wav.getsampwidth()
         except (wave.Error, EOFError, ValueError) as exc:
             raise errors.InvalidPayload("audio payload is not a valid WAV file", param="payload") from exc
         if rate <= 0:
             raise errors.InvalidPayload("the WAV header gives a sample rate of 0", param="payload")
+        if width != 2:
+            raise errors.InvalidPayload(f"WAV audio must be 16-bit PCM, not {8 * width}-bit", param="payload")
         return int(frames * 1000 / rate)
     if fmt in (None, "pcm16"):
+        if len(data) % 2:
+            raise errors.InvalidPayload("pcm16 audio holds whole 16-bit samples: an even byte count",
+                                        param="payload")
         return int(len(data) / 2 * 1000 / (rate or PCM16_DEFAULT_RATE))
     # Compressed formats (mp3, ogg...): duration unknown without decoding.
     return 0

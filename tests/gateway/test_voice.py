@@ -1,0 +1,90 @@
+"""Voice end to end on the embedded default, only real parts: hibari speaks a
+question, the gateway hears it while it streams (pocketsphinx), the real vLLM
+engine answers, the Talker (hibari) speaks the answer, pocketsphinx hears it.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+
+from omni_adapter.listener import RecognizerPool, with_listener
+from omni_adapter.talker import with_talker
+from omni_adapter.vllm_engine import VllmEngine
+from tests.gateway.client import BASE, app_client, content_of, make_settings, parse_sse
+from tests.gateway.test_api import assert_error, view, wav_header_with_rate
+from tests.voice import SPEECH_RATE, pieces, recognize, speech, word_error_rate
+
+QUESTION = "What is the capital of France?"
+#: pocketsphinx's general English model on a synthetic voice: the question
+#: comes back word for word, the answers mostly do; names and numbers may not.
+ANSWER_WER_BOUND = 0.5
+
+
+@pytest.fixture
+async def client(redis_url: str, vllm_engine: VllmEngine) -> AsyncIterator[httpx.AsyncClient]:
+    engine = with_talker(with_listener(vllm_engine))
+    async with app_client(make_settings(redis_url=redis_url), engine) as c:
+        yield c
+
+
+def raw_audio(seq: int, pcm: bytes, *, end: bool = False, rate: int = SPEECH_RATE) -> dict:
+    return {"content": pcm, "headers": {
+        "Content-Type": "application/octet-stream", "X-Sequence-Id": str(seq), "X-Modality": "audio",
+        "X-Sample-Rate": str(rate), "X-End-Of-Input": "true" if end else "false"}}
+
+
+@pytest.mark.engine
+async def test_a_spoken_question_gets_a_spoken_answer(client: httpx.AsyncClient) -> None:
+    created = await client.post(BASE, json={
+        "messages": [{"role": "system", "content": "You are a helpful assistant. Answer in one sentence."}],
+        "modalities": ["text", "audio"], "temperature": 0, "max_tokens": 24})
+    assert created.status_code == 201, created.text
+    sid = created.json()["session_id"]
+    audio = pieces(speech(QUESTION), SPEECH_RATE, 200)
+    for seq, piece in enumerate(audio):
+        response = await client.post(f"{BASE}/{sid}/chunks", **raw_audio(seq, piece, end=seq == len(audio) - 1))
+        assert response.status_code == 202, response.text
+    events = parse_sse((await client.get(f"{BASE}/{sid}/events")).text)
+    answer = content_of(events)
+    assert "Paris" in answer, answer
+    spoken = b"".join(base64.b64decode(e.json()["choices"][0]["delta"]["audio"]["data"])
+                      for e in events[:-1] if not e.event and "audio" in e.json()["choices"][0]["delta"])
+    assert len(spoken) > SPEECH_RATE  # more than half a second of speech
+    heard = recognize(spoken, SPEECH_RATE)
+    assert word_error_rate(answer, heard) <= ANSWER_WER_BOUND, (answer, heard)
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize(("pcm", "extra"), [
+    (b"\x01\x02\x03", {}),  # an odd byte count: not whole samples
+    (wav_header_with_rate(0), {"X-Format": "wav"}),
+    (b"RIFF\x00\x00garbage labelled as wav", {"X-Format": "wav"}),
+], ids=["odd-bytes", "wav-rate-0", "garbage-wav"])
+async def test_bad_audio_is_422_at_append(client: httpx.AsyncClient, pcm: bytes, extra: dict) -> None:
+    sid = (await client.post(BASE, json={})).json()["session_id"]
+    request = raw_audio(0, pcm)
+    request["headers"].update(extra)
+    assert_error(await client.post(f"{BASE}/{sid}/chunks", **request), 422, "invalid_payload")
+    assert (await view(client, sid))["received_chunks"] == 0
+
+
+@pytest.mark.engine
+async def test_only_silence_fails_the_session_clearly(client: httpx.AsyncClient) -> None:
+    sid = (await client.post(BASE, json={})).json()["session_id"]
+    silence = pieces(bytes(2 * 16_000 * 20), 16_000, 5000)
+    for seq, piece in enumerate(silence):
+        assert (await client.post(f"{BASE}/{sid}/chunks", **raw_audio(
+            seq, piece, rate=16_000, end=seq == len(silence) - 1))).status_code == 202
+    result = (await client.get(f"{BASE}/{sid}/result", params={"wait": 30})).json()
+    assert result["state"] == "failed" and "no speech" in result["error"]["message"]
+
+
+def test_the_recognizer_pool_lends_decoders_back() -> None:
+    pool = RecognizerPool(ready=1)
+    decoder = pool.take()
+    pool.give_back(decoder)
+    assert pool.take() is decoder
