@@ -88,3 +88,19 @@ def test_the_recognizer_pool_lends_decoders_back() -> None:
     decoder = pool.take()
     pool.give_back(decoder)
     assert pool.take() is decoder
+
+
+@pytest.mark.engine
+async def test_the_openai_client_asks_with_input_audio(client: httpx.AsyncClient) -> None:
+    from omni_adapter.audio import wav_of
+    from tests.gateway.client import openai_client
+
+    wav = base64.b64encode(wav_of(speech(QUESTION), SPEECH_RATE)).decode()
+    models = await openai_client(client).models.list()
+    assert models.data
+    answer = await openai_client(client).chat.completions.create(
+        model=models.data[0].id, temperature=0, max_tokens=24,
+        messages=[{"role": "system", "content": "You are a helpful assistant. Answer in one sentence."},
+                  {"role": "user", "content": [{"type": "input_audio",
+                                                "input_audio": {"data": wav, "format": "wav"}}]}])
+    assert "Paris" in (answer.choices[0].message.content or "")
