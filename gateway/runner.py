@@ -31,7 +31,7 @@ from typing import TypeVar
 from gateway import errors
 from gateway.metrics import Metrics
 from gateway.output.audio import AudioOutput
-from gateway.output.frames import DONE, FrameBuilder, content_of
+from gateway.output.frames import DONE, TRANSCRIPT_EVENT, FrameBuilder, content_of
 from gateway.sessions.states import SessionState
 from gateway.store.records import Frame, Lease, SessionRecord
 from gateway.store.redis_store import InputEvent, SessionStore
@@ -44,6 +44,7 @@ from omni_adapter.port import (
     EngineSession,
     Finished,
     InputChunk,
+    InputTranscript,
     SamplingOptions,
     TextDelta,
 )
@@ -294,6 +295,9 @@ class SessionRunner:
                     return  # cancelled, expired or taken over; the caller aborts the engine
             elif isinstance(event, AudioDelta):
                 if not await publish([*opening(), ("", audio.frame(event), False)]):
+                    return
+            elif isinstance(event, InputTranscript):
+                if not await publish([*opening(), (TRANSCRIPT_EVENT, frames.transcript(event.text), False)]):
                     return
             elif isinstance(event, Finished):
                 out = [*opening(), ("", frames.finish(event.finish_reason), False)]

@@ -35,6 +35,7 @@ from omni_adapter.port import (
     EngineRequest,
     EngineSession,
     InputChunk,
+    InputTranscript,
     OutputEvent,
 )
 
@@ -182,8 +183,17 @@ class ListeningSession:
             raise EngineRejectedError("no speech was recognized in the audio input")
         await self._thinker.end_input()
 
-    def events(self) -> AsyncIterator[OutputEvent]:
-        return self._thinker.events()
+    async def events(self) -> AsyncIterator[OutputEvent]:
+        answer = aiter(self._thinker.events())
+        # The answer begins after the end of input, when the transcript is final.
+        first = await anext(answer, None)
+        if self._heard_audio:
+            yield InputTranscript(self.input_transcript)
+        if first is None:
+            return
+        yield first
+        async for event in answer:
+            yield event
 
     async def abort(self) -> None:
         self._give_back()

@@ -107,7 +107,14 @@ class EngineError:
     details: dict[str, Any] = field(default_factory=dict)
 
 
-OutputEvent = TextDelta | AudioDelta | Finished | EngineError
+@dataclass(frozen=True)
+class InputTranscript:
+    """What a speech recognizer heard in the session's audio input (before the answer)."""
+
+    text: str
+
+
+OutputEvent = TextDelta | AudioDelta | InputTranscript | Finished | EngineError
 
 
 class EngineSession(Protocol):

@@ -247,6 +247,8 @@ class TalkingSession:
             elif isinstance(event, EngineError):
                 self._out.put_nowait(event)
                 return
+            else:  # what the Thinker says besides text (the input transcript) passes on
+                self._out.put_nowait(event)
         self._out.put_nowait(EngineError("the engine ended the answer without a result"))
 
     async def _speak(self) -> None:

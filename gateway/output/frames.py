@@ -21,6 +21,10 @@ def _dumps(obj: dict[str, Any]) -> str:
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
 
 
+#: The SSE event name of the input transcript frame (EventSource's onmessage skips it).
+TRANSCRIPT_EVENT = "transcript"
+
+
 def content_of(data: str) -> str:
     """The text a ``chat.completion.chunk`` frame adds to the answer ('' for others)."""
     if data == DONE:
@@ -55,6 +59,11 @@ class FrameBuilder:
     def audio(self, audio: dict[str, Any]) -> str:
         """An OpenAI audio delta: ``{"id", "data" (base64 pcm16), "transcript", "expires_at"}``."""
         return self._chunk([{"index": 0, "delta": {"audio": audio}, "finish_reason": None}])
+
+    def transcript(self, text: str) -> str:
+        """The recognized spoken input: a chunk with no choices (OpenAI readers skip those,
+        as they skip the usage chunk), sent as the named SSE event ``transcript``."""
+        return self._chunk([], input_transcript=text)
 
     def finish(self, finish_reason: str) -> str:
         return self._chunk([{"index": 0, "delta": {}, "finish_reason": finish_reason}])

@@ -124,6 +124,8 @@ class SessionView(BaseModel):
     buffered_bytes: int
     missing_sequence_ids: list[int]
     owner: str | None
+    #: What the speech recognizer heard in audio input, once the input is complete.
+    input_transcript: str | None = None
 
 
 class CreatedSession(SessionView):
@@ -152,3 +154,5 @@ class SessionResult(BaseModel):
     state: SessionState
     completion: dict[str, Any] | None = None
     error: ErrorDetail | None = None
+    #: What the speech recognizer heard in audio input.
+    input_transcript: str | None = None

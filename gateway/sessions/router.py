@@ -53,7 +53,13 @@ def session_view(record: SessionRecord) -> SessionView:
         buffered_bytes=record.int("bytes"),
         missing_sequence_ids=record.missing_sequence_ids,
         owner=record.fields.get("owner") or None,
+        input_transcript=input_transcript_of(record),
     )
+
+
+def input_transcript_of(record: SessionRecord) -> str | None:
+    frame = record.json("input_transcript")
+    return frame["input_transcript"] if frame else None
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=CreatedSession,
@@ -166,7 +172,7 @@ async def get_result(session_id: str, service: Service, identity: Identity, resp
         response.headers["Retry-After"] = "1"
     error = record.json("error")
     return SessionResult(session_id=session_id, state=record.state, completion=record.json("result"),
-                         error=error["error"] if error else None)
+                         error=error["error"] if error else None, input_transcript=input_transcript_of(record))
 
 
 @router.delete("/{session_id}", status_code=status.HTTP_204_NO_CONTENT,

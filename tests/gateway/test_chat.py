@@ -76,7 +76,7 @@ async def test_models_lists_what_the_engine_serves(client: httpx.AsyncClient) ->
 
 async def test_bad_requests_get_the_envelope_and_open_no_session(
         client: httpx.AsyncClient, engine: ScriptedEngine) -> None:
-    audio = {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "pcm16"}}
+    audio = {"type": "input_audio", "input_audio": {"data": "AAAAAA==", "format": "pcm16"}}
     cases = [
         ({"messages": USER, "temperature": 3}, 422, "validation_error", "temperature"),
         ({"messages": []}, 422, "validation_error", "messages"),

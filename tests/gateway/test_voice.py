@@ -51,8 +51,16 @@ async def test_a_spoken_question_gets_a_spoken_answer(client: httpx.AsyncClient)
     events = parse_sse((await client.get(f"{BASE}/{sid}/events")).text)
     answer = content_of(events)
     assert "Paris" in answer, answer
+    # The recognized question: one named event after the role frame, and in the view and result.
+    (transcript,) = [e for e in events if e.event == "transcript"]
+    assert events[0].json()["choices"][0]["delta"] == {"role": "assistant"}
+    assert transcript.json()["choices"] == [] and transcript.json()["input_transcript"] == "what is the capital of france"
+    assert (await view(client, sid))["input_transcript"] == "what is the capital of france"
+    result = (await client.get(f"{BASE}/{sid}/result")).json()
+    assert result["input_transcript"] == "what is the capital of france"
     spoken = b"".join(base64.b64decode(e.json()["choices"][0]["delta"]["audio"]["data"])
-                      for e in events[:-1] if not e.event and "audio" in e.json()["choices"][0]["delta"])
+                      for e in events[:-1] if not e.event and e.json()["choices"]
+                      and "audio" in e.json()["choices"][0]["delta"])
     assert len(spoken) > SPEECH_RATE  # more than half a second of speech
     heard = recognize(spoken, SPEECH_RATE)
     assert word_error_rate(answer, heard) <= ANSWER_WER_BOUND, (answer, heard)

@@ -15,6 +15,8 @@ local index = first
 for i = 7, #ARGV, 3 do
   if index >= written then
     table.insert(reply, redis.call('XADD', OUTPUT, '*', 'e', ARGV[i], 'd', ARGV[i + 1], 't', ARGV[i + 2]))
+    -- The recognized spoken input is part of the session (view and result).
+    if ARGV[i] == 'transcript' then redis.call('HSET', META, 'input_transcript', ARGV[i + 1]) end
   end
   index = index + 1
 end
