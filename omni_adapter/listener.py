@@ -38,6 +38,7 @@ from omni_adapter.port import (
     InputTranscript,
     OutputEvent,
 )
+from omni_adapter.stage import EngineStage
 
 logger = logging.getLogger(__name__)
 
@@ -228,27 +229,16 @@ class ListeningSession:
             self._decoder = None
 
 
-class ListeningEngine:
+class ListeningEngine(EngineStage):
     """A text engine plus a Listener: ``audio`` input for every session."""
 
     def __init__(self, thinker: Engine, pool: RecognizerPool) -> None:
-        self._thinker = thinker
-        self._pool = pool
         caps = thinker.capabilities
-        self.capabilities = replace(caps, input_modalities=caps.input_modalities | {"audio"})
+        super().__init__(thinker, replace(caps, input_modalities=caps.input_modalities | {"audio"}))
+        self._pool = pool
 
     def open_session(self, request: EngineRequest) -> EngineSession:
         return ListeningSession(self._thinker.open_session(request), self._pool)
-
-    async def check_health(self) -> None:
-        await self._thinker.check_health()
-
-    async def aclose(self) -> None:
-        await self._thinker.aclose()
-
-    def __getattr__(self, name: str) -> Any:
-        # What else the Thinker offers (its request checks) is the engine's too.
-        return getattr(self._thinker, name)
 
 
 def with_listener(engine: Engine) -> Engine:

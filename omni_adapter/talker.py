@@ -40,6 +40,7 @@ from omni_adapter.port import (
     OutputEvent,
     TextDelta,
 )
+from omni_adapter.stage import EngineStage
 
 logger = logging.getLogger(__name__)
 
@@ -262,14 +263,13 @@ class TalkingSession:
             self._out.put_nowait(AudioDelta(pcm, self._talker.sample_rate, transcript=sentence))
 
 
-class TalkingEngine:
+class TalkingEngine(EngineStage):
     """A text engine plus a Talker: ``audio`` output for the sessions that ask."""
 
     def __init__(self, thinker: Engine, talker: Talker) -> None:
-        self._thinker = thinker
-        self._talker = talker
         caps = thinker.capabilities
-        self.capabilities = replace(caps, output_modalities=caps.output_modalities | {"audio"})
+        super().__init__(thinker, replace(caps, output_modalities=caps.output_modalities | {"audio"}))
+        self._talker = talker
 
     def open_session(self, request: EngineRequest) -> EngineSession:
         if "audio" not in request.output_modalities:
@@ -277,20 +277,10 @@ class TalkingEngine:
         text_only = replace(request, output_modalities=("text",))
         return TalkingSession(self._thinker.open_session(text_only), self._talker)
 
-    async def check_health(self) -> None:
-        await self._thinker.check_health()
-
-    async def aclose(self) -> None:
-        await self._thinker.aclose()
-
     def check_request(self, request: EngineRequest) -> int:
         # The Thinker answers in text; speaking it is this stage's part.
         text_only = replace(request, output_modalities=("text",))
         return int(self._thinker.check_request(text_only))  # type: ignore[attr-defined]
-
-    def __getattr__(self, name: str) -> Any:
-        # What else the Thinker offers (its request checks) is the engine's too.
-        return getattr(self._thinker, name)
 
 
 def with_talker(engine: Engine) -> Engine:

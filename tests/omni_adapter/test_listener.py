@@ -87,10 +87,18 @@ async def test_recognition_and_synthesis_stay_off_the_event_loop() -> None:
 
     talker = HibariTalker.load()  # loaded and warmed at engine start, like the decoders
     assert talker is not None
-    session = ListeningSession(RecordingThinker(), RecognizerPool(ready=1))  # type: ignore[arg-type]
     audio = speech(QUESTION * 3)
-    async with LoopLagMonitor() as lag:
-        await asyncio.gather(
-            session.feed([InputChunk(0, "audio", audio, format="pcm16", sample_rate=SPEECH_RATE)]),
-            talker.speak("The capital of France is Paris. It is a large city on the Seine."))
-    assert lag.max_sec < 0.1, f"the event loop stalled for {lag.max_sec * 1000:.0f} ms"
+    worst: list[float] = []
+    # Up to three tries: a busy machine can starve the whole process for a
+    # moment; work that holds the interpreter (736 ms here before decoding
+    # was sliced) stalls the loop on every try.
+    for _ in range(3):
+        session = ListeningSession(RecordingThinker(), RecognizerPool(ready=1))  # type: ignore[arg-type]
+        async with LoopLagMonitor() as lag:
+            await asyncio.gather(
+                session.feed([InputChunk(0, "audio", audio, format="pcm16", sample_rate=SPEECH_RATE)]),
+                talker.speak("The capital of France is Paris. It is a large city on the Seine."))
+        worst.append(lag.max_sec)
+        if lag.max_sec < 0.1:
+            return
+    pytest.fail(f"the event loop stalled for {min(worst) * 1000:.0f} ms at best")
