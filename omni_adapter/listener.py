@@ -28,6 +28,8 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
+
 from omni_adapter.audio import pcm16_of, resample
 from omni_adapter.port import (
     Engine,
@@ -51,6 +53,10 @@ STABLE_UPDATES = 2
 #: Samples are decoded in slices of this many bytes (100 ms): pocketsphinx
 #: holds the GIL while it decodes, so the event loop gets a turn between slices.
 DECODE_SLICE_BYTES = LISTEN_RATE // 10 * 2
+#: Slices quieter than this (RMS of int16 samples, about -54 dBFS) are not
+#: decoded: decoding silence costs as much CPU as speech (ten minutes of it
+#: took over a minute), and it has nothing to recognize.
+SILENCE_RMS = 64.0
 
 
 class Recognizer:
@@ -73,7 +79,10 @@ class Recognizer:
             self._decoder.start_utt()
             self._in_utterance, self._settled, self._history = True, [], []
         for at in range(0, len(pcm16), DECODE_SLICE_BYTES):
-            self._decoder.process_raw(pcm16[at:at + DECODE_SLICE_BYTES], False, False)
+            piece = pcm16[at:at + DECODE_SLICE_BYTES]
+            if _rms(piece) < SILENCE_RMS:
+                continue
+            self._decoder.process_raw(piece, False, False)
             time.sleep(0)  # let another thread (the event loop) take the GIL
         hypothesis = self._decoder.hyp()
         words = hypothesis.hypstr.split() if hypothesis is not None else []
@@ -102,6 +111,11 @@ class Recognizer:
         self._settled += words
         self.transcript += words
         return words
+
+
+def _rms(pcm16: bytes) -> float:
+    samples = np.frombuffer(pcm16[:len(pcm16) // 2 * 2], dtype="<i2").astype(np.float32)
+    return float(np.sqrt(np.mean(samples * samples))) if samples.size else 0.0
 
 
 class RecognizerPool:

@@ -74,9 +74,9 @@ async def test_spoken_and_typed_chunks_reach_the_thinker_as_text_in_order() -> N
 async def test_silence_is_a_clear_outcome_not_a_hang() -> None:
     thinker = RecordingThinker()
     session = ListeningSession(thinker, RecognizerPool())  # type: ignore[arg-type]
-    silence = bytes(2 * 16_000 * 60)  # a minute of silence, in 1 s chunks
-    async with asyncio.timeout(60):
-        for seq, piece in enumerate(pieces(silence, 16_000, 1000)):
+    silence = bytes(2 * 16_000 * 600)  # ten minutes of silence, in 10 s chunks
+    async with asyncio.timeout(120):
+        for seq, piece in enumerate(pieces(silence, 16_000, 10_000)):
             await session.feed([InputChunk(seq, "audio", piece, format="pcm16", sample_rate=16_000)])
         with pytest.raises(EngineRejectedError, match="no speech"):
             await session.end_input()
