@@ -51,6 +51,8 @@ def _read_wav(data: bytes) -> tuple[bytes, int]:
         raise EngineRejectedError(f"not a readable WAV file: {exc}") from exc
     if width != 2:
         raise EngineRejectedError("WAV audio must be 16-bit PCM")
+    if rate <= 0:  # resampling divides by it
+        raise EngineRejectedError("WAV sample rate must be positive")
     if channels == 1:
         return frames, rate
     # Downmix: the engines take mono.
@@ -106,6 +108,8 @@ def parse_wav(data: bytes) -> tuple[bytes, int]:
             if audio_format != 1 or channels != 1 or bits != 16:
                 raise ValueError(f"expected 16-bit PCM mono, got format {audio_format}, "
                                  f"{channels} channels, {bits} bits")
+            if rate <= 0:  # resampling divides by it
+                raise ValueError("wav sample rate must be positive")
         elif chunk_id == b"data":
             if rate is None:
                 raise ValueError("wav data chunk before its fmt chunk")

@@ -13,6 +13,7 @@ from gateway import errors
 from gateway.chat.models import ChatCompletion, ChatCompletionRequest, ModelCard, ModelList
 from gateway.chat.service import ChatService
 from gateway.dependencies import get_identity, get_resources
+from gateway.output.sse import SEND_TIMEOUT_SEC
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 
@@ -50,6 +51,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request, 
     if body.stream:
         return EventSourceResponse(chat.stream(identity, session_id),
                                    ping=get_resources(request).settings.sse_ping_sec,
+                                   send_timeout=SEND_TIMEOUT_SEC,
                                    headers={**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     return JSONResponse(await chat.completion(identity, session_id), headers=headers)
 
