@@ -19,7 +19,7 @@ from omni_adapter.port import (
     SamplingOptions,
 )
 from omni_adapter.vllm_engine import StopStrings, VllmEngine
-from tests.loop_lag import LoopLagMonitor
+from tests.loop_lag import assert_loop_keeps_up
 from tests.omni_adapter.sessions import HISTORY, MODEL, collect, one_shot, request, text_chunks
 
 QUESTION = "What colour is the sky on a clear day? Answer — briefly, it's a test."
@@ -93,12 +93,13 @@ async def test_input_longer_than_the_context_fails_the_session(vllm_engine: Vllm
 ])
 async def test_a_big_chunk_is_tokenized_off_the_event_loop(vllm_engine: VllmEngine, text: str) -> None:
     """Other sessions' appends, streams and heartbeats keep their latency meanwhile."""
-    session = vllm_engine.open_session(request())
-    async with LoopLagMonitor() as lag:
+    chunk = [InputChunk(0, "text", text.encode())]
+
+    async def feed_one_session() -> None:
         with pytest.raises(EngineRejectedError, match="context"):
-            await session.feed([InputChunk(0, "text", text.encode())])
-    assert lag.samples > 0
-    assert lag.max_sec < 0.1, f"the event loop stalled for {lag.max_sec * 1000:.0f} ms"
+            await vllm_engine.open_session(request()).feed(chunk)
+
+    await assert_loop_keeps_up(feed_one_session)
 
 
 @pytest.mark.engine
