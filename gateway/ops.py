@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Response
@@ -10,6 +11,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from gateway import errors
 from gateway.dependencies import Resources, get_resources
 
+logger = logging.getLogger(__name__)
 router = APIRouter(tags=["operations"])
 Res = Annotated[Resources, Depends(get_resources)]
 
@@ -23,17 +25,22 @@ async def healthz() -> dict[str, str]:
 @router.get("/readyz", responses=errors.error_responses(errors.ServiceUnavailable, errors.StoreUnavailable,
                                                       errors.EngineUnavailable))
 async def readyz(resources: Res) -> dict[str, str]:
-    """Ready for traffic: not shutting down, Redis answers and the engine is healthy."""
-    if resources.draining.active:
-        raise errors.EngineUnavailable("this replica is shutting down")
-    if resources.tender.done():
-        # Without its tender a replica neither expires sessions nor takes over work.
-        raise errors.ServiceUnavailable("this replica's tender is not running")
-    await resources.store.ping()
+    """Ready for traffic: not shutting down, the tender runs, Redis answers and the engine is healthy."""
     try:
-        await resources.engine.check_health()
-    except Exception as exc:
-        raise errors.EngineUnavailable("the engine is not healthy") from exc
+        if resources.draining.active:
+            raise errors.EngineUnavailable("this replica is shutting down")
+        if resources.tender.done():
+            # Without its tender a replica neither expires sessions nor takes over work.
+            raise errors.ServiceUnavailable("this replica's tender is not running")
+        await resources.store.ping()
+        try:
+            await resources.engine.check_health()
+        except Exception as exc:
+            raise errors.EngineUnavailable(f"the engine is not healthy: {exc}") from exc
+    except errors.GatewayError as exc:
+        # Probes poll this every few seconds: say why, so "never became ready" can be read from the log.
+        logger.warning("not ready: %s", exc.message)
+        raise
     return {"status": "ready"}
 
 

@@ -253,26 +253,32 @@ async def test_released_work_is_claimed_at_once(store: SessionStore) -> None:
 # --- clocks: Redis's, not the replica's ----------------------------------------
 
 
-async def test_a_replica_whose_clock_runs_ahead_does_not_steal_a_live_lease(
-        store: SessionStore, monkeypatch: pytest.MonkeyPatch) -> None:
+async def leased_session(store: SessionStore) -> Lease:
     await new_session(store, lease_ttl_ms=10_000)
     lease = (await store.append("s1", text(0, "a", end=True), "r1", TOO_LARGE)).lease
     assert lease is not None
+    return lease
+
+
+def skew_clock(monkeypatch: pytest.MonkeyPatch, offset_ms: int) -> None:
     real = redis_store.now_ms
-    monkeypatch.setattr(redis_store, "now_ms", lambda: real() + 60_000)  # r2's clock: a minute ahead
+    monkeypatch.setattr(redis_store, "now_ms", lambda: real() + offset_ms)
+
+
+async def test_a_replica_whose_clock_runs_ahead_does_not_steal_a_live_lease(
+        store: SessionStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    lease = await leased_session(store)
+    skew_clock(monkeypatch, 60_000)  # r2's clock: a minute ahead
     assert await store.tend(EXPIRED, INCOMPLETE, "r2", room=5) == []
     assert await store.renew("s1", lease)
 
 
 async def test_a_replica_whose_clock_runs_behind_keeps_its_lease(
         store: SessionStore, monkeypatch: pytest.MonkeyPatch) -> None:
-    await new_session(store, lease_ttl_ms=10_000)
-    lease = (await store.append("s1", text(0, "a", end=True), "r1", TOO_LARGE)).lease
-    assert lease is not None
-    real = redis_store.now_ms
-    monkeypatch.setattr(redis_store, "now_ms", lambda: real() - 60_000)  # r1's clock: a minute behind
+    lease = await leased_session(store)
+    skew_clock(monkeypatch, -60_000)  # r1's clock: a minute behind
     assert await store.renew("s1", lease)
-    monkeypatch.setattr(redis_store, "now_ms", real)
+    monkeypatch.undo()
     assert await store.tend(EXPIRED, INCOMPLETE, "r2", room=5) == []  # r2 sees a live lease
 
 

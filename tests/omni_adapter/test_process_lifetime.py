@@ -87,7 +87,6 @@ if __name__ == "__main__":
 """
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux only")
 @pytest.mark.parametrize("program", [_FORK_FAMILY, _SPAWN_FAMILY], ids=["fork", "spawn"])
 def test_children_and_grandchildren_die_with_a_sigkilled_parent(program: str, tmp_path: Path) -> None:
     script = tmp_path / "family.py"
