@@ -32,6 +32,9 @@ local function move(from, to, now)
   -- Callers check the state first; reaching this is a bug, so stop loudly.
   if not TRANSITIONS[from][to] then error('illegal transition ' .. from .. ' -> ' .. to) end
   redis.call('HSET', META, 'state', to, 'updated_at', now)
+  -- An ended session has no engine work, so nobody owns it: the view must not
+  -- name a replica that merely finished (or died just after finishing) it.
+  if TERMINAL[to] then redis.call('HSET', META, 'owner', '', 'lease_until', 0) end
 end
 
 -- End a live session: state, reason, abort its engine work, tell subscribers.
