@@ -18,12 +18,14 @@ from gateway.limits_middleware import BoundedBodyMiddleware
 from gateway.metrics import Metrics
 from gateway.middleware import RequestIdMiddleware
 from gateway.ops import router as ops_router
-from gateway.runner import RunnerPool, SessionRunner
 from gateway.sessions.router import router as sessions_router
-from gateway.sessions.service import SessionService, run_tender
+from gateway.sessions.service import SessionService
 from gateway.settings import Settings
 from gateway.store.connection import open_redis
 from gateway.store.redis_store import SessionStore
+from gateway.work.pool import RunnerPool
+from gateway.work.runner import SessionRunner
+from gateway.work.tender import Tender
 from omni_adapter.factory import EngineChoice, open_engine
 from omni_adapter.port import Engine, RequestChecks
 
@@ -59,8 +61,9 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
                 capacity=settings.max_engine_sessions)
             service = SessionService(settings, store, active.capabilities, runners, metrics, draining,
                                      active if isinstance(active, RequestChecks) else None)
-            tender = asyncio.create_task(run_tender(service, runners, settings.tend_interval_sec, metrics),
-                                         name="tender")
+            tender = asyncio.create_task(
+                Tender(store, runners, metrics, draining, settings.replica_id).run(settings.tend_interval_sec),
+                name="tender")
             identity = IdentityResolver(settings.api_keys, settings.identity_header, settings.trusted_proxies)
             log_identity = logger.warning if identity.mode == "open" else logger.info
             log_identity("identity: %s", identity.describe())

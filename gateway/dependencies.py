@@ -54,9 +54,5 @@ async def get_service(request: Request) -> SessionService:
     return get_resources(request).service
 
 
-async def get_store(request: Request) -> SessionStore:
-    return get_resources(request).store
-
-
 async def get_settings(request: Request) -> Settings:
     return get_resources(request).settings

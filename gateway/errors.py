@@ -44,8 +44,11 @@ the handler knows HTTP.
 
 from __future__ import annotations
 
+import json
 from http import HTTPStatus
 from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict
 
 
 class GatewayError(Exception):
@@ -72,6 +75,10 @@ class GatewayError(Exception):
         }
         body.update(self.details)
         return {"error": body}
+
+    def envelope_json(self) -> str:
+        """The envelope as stored in Redis (a session's ``error``, an ``event: error`` frame)."""
+        return json.dumps(self.envelope())
 
 
 class RequestTimeout(GatewayError):
@@ -266,10 +273,26 @@ def _subclasses(cls: type[GatewayError]) -> list[type[GatewayError]]:
     return [sub for direct in cls.__subclasses__() for sub in (direct, *_subclasses(direct))]
 
 
+# The envelope's schema, for the OpenAPI document.
+
+
+class ErrorDetail(BaseModel):
+    #: Some errors carry more, e.g. ``missing_sequence_ids``.
+    model_config = ConfigDict(extra="allow")
+
+    message: str
+    type: str
+    code: str
+    param: str | None = None
+
+
+class ErrorEnvelope(BaseModel):
+    error: ErrorDetail
+
+
+
 #: Declared on every route (``responses=``) so the OpenAPI document shows the envelope.
 def error_responses(*errors: type[GatewayError]) -> dict[int | str, dict[str, Any]]:
-    from gateway.sessions.models import ErrorEnvelope
-
     responses: dict[int | str, dict[str, Any]] = {}
     for error in errors:
         entry = responses.setdefault(int(error.status_code), {"model": ErrorEnvelope, "description": ""})

@@ -18,7 +18,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from gateway.sessions.policies import StartPolicy
+from gateway.domain.policies import StartPolicy
 
 MiB = 1024 * 1024
 #: Room for the fields around a base64 payload in a JSON chunk or create body.

@@ -22,7 +22,7 @@ Identity = Annotated[str, Depends(get_identity)]
 
 async def get_chat(request: Request) -> ChatService:
     resources = get_resources(request)
-    return ChatService(resources.service, resources.store, resources.settings.max_chunk_bytes)
+    return ChatService(resources.service, resources.settings.max_chunk_bytes)
 
 
 _ANSWER = {

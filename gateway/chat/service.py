@@ -24,22 +24,19 @@ from gateway.chat.models import (
     ChatCompletionRequest,
     TextPart,
 )
-from gateway.output.sse import session_events
+from gateway.domain.policies import StartPolicy
+from gateway.domain.states import SessionState
 from gateway.sessions.chunks import record_from_json
 from gateway.sessions.models import ChatMessage, ChunkIn, CreateSessionRequest, GenerationOptions
-from gateway.sessions.policies import StartPolicy
 from gateway.sessions.service import MAX_RESULT_WAIT_SEC, SessionService
-from gateway.sessions.states import SessionState
 from gateway.store.records import ChunkRecord
-from gateway.store.redis_store import SessionStore
 
 _DATA_URL = re.compile(r"^data:(?P<mime>[\w.+-]+/[\w.+-]+);base64,(?P<data>.*)$", re.DOTALL)
 
 
 class ChatService:
-    def __init__(self, sessions: SessionService, store: SessionStore, max_chunk_bytes: int) -> None:
+    def __init__(self, sessions: SessionService, max_chunk_bytes: int) -> None:
         self._sessions = sessions
-        self._store = store
         self._max_chunk_bytes = max_chunk_bytes
 
     async def start(self, identity: str, body: ChatCompletionRequest) -> str:
@@ -72,15 +69,16 @@ class ChatService:
         record = await self._sessions.result(identity, session_id, MAX_RESULT_WAIT_SEC)
         while not record.state.is_terminal:
             record = await self._sessions.result(identity, session_id, MAX_RESULT_WAIT_SEC)
-        if record.state is SessionState.COMPLETED:
-            return record.json("result")
-        raise errors.from_envelope(record.json("error"))
+        if record.state is SessionState.COMPLETED and record.result is not None:
+            return record.result
+        raise errors.from_envelope(record.error or {})
 
     async def stream(self, identity: str, session_id: str) -> AsyncIterator[ServerSentEvent]:
         """The session's frames; a client that leaves early cancels the session."""
         ended = False
         try:
-            async for event in session_events(self._store, session_id, "0-0"):
+            events = await self._sessions.events(identity, session_id, "0-0")
+            async for event in events or ():
                 yield event
             ended = True
         finally:

@@ -6,8 +6,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from gateway.sessions.policies import StartPolicy
-from gateway.sessions.states import SessionState
+from gateway.domain.policies import StartPolicy
+from gateway.domain.states import SessionState
+from gateway.errors import ErrorDetail
 
 Modality = Literal["text", "audio", "image", "video"]
 
@@ -15,20 +16,6 @@ Modality = Literal["text", "audio", "image", "video"]
 class StrictModel(BaseModel):
     #: Unknown fields are a client bug worth a 422, not something to drop silently.
     model_config = ConfigDict(extra="forbid")
-
-
-class ErrorDetail(BaseModel):
-    #: Some errors carry more, e.g. ``missing_sequence_ids``.
-    model_config = ConfigDict(extra="allow")
-
-    message: str
-    type: str
-    code: str
-    param: str | None = None
-
-
-class ErrorEnvelope(BaseModel):
-    error: ErrorDetail
 
 
 class ChunkIn(StrictModel):
@@ -123,6 +110,7 @@ class SessionView(BaseModel):
     received_chunks: int
     buffered_bytes: int
     missing_sequence_ids: list[int]
+    #: The replica running the session's engine work; none before it starts and once it has ended.
     owner: str | None
     #: What the speech recognizer heard in audio input, once the input is complete.
     input_transcript: str | None = None

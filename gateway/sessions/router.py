@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response, status
@@ -9,8 +10,8 @@ from pydantic import ValidationError
 from sse_starlette import EventSourceResponse
 
 from gateway import errors
-from gateway.dependencies import get_identity, get_service, get_settings, get_store
-from gateway.output.sse import SEND_TIMEOUT_SEC, parse_last_event_id, session_events
+from gateway.dependencies import get_identity, get_service, get_settings
+from gateway.output.sse import SEND_TIMEOUT_SEC, parse_last_event_id
 from gateway.sessions.chunks import record_from_json, record_from_raw
 from gateway.sessions.models import (
     ChunkAccepted,
@@ -24,8 +25,7 @@ from gateway.sessions.models import (
 )
 from gateway.sessions.service import SessionService
 from gateway.settings import Settings
-from gateway.store.records import SessionRecord
-from gateway.store.redis_store import SessionStore, now_ms
+from gateway.store.session_hash import SessionRecord
 from gateway.validation import read_body_capped, validation_error
 
 router = APIRouter(prefix="/v1/streaming_input/sessions", tags=["sessions"])
@@ -39,27 +39,21 @@ _INPUT = (*_COMMON, errors.InvalidJson, errors.ValidationFailed, errors.SessionC
 
 
 def session_view(record: SessionRecord) -> SessionView:
-    expires_ms = record.int("expires_at")
     return SessionView(
         session_id=record.session_id,
         state=record.state,
-        start_policy=record.fields["policy"],
-        model=record.fields["model"],
-        created_at=record.int("created_at") / 1000,
-        expires_at=expires_ms / 1000,
-        expires_in=max(0.0, (expires_ms - now_ms()) / 1000),
-        next_sequence_id=record.int("next_seq"),
-        received_chunks=record.int("received"),
-        buffered_bytes=record.int("bytes"),
+        start_policy=record.policy,
+        model=record.model,
+        created_at=record.created_at_ms / 1000,
+        expires_at=record.expires_at_ms / 1000,
+        expires_in=max(0.0, record.expires_at_ms / 1000 - time.time()),
+        next_sequence_id=record.next_seq,
+        received_chunks=record.received,
+        buffered_bytes=record.bytes,
         missing_sequence_ids=record.missing_sequence_ids,
-        owner=record.fields.get("owner") or None,
-        input_transcript=input_transcript_of(record),
+        owner=record.owner,
+        input_transcript=record.input_transcript,
     )
-
-
-def input_transcript_of(record: SessionRecord) -> str | None:
-    frame = record.json("input_transcript")
-    return frame["input_transcript"] if frame else None
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=CreatedSession,
@@ -149,13 +143,12 @@ async def get_session(session_id: str, service: Service, identity: Identity) -> 
                                             "(EventSource stops reconnecting)"},
                        **errors.error_responses(*_COMMON, errors.InvalidRequest)})
 async def stream_events(session_id: str, service: Service, identity: Identity,
-                        store: Annotated[SessionStore, Depends(get_store)],
                         settings: Annotated[Settings, Depends(get_settings)],
                         last_event_id: Annotated[str | None, Header()] = None) -> Response:
-    after = parse_last_event_id(last_event_id)
-    if await service.stream_is_over(identity, session_id, after):  # 404 / 410 before the first byte
+    events = await service.events(identity, session_id, parse_last_event_id(last_event_id))
+    if events is None:
         return Response(status_code=status.HTTP_204_NO_CONTENT)
-    return EventSourceResponse(session_events(store, session_id, after), ping=settings.sse_ping_sec,
+    return EventSourceResponse(events, ping=settings.sse_ping_sec,
                                send_timeout=SEND_TIMEOUT_SEC,
                                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
@@ -170,9 +163,9 @@ async def get_result(session_id: str, service: Service, identity: Identity, resp
     if not record.state.is_terminal:
         response.status_code = status.HTTP_202_ACCEPTED
         response.headers["Retry-After"] = "1"
-    error = record.json("error")
-    return SessionResult(session_id=session_id, state=record.state, completion=record.json("result"),
-                         error=error["error"] if error else None, input_transcript=input_transcript_of(record))
+    return SessionResult(session_id=session_id, state=record.state, completion=record.result,
+                         error=record.error["error"] if record.error else None,
+                         input_transcript=record.input_transcript)
 
 
 @router.delete("/{session_id}", status_code=status.HTTP_204_NO_CONTENT,

@@ -1,39 +1,39 @@
-"""The session use cases: create, append, finish, view, cancel, result.
+"""The session use cases: create, append, finish, view, events, cancel, result.
 
 Routers call these with parsed input and get domain objects or domain
 errors back. Every state change is delegated to one store call (one Lua
 script); the service adds validation against the engine's capabilities,
-start-policy thresholds, metrics, and hands started sessions to the runner.
+start-policy thresholds, metrics, and hands started sessions to the runners
+(``gateway.work``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import functools
-import json
-import logging
 import time
 import uuid
-from dataclasses import asdict
-from typing import Any
+from collections.abc import AsyncIterator
+
+from sse_starlette import ServerSentEvent
 
 from gateway import errors
+from gateway.domain.policies import StartThresholds
+from gateway.domain.states import SessionState
 from gateway.draining import Draining
 from gateway.identity import owner_check
 from gateway.metrics import Metrics
-from gateway.runner import RunnerPool, error_json
+from gateway.output.sse import session_events
 from gateway.sessions.models import CreateSessionRequest
-from gateway.sessions.policies import StartThresholds
-from gateway.sessions.states import SessionState
 from gateway.settings import Settings
-from gateway.store.records import ChunkRecord, InputOutcome, SessionRecord, event_id_key
+from gateway.store.records import ChunkRecord, InputOutcome, event_id_key
 from gateway.store.redis_store import SessionStore
+from gateway.store.session_hash import NewSession, SessionRecord, StoredRequest
+from gateway.work.pool import RunnerPool
 from omni_adapter.port import (
     Capabilities,
     EngineRejectedError,
-    EngineRequest,
     RequestChecks,
     SamplingOptions,
 )
@@ -61,15 +61,11 @@ class SessionService:
         if not self._settings.enabled:
             raise errors.StreamingInputDisabled("streaming input is disabled on this service")
 
-    async def _check_request(self, fields: dict[str, Any]) -> None:
+    async def _checked(self, new: NewSession) -> NewSession:
         """422 for a request the engine would refuse; its prompt so far counts against the context."""
         if self._checks is None:
-            return
-        stored = json.loads(fields["request"])
-        request = EngineRequest(
-            request_id="check", model=fields["model"], messages=tuple(stored["messages"]),
-            sampling=SamplingOptions(**{**stored["sampling"], "stop": tuple(stored["sampling"]["stop"])}),
-            output_modalities=tuple(stored["modalities"]))
+            return new
+        request = new.request.engine_request("check", new.model)
         try:
             # Rendering and tokenizing the history is CPU work: off the event loop.
             frame_tokens = await asyncio.to_thread(self._checks.check_request, request)
@@ -80,7 +76,7 @@ class SessionService:
             raise errors.ContextLengthExceeded(
                 f"the messages alone take {frame_tokens} tokens; the model's context leaves {limit} "
                 "for the input", param="messages", prompt_tokens=frame_tokens, max_input_tokens=limit)
-        fields.update(max_input_tokens=limit, input_tokens=frame_tokens)
+        return dataclasses.replace(new, max_input_tokens=limit, input_tokens=frame_tokens)
 
     async def _counted(self, chunk: ChunkRecord) -> ChunkRecord:
         """The chunk with the fewest tokens it adds, so the store can refuse what overflows."""
@@ -99,8 +95,9 @@ class SessionService:
     @functools.cached_property
     def _too_large_json(self) -> str:
         """The failure a session gets when its input outgrows the cap (the Lua scripts store it)."""
-        return error_json(errors.SessionPayloadTooLarge(
-            f"the session's input exceeds {self._settings.max_payload_per_session} bytes; session closed"))
+        return errors.SessionPayloadTooLarge(
+            f"the session's input exceeds {self._settings.max_payload_per_session} bytes; session closed",
+        ).envelope_json()
 
     # --- use cases -----------------------------------------------------------
 
@@ -117,16 +114,14 @@ class SessionService:
         if first is not None:
             self.check_input_modality(first, param="first_chunk.modality")
         session_id = f"sis-{uuid.uuid4().hex}"
-        fields = self._meta_fields(body, model, identity)
-        await self._check_request(fields)
+        new = await self._checked(self._new_session(body, model, identity))
         if first is not None:
             first = await self._counted(first)
         # Counted until it ends, or at most for its idle timeout plus the generation budget.
-        until = fields["created_at"] + fields["timeout_ms"] + fields["generation_ttl_ms"]
+        until = new.created_at_ms + new.timeout_ms + new.generation_ttl_ms
         await self._store.admit(identity, session_id, per_identity=self._settings.max_sessions_per_identity,
                                 overall=self._settings.max_open_sessions, until_ms=until)
-        outcome = await self._store.create(session_id, fields, self._claimant(), first,
-                                           self._too_large_json)
+        outcome = await self._store.create(session_id, new, self._claimant(), first, self._too_large_json)
         self._metrics.transition(None, SessionState.OPEN)
         if first is not None:
             self._count_chunk(first, outcome)
@@ -161,19 +156,22 @@ class SessionService:
             raise errors.SessionExpired(f"session {session_id!r} expired after being idle")
         return record
 
-    async def stream_is_over(self, identity: str, session_id: str, after: str) -> bool:
-        """True when the client has seen the stream's final frame: nothing will follow ``after``.
+    async def events(self, identity: str, session_id: str, after: str) -> AsyncIterator[ServerSentEvent] | None:
+        """The session's frames after ``after``; ``None`` when the client has seen the final one.
 
-        Browsers' ``EventSource`` reconnects with the last id it saw, even
-        after ``[DONE]``; answering those with an open stream kept one open
-        request per reconnect for the result's lifetime.
+        Checked before the first byte, so a missing or expired session is a
+        404 / 410. Browsers' ``EventSource`` reconnects with the last id it
+        saw, even after ``[DONE]``; answering those with an open stream kept
+        one open request per reconnect for the result's lifetime.
         """
-        await self.view(identity, session_id)  # 404 / 410 first
+        await self.view(identity, session_id)
         final = await self._store.last_frame(session_id)
-        return final is not None and final.last and event_id_key(after) >= event_id_key(final.id)
+        if final is not None and final.last and event_id_key(after) >= event_id_key(final.id):
+            return None
+        return session_events(self._store, session_id, after)
 
     async def cancel(self, identity: str, session_id: str) -> None:
-        cancelled = error_json(errors.SessionCancelled("the session was cancelled by the client"))
+        cancelled = errors.SessionCancelled("the session was cancelled by the client").envelope_json()
         before = await self._store.cancel(session_id, cancelled, caller=owner_check(identity))
         self._metrics.transition(before, SessionState.CANCELLED)
 
@@ -190,20 +188,6 @@ class SessionService:
                 return record
             await self._store.read_frames(session_id, last, block_ms=max(1, int(remaining * 1000)))
 
-    async def tend(self) -> None:
-        """Expire idle sessions; take engine work that has no live owner while there is room."""
-        expired = error_json(errors.SessionExpired("the session expired after being idle"))
-        # tend.lua fills in the ids; it only knows them at that moment.
-        incomplete = error_json(errors.IncompleteInput(
-            "input was not complete when the session timed out", missing_sequence_ids="__MISSING__",
-        )).replace('"__MISSING__"', "[__MISSING__]")
-        room = 0 if self._draining.active else self._runners.room
-        for outcome in await self._store.tend(expired, incomplete, self._settings.replica_id, room):
-            if outcome.lease is not None:
-                self._runners.start(outcome.session_id, outcome.lease)
-            else:
-                self._metrics.transition(outcome.previous_state, outcome.state)
-
     # --- helpers ---------------------------------------------------------------
 
     def _resolve_model(self, requested: str | None) -> str:
@@ -215,40 +199,30 @@ class SessionService:
                                        param="model")
         return requested
 
-    def _meta_fields(self, body: CreateSessionRequest, model: str, identity: str) -> dict[str, Any]:
+    def _new_session(self, body: CreateSessionRequest, model: str, identity: str) -> NewSession:
         s = self._settings
         policy = body.start_policy or s.start_policy
-        thresholds = StartThresholds.for_policy(policy, body.min_length, s.min_length_bytes)
         stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
         sampling = SamplingOptions(
             max_tokens=body.max_completion_tokens or body.max_tokens, temperature=body.temperature,
             top_p=body.top_p, top_k=body.top_k, seed=body.seed, stop=tuple(stop),
             presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
             repetition_penalty=body.repetition_penalty)
-        request = {
-            "messages": [m.model_dump(exclude_none=True) for m in body.messages],
-            "modalities": body.modalities,
-            "sampling": {**asdict(sampling), "stop": stop},
-            "include_usage": bool(body.stream_options and body.stream_options.include_usage),
-            "metadata": body.metadata or {},
-        }
+        request = StoredRequest(
+            messages=tuple(m.model_dump(exclude_none=True) for m in body.messages),
+            modalities=tuple(body.modalities), sampling=sampling,
+            include_usage=bool(body.stream_options and body.stream_options.include_usage),
+            metadata=body.metadata or {})
         timeout_ms = int(s.session_timeout_sec * 1000)
-        return {
-            "state": SessionState.OPEN.value, "policy": policy.value, "model": model, "identity": identity,
-            "request": json.dumps(request), "created_at": int(time.time() * 1000),
-            "next_seq": 0, "max_seq": -1, "received": 0, "bytes": 0,
-            "contig_chunks": 0, "contig_bytes": 0, "contig_audio_ms": 0,
-            "start_early": 0 if thresholds is None else 1,
-            "start_chunks": thresholds.chunks if thresholds else 0,
-            "start_bytes": thresholds.bytes if thresholds else 0,
-            "start_audio_ms": thresholds.audio_ms if thresholds else 0,
-            "max_ooo": s.max_out_of_order, "max_bytes": s.max_payload_per_session,
-            "max_chunks": s.max_chunks_per_session,
-            "timeout_ms": timeout_ms, "result_ttl_ms": int(s.result_ttl_sec * 1000),
+        return NewSession(
+            policy=policy, model=model, identity=identity, request=request,
+            created_at_ms=int(time.time() * 1000),
+            start=StartThresholds.for_policy(policy, body.min_length, s.min_length_bytes),
+            max_out_of_order=s.max_out_of_order, max_bytes=s.max_payload_per_session,
+            max_chunks=s.max_chunks_per_session, timeout_ms=timeout_ms,
+            result_ttl_ms=int(s.result_ttl_sec * 1000),
             # Generation is not idle time; give it at least an hour before keys lapse.
-            "generation_ttl_ms": max(timeout_ms, 3_600_000),
-            "owner": "", "lease_until": 0, "lease_epoch": 0, "lease_ttl_ms": int(s.lease_ttl_sec * 1000),
-        }
+            generation_ttl_ms=max(timeout_ms, 3_600_000), lease_ttl_ms=int(s.lease_ttl_sec * 1000))
 
     def _count_chunk(self, chunk: ChunkRecord, outcome: InputOutcome) -> None:
         self._metrics.chunks.labels(chunk.modality, "duplicate" if outcome.duplicate else "accepted").inc()
@@ -265,42 +239,3 @@ class SessionService:
         self._metrics.transition(before, outcome.state)
         if outcome.lease is not None:
             self._runners.start(session_id, outcome.lease)
-
-
-#: The tender's waits after consecutive failures, so a sick Redis is not hammered.
-TENDER_BACKOFF_SEC = (0.5, 1.0, 2.0, 5.0)
-
-
-async def run_tender(service: SessionService, runners: RunnerPool, interval_sec: float,
-                     metrics: Metrics | None = None) -> None:
-    """Background task: tend the schedule every ``interval_sec``, and whenever a runner ends.
-
-    It must never die while the replica lives (expiry, claims and failover
-    depend on it), so every failure is logged, counted and followed by a
-    back-off; the next round starts afresh. ``/readyz`` fails if it ended.
-    """
-    log = logging.getLogger(__name__)
-    failures = 0
-    while True:
-        runners.freed.clear()
-        try:
-            await service.tend()
-        except Exception as exc:
-            backoff = max(interval_sec, TENDER_BACKOFF_SEC[min(failures, len(TENDER_BACKOFF_SEC) - 1)])
-            failures += 1
-            if metrics is not None:
-                metrics.tender_failures.labels(getattr(exc, "code", type(exc).__name__)).inc()
-            if isinstance(exc, errors.StoreUnavailable):
-                log.warning("tender: %s; retrying in %.1f s", exc.message, backoff)
-            else:
-                log.exception("tender: a round failed; retrying in %.1f s", backoff)
-            await asyncio.sleep(backoff)
-            continue
-        if failures:
-            log.info("tender: tending again after %d failed rounds", failures)
-            failures = 0
-        # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow the
-        # cancel that stops this task when the event fires at the same time.
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(interval_sec):
-                await runners.freed.wait()

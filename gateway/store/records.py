@@ -1,4 +1,7 @@
-"""What the store keeps and returns: chunk records and script outcomes."""
+"""What the store keeps and returns: chunk records, frames, leases and script outcomes.
+
+The session's meta hash is ``session_hash``'s.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +10,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.sessions.states import SessionState
+from gateway.domain.states import SessionState
 
 
 @dataclass(frozen=True)
@@ -77,28 +80,6 @@ class Lease:
 
     replica: str
     epoch: int
-
-
-@dataclass(frozen=True)
-class SessionRecord:
-    """The meta hash of a session, decoded."""
-
-    session_id: str
-    fields: dict[str, str]
-    missing_sequence_ids: list[int]
-
-    @property
-    def state(self) -> SessionState:
-        return SessionState(self.fields["state"])
-
-    def int(self, name: str, default: int = 0) -> int:
-        value = self.fields.get(name)
-        return int(value) if value not in (None, "") else default
-
-    def json(self, name: str) -> Any:
-        value = self.fields.get(name)
-        return json.loads(value) if value else None
-
 
 
 def event_id_key(event_id: str) -> tuple[int, int]:

@@ -21,7 +21,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from gateway import errors
-from gateway.sessions.states import SessionState
+from gateway.domain.states import SessionState
 from gateway.store.connection import translate_redis_errors
 from gateway.store.keys import (
     OPEN_SESSIONS,
@@ -31,8 +31,10 @@ from gateway.store.keys import (
     identity_sessions,
     session_keys,
 )
-from gateway.store.records import ChunkRecord, Frame, InputOutcome, Lease, SessionRecord
+from gateway.store.records import ChunkRecord, Frame, InputOutcome, Lease
+from gateway.store.replies import Reply, decoded
 from gateway.store.scripts import script_sources
+from gateway.store.session_hash import NewSession, SessionRecord
 
 logger = logging.getLogger(__name__)
 
@@ -42,10 +44,6 @@ DUE_NOW = 0
 
 def now_ms() -> int:
     return int(time.time() * 1000)
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 @dataclass(frozen=True)
@@ -71,38 +69,38 @@ class TendOutcome:
     lease: Lease | None = None
 
 
-def _error_for(reply: list[Any], session_id: str, sequence_id: int | None = None) -> errors.GatewayError:
-    status = _text(reply[0])
-    detail = [_text(v) if isinstance(v, bytes) else v for v in reply[1:]]
+def _error_for(reply: Reply, session_id: str, sequence_id: int | None = None) -> errors.GatewayError:
+    status = reply.status
     if status == "not_found":
         return errors.SessionNotFound(f"no session {session_id!r}")
     if status == "expired":
         return errors.SessionExpired(f"session {session_id!r} expired after being idle")
     if status == "closed":
-        return errors.SessionClosed(f"session {session_id!r} is {detail[0]}; it takes no more input")
+        return errors.SessionClosed(f"session {session_id!r} is {reply.text('state')}; it takes no more input")
     if status == "conflict":
         return errors.SequenceConflict(
             f"sequence_id {sequence_id} was already received with different content",
             param="sequence_id")
     if status == "input_closed":
         return errors.InputClosed(
-            f"input already ends at sequence_id {detail[0]}", param="sequence_id")
+            f"input already ends at sequence_id {reply.number('final_seq')}", param="sequence_id")
     if status == "out_of_window":
         return errors.SequenceOutOfWindow(
-            f"sequence_id is too far ahead of the next expected id {detail[0]}",
+            f"sequence_id is too far ahead of the next expected id {reply.number('next_seq')}",
             param="sequence_id")
     if status == "too_many":
         return errors.TooManyChunks("the session has reached its chunk limit")
     if status == "too_large":
         error = errors.SessionPayloadTooLarge(
             "the session's total payload exceeds its cap; the session is closed")
-        error.previous_state = SessionState(detail[0])
+        error.previous_state = reply.state("previous_state")
         return error
     if status == "too_long":
+        tokens, limit = reply.number("tokens"), reply.number("max_tokens")
         return errors.ContextLengthExceeded(
-            f"the input would be at least {detail[0]} tokens, more than the model's context allows "
-            f"({detail[1]} tokens for the input); the session is unchanged",
-            param="sequence_id", prompt_tokens=int(detail[0]), max_input_tokens=int(detail[1]))
+            f"the input would be at least {tokens} tokens, more than the model's context allows "
+            f"({limit} tokens for the input); the session is unchanged",
+            param="sequence_id", prompt_tokens=tokens, max_input_tokens=limit)
     if status == "empty":
         return errors.EmptyInput("finish without final_sequence_id needs at least one chunk")
     if status == "exists":
@@ -114,16 +112,16 @@ def _frame(entry_id: str, fields: dict[str, str]) -> Frame:
     return Frame(entry_id, fields["e"], fields["d"], fields["t"] == "1")
 
 
-def _input_outcome(reply: list[Any], replica: str, duplicate: bool = False) -> InputOutcome:
-    epoch = int(reply[5])
+def _input_outcome(reply: Reply, replica: str) -> InputOutcome:
+    started, epoch = reply.number("started"), reply.number("lease_epoch")
     return InputOutcome(
-        state=SessionState(_text(reply[1])),
-        previous_state=SessionState(_text(reply[2])),
-        started=int(reply[3]) == 1,
-        unowned=int(reply[3]) == 2,
-        next_sequence_id=int(reply[4]),
-        duplicate=duplicate,
-        missing_sequence_ids=[int(v) for v in reply[6:]],
+        state=reply.state(),
+        previous_state=reply.state("previous_state"),
+        started=started == 1,
+        unowned=started == 2,
+        next_sequence_id=reply.number("next_seq"),
+        duplicate=reply.status == "duplicate",
+        missing_sequence_ids=reply.numbers("missing"),
         lease=Lease(replica, epoch) if epoch > 0 else None,
     )
 
@@ -144,9 +142,10 @@ class SessionStore:
             except TimeoutError as exc:
                 raise errors.StoreUnavailable("the session store did not answer in time") from exc
 
-    async def _run(self, name: str, keys: SessionKeys, args: Sequence[Any]) -> list[Any]:
+    async def _run(self, name: str, keys: SessionKeys, args: Sequence[Any]) -> Reply:
         async with self._call():
-            return await self._scripts[name](keys=list(keys), args=list(args))
+            raw = await self._scripts[name](keys=list(keys), args=list(args))
+        return Reply.parse(name, raw)
 
     # --- health ---------------------------------------------------------
 
@@ -160,26 +159,24 @@ class SessionStore:
     # engine work this call starts, '' when it does not (the work then waits).
 
     async def create(
-        self, session_id: str, fields: dict[str, Any], replica: str, first: ChunkRecord | None,
-        too_large_json: str,
+        self, session_id: str, new: NewSession, replica: str, first: ChunkRecord | None, too_large_json: str,
     ) -> InputOutcome:
-        now = now_ms()
         chunk_args: list[Any] = ["0", "", "", "", "0", ""]
         if first is not None:
             chunk_args = ["1", first.sequence_id, first.digest_record(), first.to_blob(),
                           int(first.end_of_input), too_large_json]
-        flat = [item for pair in fields.items() for item in pair]
-        reply = await self._run("create", session_keys(session_id), [now, replica, *chunk_args, *flat])
-        if _text(reply[0]) != "accepted":
+        flat = [item for pair in new.to_hash().items() for item in pair]
+        reply = await self._run("create", session_keys(session_id), [now_ms(), replica, *chunk_args, *flat])
+        if reply.status != "accepted":
             # A refused first chunk leaves no session behind, so no slot either
             # (``admit`` took it just before).
-            await self._free_slots(session_id, fields.get("identity"))
+            await self._free_slots(session_id, new.identity)
             raise _error_for(reply, session_id, first.sequence_id if first else None)
         outcome = _input_outcome(reply, replica)
         if outcome.started:
             await self._schedule_if_started(session_id, outcome)
         else:
-            await self.schedule(session_id, now + int(fields["timeout_ms"]))
+            await self.schedule(session_id, now_ms() + new.timeout_ms)
         return outcome
 
     async def append(
@@ -189,20 +186,19 @@ class SessionStore:
         args = [now_ms(), replica, chunk.sequence_id, chunk.digest_record(), chunk.to_blob(),
                 int(chunk.end_of_input), too_large_json, caller]
         reply = await self._run("append", session_keys(session_id), args)
-        status = _text(reply[0])
-        if status in ("accepted", "duplicate"):
-            outcome = _input_outcome(reply, replica, duplicate=status == "duplicate")
+        if reply.status in ("accepted", "duplicate"):
+            outcome = _input_outcome(reply, replica)
             await self._schedule_if_started(session_id, outcome)
             return outcome
-        if status == "too_large":
-            await self._free_slots(session_id, _text(reply[2]))
+        if reply.status == "too_large":
+            await self._free_slots(session_id, reply.text("identity"))
         raise _error_for(reply, session_id, chunk.sequence_id)
 
     async def finish(self, session_id: str, final_sequence_id: int | None, replica: str,
                      caller: str = "") -> InputOutcome:
         asked = "" if final_sequence_id is None else final_sequence_id
         reply = await self._run("finish", session_keys(session_id), [now_ms(), replica, asked, caller])
-        if _text(reply[0]) != "accepted":
+        if reply.status != "accepted":
             raise _error_for(reply, session_id, final_sequence_id)
         outcome = _input_outcome(reply, replica)
         await self._schedule_if_started(session_id, outcome)
@@ -211,11 +207,10 @@ class SessionStore:
     async def cancel(self, session_id: str, cancelled_json: str, caller: str = "") -> SessionState:
         """Cancel; returns the state before (``cancelled`` again when repeated)."""
         reply = await self._run("cancel", session_keys(session_id), [now_ms(), cancelled_json, caller])
-        if _text(reply[0]) != "accepted":
+        if reply.status != "accepted":
             raise _error_for(reply, session_id)
-        if len(reply) > 3:
-            await self._free_slots(session_id, _text(reply[3]))
-        return SessionState(_text(reply[2]))
+        await self._free_slots(session_id, reply.text("identity"))
+        return reply.state("previous_state")
 
     # --- limits -----------------------------------------------------------
 
@@ -300,22 +295,20 @@ class SessionStore:
                                                   score_cast_func=int)
         outcomes: list[TendOutcome] = []
         for raw, seen in due:
-            session_id = _text(raw)
+            session_id = decoded(raw)
             claimant = replica if room > 0 else ""
             reply = await self._run("tend", session_keys(session_id),
                                     [now, expired_json, incomplete_json, claimant])
-            status = _text(reply[0])
-            look_again = {"alive": 2, "claimed": 3}.get(status)
             async with self._call():
                 await self._scripts["rescore"](keys=[SCHEDULE], args=[
-                    session_id, seen, "" if look_again is None else int(reply[look_again])])
-            if status in ("expired", "failed"):
-                await self._free_slots(session_id, _text(reply[2]))
-                outcomes.append(TendOutcome(session_id, SessionState(status), SessionState(_text(reply[1]))))
-            elif status == "claimed":
+                    session_id, seen, reply.number("look_again_at") if reply.has("look_again_at") else ""])
+            if reply.status in ("expired", "failed"):
+                await self._free_slots(session_id, reply.text("identity"))
+                outcomes.append(TendOutcome(session_id, SessionState(reply.status), reply.state("previous_state")))
+            elif reply.status == "claimed":
                 room -= 1
-                state = SessionState(_text(reply[1]))
-                outcomes.append(TendOutcome(session_id, state, state, Lease(replica, int(reply[2]))))
+                state = reply.state()
+                outcomes.append(TendOutcome(session_id, state, state, Lease(replica, reply.number("lease_epoch"))))
         return outcomes
 
     async def renew(self, session_id: str, lease: Lease) -> bool:
@@ -325,34 +318,36 @@ class SessionStore:
         should the call that started this work have failed to schedule it.
         """
         reply = await self._run("renew", session_keys(session_id), [now_ms(), lease.replica, lease.epoch])
-        if _text(reply[0]) != "ok":
+        if reply.status != "ok":
             return False
-        await self.schedule(session_id, int(reply[1]))
+        await self.schedule(session_id, reply.number("lease_until"))
         return True
 
     async def release(self, session_id: str, lease: Lease) -> None:
         """Hand the session's engine work back (shutdown): another replica takes it at once."""
         reply = await self._run("release", session_keys(session_id), [lease.replica, lease.epoch])
-        if _text(reply[0]) == "released":
+        if reply.status == "released":
             async with self._call():
                 await self._redis.zadd(SCHEDULE, {session_id: DUE_NOW})
 
     # --- reading --------------------------------------------------------
 
     async def view(self, session_id: str, caller: str = "") -> SessionRecord:
-        reply = await self._run("view", session_keys(session_id), [caller])
-        if not reply:
+        # Not a status reply: the hash itself (see view.lua), so not through Reply.
+        async with self._call():
+            raw = await self._scripts["view"](keys=list(session_keys(session_id)), args=[caller])
+        if not raw:
             raise errors.SessionNotFound(f"no session {session_id!r}")
-        flat, missing = reply
-        fields = {_text(flat[i]): _text(flat[i + 1]) for i in range(0, len(flat), 2)}
-        return SessionRecord(session_id, fields, [int(v) for v in missing])
+        flat, missing = raw
+        fields = {decoded(flat[i]): decoded(flat[i + 1]) for i in range(0, len(flat), 2)}
+        return SessionRecord.from_hash(session_id, fields, [int(v) for v in missing])
 
     async def _xread(self, key: str, after: str, block_ms: int | None,
                      count: int) -> list[tuple[str, dict[str, str]]]:
         """Entries of one stream after ``after``, waiting up to ``block_ms`` for the first (``None``: no wait)."""
         async with self._call((block_ms or 0) / 1000):
             reply = await self._redis.xread({key: after}, block=block_ms, count=count)
-        return [(_text(entry_id), {_text(k): _text(v) for k, v in raw.items()})
+        return [(decoded(entry_id), {decoded(k): decoded(v) for k, v in raw.items()})
                 for _, entries in reply or () for entry_id, raw in entries]
 
     async def read_input(self, session_id: str, after: str, block_ms: int) -> list[InputEvent]:
@@ -393,11 +388,11 @@ class SessionStore:
         for event, data, last in frames:
             args += [event, data, int(last)]
         reply = await self._run("publish", session_keys(session_id), args)
-        if _text(reply[0]) != "ok":
+        if reply.status != "ok":
             return None
         if completion:
             await self._free_slots(session_id, identity)
-        return [_text(v) for v in reply[1:]]
+        return reply.texts("ids")
 
     async def fail(self, session_id: str, error_json: str, lease: Lease | None = None) -> SessionState | None:
         """Fail a live session; returns the state before, ``None`` if it had ended.
@@ -406,16 +401,16 @@ class SessionStore:
         """
         holder = [lease.replica, lease.epoch] if lease else ["", ""]
         reply = await self._run("fail", session_keys(session_id), [now_ms(), error_json, *holder])
-        if _text(reply[0]) != "failed":
+        if reply.status != "failed":
             return None
-        await self._free_slots(session_id, _text(reply[2]))
-        return SessionState(_text(reply[1]))
+        await self._free_slots(session_id, reply.text("identity"))
+        return reply.state("previous_state")
 
     async def read_output(self, session_id: str) -> list[Frame]:
         """Every frame written so far (a new owner picks up from them)."""
         async with self._call():
             entries = await self._redis.xrange(session_keys(session_id).output)
-        return [_frame(_text(entry_id), {_text(k): _text(v) for k, v in raw.items()})
+        return [_frame(decoded(entry_id), {decoded(k): decoded(v) for k, v in raw.items()})
                 for entry_id, raw in entries]
 
     async def read_frames(self, session_id: str, after: str, block_ms: int | None) -> list[Frame]:
@@ -425,7 +420,7 @@ class SessionStore:
     async def last_frame(self, session_id: str) -> Frame | None:
         async with self._call():
             entries = await self._redis.xrevrange(session_keys(session_id).output, count=1)
-        return _frame(_text(entries[0][0]), {_text(k): _text(v) for k, v in entries[0][1].items()}) if entries else None
+        return _frame(decoded(entries[0][0]), {decoded(k): decoded(v) for k, v in entries[0][1].items()}) if entries else None
 
     async def last_frame_id(self, session_id: str) -> str:
         frame = await self.last_frame(session_id)

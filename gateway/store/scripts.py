@@ -1,6 +1,6 @@
 """Load the Lua scripts, each prefixed with the shared library.
 
-The transition table of ``gateway.sessions.states`` is rendered into Lua
+The transition table of ``gateway.domain.states`` is rendered into Lua
 here, so the scripts enforce exactly the table the Python code documents.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from importlib.resources import files
 
-from gateway.sessions.states import TERMINAL_STATES, TRANSITIONS
+from gateway.domain.states import TERMINAL_STATES, TRANSITIONS
 
 #: Scripts on the five keys of one session, prefixed with lib.lua.
 SESSION_SCRIPTS = ("create", "append", "finish", "cancel", "tend", "renew", "release", "publish", "fail",

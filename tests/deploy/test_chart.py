@@ -17,7 +17,7 @@ import redis
 from pydantic import TypeAdapter
 
 from deploy import render_manifests
-from gateway.sessions.policies import StartPolicy
+from gateway.domain.policies import StartPolicy
 from gateway.settings import Settings
 from tests.deploy import k8s
 from tests.deploy.gateway_cli import captured_cli_call

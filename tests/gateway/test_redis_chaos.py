@@ -22,10 +22,16 @@ from gateway.store.connection import is_store_unavailable
 from tests.fakes import ScriptedEngine
 from tests.gateway.client import BASE, app_client, make_settings
 from tests.gateway.test_api import append, assert_error, create, view
-from tests.gateway.test_redis_trouble import AOF, until_ready
+from tests.gateway.test_redis_trouble import until_ready
 from tests.redis_server import free_port, redis_process
 
 pytestmark = pytest.mark.redis
+
+
+#: Every write on disk before Redis answers it. With ``everysec`` Redis may
+#: delay its AOF write by up to 2 s while an earlier fsync is slow (a busy
+#: disk), and a kill then loses writes it had acknowledged.
+DURABLE_AOF = ("--appendonly", "yes", "--appendfsync", "always")
 
 
 @asynccontextmanager
@@ -51,7 +57,7 @@ async def append_until_acked(client: httpx.AsyncClient, sid: str, seq: int, text
 
 
 async def test_oom_readonly_and_restart_are_503s_and_nothing_stalls_for_good() -> None:
-    with redis_process(extra=AOF) as server:
+    with redis_process(extra=DURABLE_AOF) as server:
         admin = redis.Redis(port=server.port)
         async with replicas(server.url, a={"max_engine_sessions": 1, "session_timeout_sec": 120},
                             b={"session_timeout_sec": 1}) as clients:
@@ -124,19 +130,19 @@ def test_which_redis_errors_mean_not_now() -> None:
 
 async def test_the_tender_lives_through_any_error_and_readiness_reports_it_dead(
         redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from gateway.sessions.service import SessionService
+    from gateway.work.tender import Tender
 
-    real_tend = SessionService.tend
+    real_tend = Tender.tend
     rounds = {"n": 0}
 
-    async def flaky_tend(self: SessionService) -> None:
+    async def flaky_tend(self: Tender) -> None:
         rounds["n"] += 1
         if rounds["n"] <= 2:  # a reply it cannot parse, a bug: not only connection loss
             raise RuntimeError("unexpected reply from tend.lua")
         await real_tend(self)
 
-    monkeypatch.setattr(SessionService, "tend", flaky_tend)
-    monkeypatch.setattr("gateway.sessions.service.TENDER_BACKOFF_SEC", (0.05,))
+    monkeypatch.setattr(Tender, "tend", flaky_tend)
+    monkeypatch.setattr("gateway.work.tender.TENDER_BACKOFF_SEC", (0.05,))
     settings = make_settings(redis_url=redis_url, tend_interval_sec=0.05, session_timeout_sec=0.5)
     async with app_client(settings, ScriptedEngine()) as client:
         sid = await create(client)

@@ -10,7 +10,6 @@ sessions stay terminal.
 from __future__ import annotations
 
 import asyncio
-import json
 import uuid
 from typing import Any
 
@@ -19,11 +18,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway import errors
-from gateway.sessions.states import SessionState
+from gateway.domain.policies import StartThresholds
+from gateway.domain.states import SessionState
 from gateway.store.keys import SCHEDULE, session_keys
 from gateway.store.records import ChunkRecord
 from gateway.store.redis_store import SessionStore
-from tests.gateway.test_store import EXPIRED, INCOMPLETE, TOO_LARGE, fields
+from tests.gateway.test_store import EXPIRED, INCOMPLETE, TOO_LARGE, new
 
 RANK = {SessionState.OPEN: 0, SessionState.STREAMING: 1, SessionState.GENERATING: 2}
 
@@ -78,8 +78,8 @@ async def test_random_interleavings_keep_the_invariants(redis_url: str, plan: li
     async with aioredis.Redis.from_url(redis_url) as client:
         store = SessionStore(client, timeout_sec=2.0)
         sid = f"prop-{uuid.uuid4().hex}"
-        await store.create(sid, fields(identity="me", max_ooo=8, max_chunks=100, max_bytes=10_000,
-                                       start_early=1, start_chunks=2), "r1", None, TOO_LARGE)
+        await store.create(sid, new(identity="me", max_out_of_order=8, max_chunks=100, max_bytes=10_000,
+                                    start=StartThresholds(chunks=2)), "r1", None, TOO_LARGE)
         acked: dict[int, bytes] = {}
         previous = SessionState.OPEN
         for concurrent in [*plan, FILL]:
@@ -93,7 +93,7 @@ async def test_random_interleavings_keep_the_invariants(redis_url: str, plan: li
 
         view = await store.view(sid)
         consumed = [e.sequence_id for e in await store.read_input(sid, "0-0", block_ms=10) if e.kind == "chunk"]
-        next_seq = view.int("next_seq")
+        next_seq = view.next_seq
         assert consumed == list(range(next_seq)), "consumed out of order or twice"
         assert set(consumed) <= set(acked), "consumed a chunk nobody acknowledged"
         assert all(seq in acked for seq in range(next_seq))
@@ -101,6 +101,6 @@ async def test_random_interleavings_keep_the_invariants(redis_url: str, plan: li
         assert {c.sequence_id: c.payload for c in stored} == acked, "acknowledged content changed"
         buffered = sorted(seq for seq in acked if seq >= next_seq)
         assert view.missing_sequence_ids == [s for s in range(next_seq, max(buffered, default=-1) + 1)
-                                             if s not in acked] or view.fields.get("final_seq")
+                                             if s not in acked] or view.final_seq is not None
         if view.state is SessionState.FAILED:
-            assert json.loads(view.fields["error"])["error"]["code"]
+            assert view.error and view.error["error"]["code"]

@@ -2,32 +2,34 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from typing import Any
 
 import pytest
 
 from gateway import errors
-from gateway.sessions.states import SessionState
+from gateway.domain.policies import StartPolicy, StartThresholds
+from gateway.domain.states import SessionState
 from gateway.store import redis_store
 from gateway.store.records import ChunkRecord, Lease
 from gateway.store.redis_store import SessionStore
+from gateway.store.session_hash import NewSession, StoredRequest
+from omni_adapter.port import SamplingOptions
 
 TOO_LARGE = json.dumps({"error": {"code": "payload_too_large"}})
 EXPIRED = json.dumps({"error": {"code": "session_expired"}})
 INCOMPLETE = '{"error":{"code":"incomplete_input","missing_sequence_ids":[__MISSING__]}}'
 
 
-def fields(**overrides: object) -> dict[str, object]:
-    base: dict[str, object] = {
-        "state": "open", "next_seq": 0, "max_seq": -1, "received": 0, "bytes": 0,
-        "contig_chunks": 0, "contig_bytes": 0, "contig_audio_ms": 0,
-        "start_early": 1, "start_chunks": 1, "start_bytes": 0, "start_audio_ms": 0,
-        "max_ooo": 4, "max_bytes": 100, "max_chunks": 10,
-        "timeout_ms": 60_000, "result_ttl_ms": 60_000, "generation_ttl_ms": 60_000,
-        "owner": "", "lease_until": 0, "lease_epoch": 0, "lease_ttl_ms": 60_000,
-    }
-    base.update(overrides)
-    return base
+def new(**overrides: Any) -> NewSession:
+    """A session as ``create`` stores it: small caps, starting on its first chunk."""
+    base = NewSession(
+        policy=StartPolicy.ON_FIRST_CHUNK, model="m", identity="", created_at_ms=0,
+        request=StoredRequest(messages=(), modalities=("text",), sampling=SamplingOptions()),
+        start=StartThresholds(chunks=1), max_out_of_order=4, max_bytes=100, max_chunks=10,
+        timeout_ms=60_000, result_ttl_ms=60_000, generation_ttl_ms=60_000, lease_ttl_ms=60_000)
+    return dataclasses.replace(base, **overrides)
 
 
 def text(seq: int, body: str, end: bool = False) -> ChunkRecord:
@@ -35,7 +37,7 @@ def text(seq: int, body: str, end: bool = False) -> ChunkRecord:
 
 
 async def new_session(store: SessionStore, sid: str = "s1", **overrides: object) -> None:
-    await store.create(sid, fields(**overrides), "r1", None, TOO_LARGE)
+    await store.create(sid, new(**overrides), "r1", None, TOO_LARGE)
 
 
 async def input_events(store: SessionStore, sid: str = "s1") -> list[tuple[str, int]]:
@@ -43,7 +45,7 @@ async def input_events(store: SessionStore, sid: str = "s1") -> list[tuple[str, 
 
 
 async def test_out_of_order_chunks_reach_the_input_stream_in_order(store: SessionStore) -> None:
-    await new_session(store, start_early=0)
+    await new_session(store, start=None)
     for seq in (2, 1):
         outcome = await store.append("s1", text(seq, f"c{seq}"), "r1", TOO_LARGE)
         assert outcome.next_sequence_id == 0 and outcome.state is SessionState.OPEN
@@ -55,19 +57,19 @@ async def test_out_of_order_chunks_reach_the_input_stream_in_order(store: Sessio
 
 
 async def test_duplicate_is_idempotent_and_conflict_changes_nothing(store: SessionStore) -> None:
-    await new_session(store, start_early=0)
+    await new_session(store, start=None)
     await store.append("s1", text(0, "same"), "r1", TOO_LARGE)
     again = await store.append("s1", text(0, "same"), "r1", TOO_LARGE)
     assert again.duplicate
     with pytest.raises(errors.SequenceConflict):
         await store.append("s1", text(0, "other"), "r1", TOO_LARGE)
     view = await store.view("s1")
-    assert view.int("received") == 1 and view.int("bytes") == 4
+    assert view.received == 1 and view.bytes == 4
     assert await input_events(store) == [("chunk", 0)]
 
 
 async def test_window_and_chunk_count_limits(store: SessionStore) -> None:
-    await new_session(store, start_early=0, max_chunks=2)
+    await new_session(store, start=None, max_chunks=2)
     with pytest.raises(errors.SequenceOutOfWindow):
         await store.append("s1", text(4, "x"), "r1", TOO_LARGE)
     await store.append("s1", text(3, "x"), "r1", TOO_LARGE)
@@ -78,13 +80,13 @@ async def test_window_and_chunk_count_limits(store: SessionStore) -> None:
 
 
 async def test_session_cap_closes_the_session_and_tells_subscribers(store: SessionStore) -> None:
-    await new_session(store, start_early=0, max_bytes=10)
+    await new_session(store, start=None, max_bytes=10)
     await store.append("s1", text(0, "12345678"), "r1", TOO_LARGE)
     with pytest.raises(errors.SessionPayloadTooLarge):
         await store.append("s1", text(1, "123"), "r1", TOO_LARGE)
     view = await store.view("s1")
     assert view.state is SessionState.FAILED
-    assert view.json("error") == {"error": {"code": "payload_too_large"}}
+    assert view.error == {"error": {"code": "payload_too_large"}}
     frames = await store.read_frames("s1", "0-0", block_ms=10)
     assert [(f.event, f.last) for f in frames] == [("error", True)]
     with pytest.raises(errors.SessionClosed):
@@ -99,7 +101,7 @@ async def test_on_first_chunk_starts_once_and_end_moves_to_generating(store: Ses
     assert second.started and second.state is SessionState.STREAMING
     last = await store.append("s1", text(2, "c", end=True), "r2", TOO_LARGE)
     assert not last.started and last.state is SessionState.GENERATING
-    assert (await store.view("s1")).fields["owner"] == "r1"
+    assert (await store.view("s1")).owner == "r1"
     assert [k for k, _ in await input_events(store)] == ["chunk", "chunk", "chunk", "end"]
     with pytest.raises(errors.InputClosed):
         await store.append("s1", text(3, "d"), "r1", TOO_LARGE)
@@ -107,14 +109,14 @@ async def test_on_first_chunk_starts_once_and_end_moves_to_generating(store: Ses
 
 
 async def test_min_length_waits_for_enough_contiguous_bytes(store: SessionStore) -> None:
-    await new_session(store, start_chunks=0, start_bytes=6)
+    await new_session(store, start=StartThresholds(bytes=6))
     assert not (await store.append("s1", text(0, "abc"), "r1", TOO_LARGE)).started
     assert not (await store.append("s1", text(2, "ghi"), "r1", TOO_LARGE)).started
     assert (await store.append("s1", text(1, "def"), "r1", TOO_LARGE)).started
 
 
 async def test_finish_reports_gaps_then_completes_input(store: SessionStore) -> None:
-    await new_session(store, start_early=0)
+    await new_session(store, start=None)
     await store.append("s1", text(0, "a"), "r1", TOO_LARGE)
     await store.append("s1", text(2, "c"), "r1", TOO_LARGE)
     outcome = await store.finish("s1", 3, "r1")
@@ -136,8 +138,8 @@ async def test_finish_without_chunks_is_refused(store: SessionStore) -> None:
 
 
 async def test_reaper_expires_idle_sessions_and_fails_incomplete_ones(store: SessionStore) -> None:
-    await new_session(store, "idle", timeout_ms=1, start_early=0)
-    await new_session(store, "gappy", timeout_ms=1, start_early=0)
+    await new_session(store, "idle", timeout_ms=1, start=None)
+    await new_session(store, "gappy", timeout_ms=1, start=None)
     await store.append("gappy", text(1, "b"), "r1", TOO_LARGE)
     await store.finish("gappy", 1, "r1")
     await new_session(store, "fresh", timeout_ms=60_000)
@@ -145,7 +147,7 @@ async def test_reaper_expires_idle_sessions_and_fails_incomplete_ones(store: Ses
     await asyncio.sleep(0.01)
     ended = {o.session_id: o.state for o in await store.tend(EXPIRED, INCOMPLETE, "r1", room=0)}
     assert ended == {"idle": SessionState.EXPIRED, "gappy": SessionState.FAILED}
-    assert (await store.view("gappy")).json("error")["error"]["missing_sequence_ids"] == [0]
+    assert (await store.view("gappy")).error["error"]["missing_sequence_ids"] == [0]
     with pytest.raises(errors.SessionExpired):
         await store.append("idle", text(0, "late"), "r1", TOO_LARGE)
     assert await store.tend(EXPIRED, INCOMPLETE, "r1", room=0) == []
@@ -174,7 +176,7 @@ async def test_publish_only_while_generating(store: SessionStore) -> None:
     done = await store.publish("s1", lease, 2, [("", "[DONE]", True)], completion={"ok": 1})
     assert done is not None
     view = await store.view("s1")
-    assert view.state is SessionState.COMPLETED and view.json("result") == {"ok": 1}
+    assert view.state is SessionState.COMPLETED and view.result == {"ok": 1}
     assert await store.publish("s1", lease, 3, [("", "late", False)]) is None
     frames = await store.read_frames("s1", ids[0], block_ms=10)
     assert [f.data for f in frames] == ["hi", "[DONE]"] and frames[-1].last
@@ -182,10 +184,10 @@ async def test_publish_only_while_generating(store: SessionStore) -> None:
 
 async def test_first_chunk_is_atomic_with_create(store: SessionStore) -> None:
     with pytest.raises(errors.SequenceOutOfWindow):
-        await store.create("s1", fields(), "r1", text(9, "far"), TOO_LARGE)
+        await store.create("s1", new(), "r1", text(9, "far"), TOO_LARGE)
     with pytest.raises(errors.SessionNotFound):
         await store.view("s1")
-    outcome = await store.create("s1", fields(), "r1", text(0, "a"), TOO_LARGE)
+    outcome = await store.create("s1", new(), "r1", text(0, "a"), TOO_LARGE)
     assert outcome.started and outcome.state is SessionState.STREAMING
 
 
@@ -199,13 +201,13 @@ async def test_the_starting_replica_takes_the_lease_only_when_it_has_room(store:
     await new_session(store, "waiting")
     waiting = await store.append("waiting", text(0, "a"), "", TOO_LARGE)
     assert waiting.started and waiting.lease is None
-    assert (await store.view("waiting")).fields["owner"] == ""
+    assert (await store.view("waiting")).owner is None
     # Work nobody took waits in Redis until a tender with room claims it.
     assert await store.tend(EXPIRED, INCOMPLETE, "r2", room=0) == []
     (claimed,) = await store.tend(EXPIRED, INCOMPLETE, "r2", room=5)
     assert (claimed.session_id, claimed.lease) == ("waiting", Lease("r2", 1))
     assert claimed.state is SessionState.STREAMING
-    assert (await store.view("waiting")).fields["owner"] == "r2"
+    assert (await store.view("waiting")).owner == "r2"
 
 
 async def test_a_lapsed_lease_is_claimed_and_the_old_holder_is_fenced_off(store: SessionStore) -> None:
@@ -335,7 +337,7 @@ async def test_renewing_a_lease_puts_the_work_back_in_the_schedule(store: Sessio
     assert lease is not None
     await redis_client.zrem(SCHEDULE, "s1")
     assert await store.renew("s1", lease)
-    assert await redis_client.zscore(SCHEDULE, "s1") == int((await store.view("s1")).fields["lease_until"])
+    assert await redis_client.zscore(SCHEDULE, "s1") == (await store.view("s1")).lease_until_ms
 
 
 async def test_the_tender_never_overwrites_a_newer_due_now(store: SessionStore, redis_client) -> None:

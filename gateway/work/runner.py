@@ -29,23 +29,22 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from gateway import errors
+from gateway.domain.states import SessionState
 from gateway.metrics import Metrics
 from gateway.output.audio import AudioOutput
 from gateway.output.frames import DONE, TRANSCRIPT_EVENT, FrameBuilder, content_of
-from gateway.sessions.states import SessionState
-from gateway.store.records import Frame, Lease, SessionRecord
+from gateway.store.records import Frame, Lease
 from gateway.store.redis_store import InputEvent, SessionStore
+from gateway.store.session_hash import SessionRecord
 from omni_adapter.port import (
     AudioDelta,
     Engine,
     EngineError,
     EngineRejectedError,
-    EngineRequest,
     EngineSession,
     Finished,
     InputChunk,
     InputTranscript,
-    SamplingOptions,
     TextDelta,
 )
 
@@ -56,23 +55,6 @@ T = TypeVar("T")
 INPUT_POLL_MS = 5_000
 #: Waits between retries of a store call while Redis is unreachable.
 RETRY_DELAYS_SEC = (0.05, 0.1, 0.2, 0.5, 1.0)
-
-
-def engine_request(record: SessionRecord, assistant_prefix: str = "") -> EngineRequest:
-    """Rebuild the engine request from what ``create`` stored in Redis."""
-    stored = record.json("request")
-    return EngineRequest(
-        request_id=f"{record.session_id}-{record.int('lease_epoch')}",
-        model=record.fields["model"],
-        messages=tuple(stored["messages"]),
-        sampling=SamplingOptions(**{**stored["sampling"], "stop": tuple(stored["sampling"]["stop"])}),
-        output_modalities=tuple(stored["modalities"]),
-        assistant_prefix=assistant_prefix,
-    )
-
-
-def error_json(error: errors.GatewayError) -> str:
-    return json.dumps(error.envelope())
 
 
 class LeaseLost(Exception):
@@ -123,10 +105,11 @@ class SessionRunner:
         progress = _Progress.of(await self._retrying(lambda: self._store.read_output(self.session_id)))
         if progress.frame_data:
             logger.info("session %s: taking over after %d frames", self.session_id, len(progress.frame_data))
-        timing = _Timing(created_ms=record.int("created_at"), input_done_ms=record.int("input_done_at") or None,
+        timing = _Timing(created_ms=record.created_at_ms, input_done_ms=record.input_done_at_ms,
                          progress_at=time.monotonic())
         try:
-            session = self._engine.open_session(engine_request(record, progress.text))
+            session = self._engine.open_session(record.request.engine_request(
+                f"{record.session_id}-{record.lease_epoch}", record.model, progress.text))
         except EngineRejectedError as exc:
             # Nothing else would ever end this session: fail it for the client.
             await self._fail(errors.ValidationFailed(str(exc)))
@@ -266,10 +249,8 @@ class SessionRunner:
 
     async def _relay(self, session: EngineSession, record: SessionRecord, progress: _Progress,
                      timing: _Timing) -> None:
-        stored = record.json("request")
-        frames = FrameBuilder(record.session_id, record.fields["model"], record.int("created_at") // 1000)
-        include_usage = stored.get("include_usage", False)
-        audio = AudioOutput(frames, ttl_sec=record.int("result_ttl_ms") / 1000)
+        frames = FrameBuilder(record.session_id, record.model, record.created_at_ms // 1000)
+        audio = AudioOutput(frames, ttl_sec=record.result_ttl_ms / 1000)
         audio.replay(progress.frame_data)
         pieces: list[str] = [progress.text] if progress.text else []
         written = len(progress.frame_data)
@@ -301,11 +282,11 @@ class SessionRunner:
                     return
             elif isinstance(event, Finished):
                 out = [*opening(), ("", frames.finish(event.finish_reason), False)]
-                if include_usage:
+                if record.request.include_usage:
                     out.append(("", frames.usage(event.usage), False))
                 out.append(("", DONE, True))
                 completion = audio.complete(frames.completion("".join(pieces), event.finish_reason, event.usage))
-                if await publish(out, completion=completion, identity=record.fields.get("identity")):
+                if await publish(out, completion=completion, identity=record.identity):
                     self._metrics.transition(SessionState.GENERATING, SessionState.COMPLETED)
                 return
             elif isinstance(event, EngineError):
@@ -324,45 +305,3 @@ class SessionRunner:
             return
         if before is not None:
             self._metrics.transition(before, SessionState.FAILED)
-
-
-class RunnerPool:
-    """The runners of this replica, one task per session it holds the lease on.
-
-    ``capacity`` bounds the engine sessions this replica runs at once; work
-    beyond it waits in Redis for any replica with room.
-    """
-
-    def __init__(self, make_runner: Callable[[str, Lease], SessionRunner], capacity: int) -> None:
-        self._make_runner = make_runner
-        self._capacity = capacity
-        self._tasks: dict[str, asyncio.Task[None]] = {}
-        #: Set whenever a runner ends: room for waiting work.
-        self.freed = asyncio.Event()
-
-    @property
-    def room(self) -> int:
-        return max(0, self._capacity - len(self._tasks))
-
-    def start(self, session_id: str, lease: Lease) -> None:
-        if session_id in self._tasks:
-            return
-        task = asyncio.create_task(self._make_runner(session_id, lease).run(), name=f"run-{session_id}")
-        self._tasks[session_id] = task
-        task.add_done_callback(lambda _: self._ended(session_id))
-
-    def _ended(self, session_id: str) -> None:
-        self._tasks.pop(session_id, None)
-        self.freed.set()
-
-    def __len__(self) -> int:
-        return len(self._tasks)
-
-    async def aclose(self, grace_sec: float = 0.0) -> None:
-        """Let runners finish for up to ``grace_sec``, then hand the rest to other replicas."""
-        tasks = list(self._tasks.values())
-        if tasks and grace_sec > 0:
-            await asyncio.wait(tasks, timeout=grace_sec)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,171 @@
+"""The session's meta hash in Redis: every field, its type, and who writes it.
+
+``NewSession`` is what ``create`` writes, whole; the Lua scripts then change
+single fields (each named below with the script that writes it) and read them
+by these same names. ``SessionRecord`` is the hash read back, typed: the only
+way the rest of the gateway reads a session.
+
+    field                written by                 read as
+    state                create, every transition   SessionRecord.state
+    policy, model,       create                     .policy, .model, .identity,
+    identity, request                               .request
+    created_at           create (this replica's clock, ms)       .created_at_ms
+    expires_at           every input call (Redis clock, ms)      .expires_at_ms
+    updated_at           every input call and transition
+    next_seq, max_seq,   append: the contiguous prefix, the      .next_seq, .received,
+    received, bytes      highest id, chunk count, payload bytes  .bytes
+    contig_*             append: contiguous input, for the start policy
+    start_*              create: the start policy's thresholds
+    max_ooo, max_bytes,  create: per-session caps
+    max_chunks
+    max_input_tokens,    create (when the engine can count), append
+    input_tokens
+    final_seq            append with end_of_input, finish        .final_seq
+    input_done_at        the call that completed the input (ms)  .input_done_at_ms
+    started_at           the call that started the engine work (ms)
+    owner, lease_until,  the lease: claims (append, finish,      .owner, .lease_until_ms,
+    lease_epoch          tend), renew, release; cleared on end   .lease_epoch
+    lease_ttl_ms, timeout_ms, result_ttl_ms, generation_ttl_ms: create
+    out_frames           publish: frames written so far
+    input_transcript     publish: what the listener heard        .input_transcript
+    result               publish, on completion                  .result
+    error                fail, cancel, tend, append (too large)  .error
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from gateway.domain.policies import StartPolicy, StartThresholds
+from gateway.domain.states import SessionState
+from omni_adapter.port import EngineRequest, SamplingOptions
+
+
+@dataclass(frozen=True)
+class StoredRequest:
+    """What the client asked for at create, kept for whoever runs the engine work."""
+
+    messages: tuple[dict[str, Any], ...]
+    modalities: tuple[str, ...]
+    sampling: SamplingOptions
+    include_usage: bool = False
+    metadata: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        sampling = {**asdict(self.sampling), "stop": list(self.sampling.stop)}
+        return json.dumps({"messages": list(self.messages), "modalities": list(self.modalities),
+                           "sampling": sampling, "include_usage": self.include_usage,
+                           "metadata": self.metadata})
+
+    @classmethod
+    def from_json(cls, text: str) -> StoredRequest:
+        stored = json.loads(text)
+        sampling = stored["sampling"]
+        return cls(messages=tuple(stored["messages"]), modalities=tuple(stored["modalities"]),
+                   sampling=SamplingOptions(**{**sampling, "stop": tuple(sampling["stop"])}),
+                   include_usage=stored.get("include_usage", False), metadata=stored.get("metadata") or {})
+
+    def engine_request(self, request_id: str, model: str, assistant_prefix: str = "") -> EngineRequest:
+        return EngineRequest(request_id=request_id, model=model, messages=self.messages,
+                             sampling=self.sampling, output_modalities=self.modalities,
+                             assistant_prefix=assistant_prefix)
+
+
+@dataclass(frozen=True)
+class NewSession:
+    """The meta hash as ``create`` writes it."""
+
+    policy: StartPolicy
+    model: str
+    identity: str
+    request: StoredRequest
+    created_at_ms: int
+    #: ``None`` for ``on_end_only``: the engine work waits for the whole input.
+    start: StartThresholds | None
+    max_out_of_order: int
+    max_bytes: int
+    max_chunks: int
+    timeout_ms: int
+    result_ttl_ms: int
+    generation_ttl_ms: int
+    lease_ttl_ms: int
+    #: The model's room for input, and what the messages take of it (0: the engine cannot count).
+    max_input_tokens: int = 0
+    input_tokens: int = 0
+
+    def to_hash(self) -> dict[str, str | int]:
+        start = self.start or StartThresholds()
+        return {
+            "state": SessionState.OPEN.value, "policy": self.policy.value, "model": self.model,
+            "identity": self.identity, "request": self.request.to_json(), "created_at": self.created_at_ms,
+            "next_seq": 0, "max_seq": -1, "received": 0, "bytes": 0,
+            "contig_chunks": 0, "contig_bytes": 0, "contig_audio_ms": 0,
+            "start_early": 0 if self.start is None else 1, "start_chunks": start.chunks,
+            "start_bytes": start.bytes, "start_audio_ms": start.audio_ms,
+            "max_ooo": self.max_out_of_order, "max_bytes": self.max_bytes, "max_chunks": self.max_chunks,
+            "timeout_ms": self.timeout_ms, "result_ttl_ms": self.result_ttl_ms,
+            "generation_ttl_ms": self.generation_ttl_ms,
+            "owner": "", "lease_until": 0, "lease_epoch": 0, "lease_ttl_ms": self.lease_ttl_ms,
+            **({"max_input_tokens": self.max_input_tokens, "input_tokens": self.input_tokens}
+               if self.max_input_tokens else {}),
+        }
+
+
+@dataclass(frozen=True)
+class SessionRecord:
+    """The meta hash of a session, read back and typed."""
+
+    session_id: str
+    state: SessionState
+    policy: StartPolicy
+    model: str
+    identity: str
+    request: StoredRequest
+    created_at_ms: int
+    expires_at_ms: int
+    next_seq: int
+    received: int
+    bytes: int
+    final_seq: int | None
+    input_done_at_ms: int | None
+    #: The replica running the engine work; ``None`` before it starts and once the session ended.
+    owner: str | None
+    lease_until_ms: int
+    lease_epoch: int
+    result_ttl_ms: int
+    input_transcript: str | None
+    #: The ``chat.completion`` once completed.
+    result: dict[str, Any] | None
+    #: The error envelope once failed, cancelled or expired.
+    error: dict[str, Any] | None
+    missing_sequence_ids: list[int]
+
+    @classmethod
+    def from_hash(cls, session_id: str, fields: dict[str, str], missing: list[int]) -> SessionRecord:
+        def number(name: str) -> int:
+            value = fields.get(name)
+            return int(value) if value else 0
+
+        def optional_number(name: str) -> int | None:
+            value = fields.get(name)
+            return int(value) if value else None
+
+        def document(name: str) -> Any:
+            value = fields.get(name)
+            return json.loads(value) if value else None
+
+        transcript = document("input_transcript")
+        return cls(
+            session_id=session_id, state=SessionState(fields["state"]), policy=StartPolicy(fields["policy"]),
+            model=fields["model"], identity=fields.get("identity", ""),
+            request=StoredRequest.from_json(fields["request"]), created_at_ms=number("created_at"),
+            expires_at_ms=number("expires_at"), next_seq=number("next_seq"), received=number("received"),
+            bytes=number("bytes"), final_seq=optional_number("final_seq"),
+            input_done_at_ms=optional_number("input_done_at") or None,
+            owner=fields.get("owner") or None, lease_until_ms=number("lease_until"),
+            lease_epoch=number("lease_epoch"), result_ttl_ms=number("result_ttl_ms"),
+            input_transcript=transcript["input_transcript"] if transcript else None,
+            result=document("result"), error=document("error"), missing_sequence_ids=missing,
+        )

@@ -1,0 +1,60 @@
+"""The package layering, read from the imports: arrows only point down.
+
+    routers (sessions/router, chat/router, ops)  ─►  services (sessions/service, chat/service)
+      ─►  work/ (engine work)  ─►  output/  ─►  store/  ─►  domain/ (a leaf)
+
+``gateway`` never imports vLLM; ``omni_adapter`` never imports ``gateway``.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+ROUTERS_AND_SERVICES = ("gateway.sessions", "gateway.chat", "gateway.ops", "gateway.app", "gateway.dependencies")
+
+#: package -> the gateway modules it must never import.
+FORBIDDEN = {
+    "gateway/domain": ("gateway.",),
+    "gateway/store": (*ROUTERS_AND_SERVICES, "gateway.work", "gateway.output", "gateway.metrics"),
+    "gateway/output": (*ROUTERS_AND_SERVICES, "gateway.work"),
+    "gateway/work": ROUTERS_AND_SERVICES,
+    "omni_adapter": ("gateway",),
+}
+
+
+def imported_modules(path: Path) -> set[str]:
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return found
+
+
+@pytest.mark.parametrize("package", sorted(FORBIDDEN))
+def test_arrows_point_down(package: str) -> None:
+    wrong = [
+        f"{path.relative_to(ROOT)} imports {module}"
+        for path in sorted((ROOT / package).rglob("*.py"))
+        for module in sorted(imported_modules(path))
+        if any(module == f or module.startswith(f if f.endswith(".") else f + ".") for f in FORBIDDEN[package])
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_domain_is_a_leaf_the_others_build_on() -> None:
+    users = {path.parent.name for path in (ROOT / "gateway").rglob("*.py")
+             if any(m.startswith("gateway.domain") for m in imported_modules(path))}
+    assert {"store", "work", "sessions"} <= users
+
+
+def test_the_gateway_never_imports_vllm() -> None:
+    wrong = [f"{path.relative_to(ROOT)}: {module}" for path in sorted((ROOT / "gateway").rglob("*.py"))
+             for module in imported_modules(path) if module.split(".")[0] in ("vllm", "vllm_omni", "torch")]
+    assert not wrong, wrong
