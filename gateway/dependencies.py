@@ -32,7 +32,8 @@ class Resources:
 
 
 def get_resources(request: Request) -> Resources:
-    return request.state.resources
+    resources: Resources = request.state.resources
+    return resources
 
 
 async def get_identity(request: Request) -> str:
@@ -41,7 +42,7 @@ async def get_identity(request: Request) -> str:
     identity = resources.identity.resolve(request.headers, request.client.host if request.client else None)
     settings = resources.settings
     if settings.rate_limit_rps > 0:
-        await resources.store.take_token(identity, settings.rate_limit_rps, settings.rate_limit_burst)
+        await resources.store.take_token(identity, settings.rate_limit_rps, settings.token_burst)
     return identity
 
 

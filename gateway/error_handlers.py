@@ -59,6 +59,8 @@ def install_error_handlers(app: FastAPI) -> None:
         if isinstance(exc.__cause__, RecursionError):
             return _envelope(errors.InvalidJson("request body is nested too deeply"), request)
         error = errors.GatewayError(str(exc.detail))
+        # Starlette's own errors (404 route, 405 method) have no class of ours:
+        # this instance takes their labels (class constants elsewhere).
         error.status_code = exc.status_code  # type: ignore[misc]
         error.code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")  # type: ignore[misc]
         error.type = "invalid_request_error"  # type: ignore[misc]

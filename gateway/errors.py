@@ -262,6 +262,8 @@ def from_envelope(envelope: dict[str, Any]) -> GatewayError:
     body.pop("type", None)
     error = GatewayError(message, param=param, **body)
     known = next((cls for cls in _subclasses(GatewayError) if cls.code == code), GatewayError)
+    # The labels are class constants; this one instance takes those of the
+    # code the envelope names, which may belong to no class of ours.
     error.status_code = known.status_code  # type: ignore[misc]
     error.type = known.type  # type: ignore[misc]
     error.code = code  # type: ignore[misc]

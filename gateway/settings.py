@@ -70,6 +70,11 @@ class Settings(BaseSettings):
     max_header_bytes: int = Field(16 * 1024, ge=1024)
 
     @property
+    def token_burst(self) -> int:
+        """The token bucket's size: ``rate_limit_burst``, else two seconds' worth of the rate."""
+        return self.rate_limit_burst or max(1, math.ceil(2 * self.rate_limit_rps))
+
+    @property
     def max_request_bytes(self) -> int:
         """The largest request body: a JSON chunk is base64 (4/3) plus its fields."""
         return -(-self.max_chunk_bytes * 4 // 3) + JSON_OVERHEAD_BYTES
@@ -120,12 +125,6 @@ class Settings(BaseSettings):
     dtype: str = "float32"
     max_model_len: int = Field(4096, ge=16)
     kv_cache_space_gib: int = Field(2, ge=1)
-
-    @model_validator(mode="after")
-    def _burst_follows_rate(self) -> Settings:
-        if self.rate_limit_burst is None:
-            self.rate_limit_burst = max(1, math.ceil(2 * self.rate_limit_rps))
-        return self
 
     @model_validator(mode="after")
     def _engine_url_for_http(self) -> Settings:

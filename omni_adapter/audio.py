@@ -134,10 +134,10 @@ def resample(pcm16: bytes, from_rate: int, to_rate: int) -> bytes:
     except ImportError:
         soxr = None
     if soxr is not None:
-        return soxr.resample(np.frombuffer(pcm16, dtype="<i2"), from_rate, to_rate).astype("<i2").tobytes()
+        return bytes(soxr.resample(np.frombuffer(pcm16, dtype="<i2"), from_rate, to_rate).astype("<i2").tobytes())
 
     samples = np.frombuffer(pcm16, dtype="<i2").astype(np.float64)
     count = max(1, round(len(samples) * to_rate / from_rate))
     positions = np.arange(count) * (from_rate / to_rate)
     resampled = np.interp(positions, np.arange(len(samples)), samples)
-    return np.clip(np.rint(resampled), -32768, 32767).astype("<i2").tobytes()
+    return bytes(np.clip(np.rint(resampled), -32768, 32767).astype("<i2").tobytes())

@@ -408,8 +408,9 @@ class UserContent:
             self._parts.append(text)
 
     def render(self) -> str | list[dict[str, Any]]:
-        if all(isinstance(part, str) for part in self._parts):
-            return "".join(self._parts)  # type: ignore[arg-type]
+        texts = [part for part in self._parts if isinstance(part, str)]
+        if len(texts) == len(self._parts):
+            return "".join(texts)
         rendered: list[dict[str, Any]] = []
         for part in self._parts:
             if isinstance(part, str):

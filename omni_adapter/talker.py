@@ -179,7 +179,7 @@ class HibariTalker:
                 audio = self._tts(text, seed=0)  # seeded: the same text always sounds the same
             except Exception as exc:
                 raise TalkerError(f"hibari could not speak {text[:40]!r}: {exc}") from exc
-        return (np.clip(audio, -1.0, 1.0) * 32767).astype("<i2").tobytes()
+        return bytes((np.clip(audio, -1.0, 1.0) * 32767).astype("<i2").tobytes())
 
 
 class TalkingSession:

@@ -105,7 +105,7 @@ class HfTokenizer(Protocol):
 
     backend_tokenizer: Any
 
-    def encode(self, text: str, *, add_special_tokens: bool = ...) -> list[int]: ...
+    def encode(self, text: str, *, add_special_tokens: bool = ..., split_special_tokens: bool = ...) -> list[int]: ...
 
     def apply_chat_template(self, conversation: Any, **kwargs: Any) -> Any: ...
 
@@ -312,6 +312,7 @@ class StreamingTokenizer:
 
 def _max_token_bytes(tokenizer: HfTokenizer) -> int:
     try:
+        # Not in HfTokenizer: a tokenizer without it takes the safe bound below.
         vocab = tokenizer.get_vocab()  # type: ignore[attr-defined]
         # Byte-level tokens spell one character per byte; others at most 4 bytes a character.
         return max(1, max(len(token.encode()) for token in vocab))

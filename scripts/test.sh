@@ -6,4 +6,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 .venv/bin/ruff check .
+.venv/bin/mypy  # packages and strictness: [tool.mypy] in pyproject.toml
 exec .venv/bin/python -m pytest "$@"

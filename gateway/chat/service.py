@@ -78,8 +78,9 @@ class ChatService:
         ended = False
         try:
             events = await self._sessions.events(identity, session_id, "0-0")
-            async for event in events or ():
-                yield event
+            if events is not None:  # None only after the final frame, and this read starts at the first
+                async for event in events:
+                    yield event
             ended = True
         finally:
             if not ended:
@@ -132,8 +133,8 @@ def _history_message(message: ChatCompletionMessage, where: str) -> ChatMessage:
     """An earlier turn as session history, which is text."""
     if isinstance(message.content, str):
         content = message.content
-    elif all(isinstance(part, TextPart) for part in message.content):
-        content = "\n".join(part.text for part in message.content)  # type: ignore[union-attr]
+    elif len(texts := [part.text for part in message.content if isinstance(part, TextPart)]) == len(message.content):
+        content = "\n".join(texts)
     else:
         raise errors.ValidationFailed("only the last message may carry audio or images", param=where)
     role = "system" if message.role == "developer" else message.role

@@ -7,8 +7,13 @@ counters live; this module names the policies and turns a session's
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Literal
+
+#: What ``min_length`` can count: payload bytes, chunks, or audio duration.
+MinLengthKind = Literal["bytes", "chunks", "audio_ms"]
 
 
 class StartPolicy(StrEnum):
@@ -30,7 +35,7 @@ class StartThresholds:
 
     @classmethod
     def for_policy(
-        cls, policy: StartPolicy, min_length: dict[str, int] | None, default_bytes: int
+        cls, policy: StartPolicy, min_length: Mapping[MinLengthKind, int] | None, default_bytes: int
     ) -> StartThresholds | None:
         """Thresholds for an early policy; ``None`` for ``on_end_only``."""
         if policy is StartPolicy.ON_END_ONLY:
@@ -39,4 +44,5 @@ class StartThresholds:
             return cls(chunks=1)
         if not min_length:
             return cls(bytes=default_bytes)
-        return cls(**min_length)
+        return cls(bytes=min_length.get("bytes", 0), chunks=min_length.get("chunks", 0),
+                   audio_ms=min_length.get("audio_ms", 0))

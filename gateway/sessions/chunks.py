@@ -15,9 +15,10 @@ from collections.abc import Mapping
 from gateway import errors
 from gateway.sessions.models import ChunkIn
 from gateway.store.records import ChunkRecord
+from omni_adapter.port import Modality
 
 PCM16_DEFAULT_RATE = 16_000
-RAW_MODALITIES = ("text", "audio", "image", "video")
+RAW_MODALITIES: tuple[Modality, ...] = ("text", "audio", "image", "video")
 
 
 def _ascii_int(value: str) -> int | None:
@@ -42,8 +43,8 @@ def record_from_raw(headers: Mapping[str, str], body: bytes, max_chunk_bytes: in
     seq = _ascii_int(headers.get("x-sequence-id", ""))
     if seq is None:
         raise errors.ValidationFailed("X-Sequence-Id must be an integer >= 0", param="X-Sequence-Id")
-    modality = headers.get("x-modality", "text")
-    if modality not in RAW_MODALITIES:
+    modality = next((m for m in RAW_MODALITIES if m == headers.get("x-modality", "text")), None)
+    if modality is None:
         raise errors.ValidationFailed(f"X-Modality must be one of {', '.join(RAW_MODALITIES)}",
                                       param="X-Modality")
     end = headers.get("x-end-of-input", "false").lower()
@@ -57,7 +58,7 @@ def record_from_raw(headers: Mapping[str, str], body: bytes, max_chunk_bytes: in
                    rate, end in ("true", "1"), max_chunk_bytes)
 
 
-def _record(seq: int, modality: str, data: bytes, fmt: str | None, mime: str | None,
+def _record(seq: int, modality: Modality, data: bytes, fmt: str | None, mime: str | None,
             rate: int | None, end: bool, max_chunk_bytes: int) -> ChunkRecord:
     if len(data) > max_chunk_bytes:
         raise errors.ChunkTooLarge(

@@ -6,11 +6,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from gateway.domain.policies import StartPolicy
+from gateway.domain.policies import MinLengthKind, StartPolicy
 from gateway.domain.states import SessionState
 from gateway.errors import ErrorDetail
 
 Modality = Literal["text", "audio", "image", "video"]
+
+
+OutputModality = Literal["text", "audio"]
 
 
 class StrictModel(BaseModel):
@@ -62,8 +65,8 @@ class GenerationOptions(StrictModel):
     """What to generate and how: the OpenAI fields shared by sessions and chat completions."""
 
     model: str | None = None
-    modalities: list[Literal["text", "audio"]] = Field(
-        default_factory=lambda: ["text"], description='output; ["text", "audio"] also speaks the answer')
+    modalities: list[OutputModality] = Field(
+        default_factory=lambda: list[OutputModality](["text"]), description='output; ["text", "audio"] also speaks the answer')
     audio: AudioOptions | None = None
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
@@ -83,7 +86,7 @@ class CreateSessionRequest(GenerationOptions):
     messages: list[ChatMessage] = Field(
         default_factory=list, description="system prompt / history placed before the streamed input")
     start_policy: StartPolicy | None = None
-    min_length: dict[Literal["bytes", "chunks", "audio_ms"], int] | None = None
+    min_length: dict[MinLengthKind, int] | None = None
     first_chunk: ChunkIn | None = None
 
     @field_validator("min_length")

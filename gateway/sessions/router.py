@@ -148,9 +148,9 @@ async def stream_events(session_id: str, service: Service, identity: Identity,
     events = await service.events(identity, session_id, parse_last_event_id(last_event_id))
     if events is None:
         return Response(status_code=status.HTTP_204_NO_CONTENT)
-    return EventSourceResponse(events, ping=settings.sse_ping_sec,
-                               send_timeout=SEND_TIMEOUT_SEC,
-                               headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    response: Response = EventSourceResponse(events, ping=settings.sse_ping_sec, send_timeout=SEND_TIMEOUT_SEC,
+                                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return response
 
 
 @router.get("/{session_id}/result", response_model=SessionResult,

@@ -23,10 +23,12 @@ async def open_redis(url: str | None, timeout_sec: float, *, cluster: bool = Fal
     The fake is the embedded default for a single replica: it speaks the
     same commands and runs the same Lua, but lives and dies with the process.
     """
+    client: aioredis.Redis
     if url and cluster:
         from redis.asyncio.cluster import RedisCluster
 
-        client = RedisCluster.from_url(
+        # A cluster client takes the same calls the store makes (one slot each).
+        client = RedisCluster.from_url(  # type: ignore[assignment]
             url,
             socket_timeout=None,  # blocking reads set their own; see the store
             socket_connect_timeout=timeout_sec,

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.domain.states import SessionState
+from omni_adapter.port import Modality
 
 
 @dataclass(frozen=True)
@@ -18,7 +19,7 @@ class ChunkRecord:
     """One input chunk as stored: a JSON header line, then the raw payload."""
 
     sequence_id: int
-    modality: str
+    modality: Modality
     payload: bytes
     format: str | None = None
     mime_type: str | None = None

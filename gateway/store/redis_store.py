@@ -4,7 +4,9 @@ Every state change is one Lua script (``lua/``), so two replicas racing on
 one session always see a consistent order. A method returns only after
 Redis answered, so a 2xx built on it means the data is in Redis. Script
 replies are turned into outcomes or domain errors here; nothing from
-``redis.*`` escapes (see ``translate_redis_errors``).
+``redis.*`` escapes (see ``translate_redis_errors``). redis-py types a
+reply as "an awaitable or a value", so replies are held as ``Any`` and
+decoded into typed values on the spot.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -108,6 +110,11 @@ def _error_for(reply: Reply, session_id: str, sequence_id: int | None = None) ->
     return errors.GatewayError(f"unexpected store reply {status!r}")
 
 
+def _entries(raw: Any) -> list[tuple[str, dict[str, str]]]:
+    """Stream entries as redis-py returns them (id, {field: value}), decoded."""
+    return [(decoded(entry_id), {decoded(k): decoded(v) for k, v in fields.items()}) for entry_id, fields in raw]
+
+
 def _frame(entry_id: str, fields: dict[str, str]) -> Frame:
     return Frame(entry_id, fields["e"], fields["d"], fields["t"] == "1")
 
@@ -133,7 +140,7 @@ class SessionStore:
         self._scripts = {name: client.register_script(src) for name, src in script_sources().items()}
 
     @asynccontextmanager
-    async def _call(self, extra_sec: float = 0.0):
+    async def _call(self, extra_sec: float = 0.0) -> AsyncIterator[None]:
         """Every Redis call: bounded in time, foreign errors translated."""
         with translate_redis_errors():
             try:
@@ -289,9 +296,9 @@ class SessionStore:
         """
         async with self._call():
             # Redis's clock, like the scripts': a replica's own may be off.
-            seconds, micros = await self._redis.time()
-            now = seconds * 1000 + micros // 1000
-            due = await self._redis.zrangebyscore(SCHEDULE, "-inf", now, start=0, num=limit, withscores=True,
+            clock: Any = await self._redis.time()
+            now = int(clock[0]) * 1000 + int(clock[1]) // 1000
+            due: Any = await self._redis.zrangebyscore(SCHEDULE, "-inf", now, start=0, num=limit, withscores=True,
                                                   score_cast_func=int)
         outcomes: list[TendOutcome] = []
         for raw, seen in due:
@@ -346,9 +353,8 @@ class SessionStore:
                      count: int) -> list[tuple[str, dict[str, str]]]:
         """Entries of one stream after ``after``, waiting up to ``block_ms`` for the first (``None``: no wait)."""
         async with self._call((block_ms or 0) / 1000):
-            reply = await self._redis.xread({key: after}, block=block_ms, count=count)
-        return [(decoded(entry_id), {decoded(k): decoded(v) for k, v in raw.items()})
-                for _, entries in reply or () for entry_id, raw in entries]
+            reply: Any = await self._redis.xread({key: after}, block=block_ms, count=count)
+        return [entry for _, entries in reply or () for entry in _entries(entries)]
 
     async def read_input(self, session_id: str, after: str, block_ms: int) -> list[InputEvent]:
         events: list[InputEvent] = []
@@ -363,7 +369,7 @@ class SessionStore:
 
     async def load_chunks(self, session_id: str, sequence_ids: Sequence[int]) -> list[ChunkRecord]:
         async with self._call():
-            blobs = await self._redis.hmget(session_keys(session_id).chunks, list(sequence_ids))
+            blobs: Any = await self._redis.hmget(session_keys(session_id).chunks, [str(s) for s in sequence_ids])
         if any(blob is None for blob in blobs):
             # Keys expire only after the session ends, so this is a lost session.
             raise errors.SessionNotFound(f"chunks of session {session_id!r} are gone")
@@ -409,9 +415,8 @@ class SessionStore:
     async def read_output(self, session_id: str) -> list[Frame]:
         """Every frame written so far (a new owner picks up from them)."""
         async with self._call():
-            entries = await self._redis.xrange(session_keys(session_id).output)
-        return [_frame(decoded(entry_id), {decoded(k): decoded(v) for k, v in raw.items()})
-                for entry_id, raw in entries]
+            entries: Any = await self._redis.xrange(session_keys(session_id).output)
+        return [_frame(entry, fields) for entry, fields in _entries(entries)]
 
     async def read_frames(self, session_id: str, after: str, block_ms: int | None) -> list[Frame]:
         entries = await self._xread(session_keys(session_id).output, after, block_ms, 256)
@@ -419,8 +424,8 @@ class SessionStore:
 
     async def last_frame(self, session_id: str) -> Frame | None:
         async with self._call():
-            entries = await self._redis.xrevrange(session_keys(session_id).output, count=1)
-        return _frame(decoded(entries[0][0]), {decoded(k): decoded(v) for k, v in entries[0][1].items()}) if entries else None
+            entries: Any = await self._redis.xrevrange(session_keys(session_id).output, count=1)
+        return next((_frame(entry, fields) for entry, fields in _entries(entries)), None)
 
     async def last_frame_id(self, session_id: str) -> str:
         frame = await self.last_frame(session_id)

@@ -26,7 +26,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from gateway import errors
 from gateway.domain.states import SessionState
@@ -232,8 +232,7 @@ class SessionRunner:
         if pending:
             records = await self._retrying(lambda: self._store.load_chunks(self.session_id, pending))
             await session.feed([
-                InputChunk(r.sequence_id, r.modality, r.payload, r.format, r.mime_type,  # type: ignore[arg-type]
-                           r.sample_rate)
+                InputChunk(r.sequence_id, r.modality, r.payload, r.format, r.mime_type, r.sample_rate)
                 for r in records
             ])
         for event in events:
@@ -255,11 +254,11 @@ class SessionRunner:
         pieces: list[str] = [progress.text] if progress.text else []
         written = len(progress.frame_data)
 
-        async def publish(out: list[tuple[str, str, bool]], **final: object) -> bool:
+        async def publish(out: list[tuple[str, str, bool]], completion: dict[str, Any] | None = None) -> bool:
             nonlocal written
             first = written
             ids = await self._retrying(lambda: self._store.publish(
-                self.session_id, self.lease, first, out, **final))  # type: ignore[arg-type]
+                self.session_id, self.lease, first, out, completion, record.identity))
             written = first + len(out)
             return ids is not None
 
@@ -286,7 +285,7 @@ class SessionRunner:
                     out.append(("", frames.usage(event.usage), False))
                 out.append(("", DONE, True))
                 completion = audio.complete(frames.completion("".join(pieces), event.finish_reason, event.usage))
-                if await publish(out, completion=completion, identity=record.identity):
+                if await publish(out, completion):
                     self._metrics.transition(SessionState.GENERATING, SessionState.COMPLETED)
                 return
             elif isinstance(event, EngineError):
