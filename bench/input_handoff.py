@@ -4,7 +4,7 @@ Issue #4 asks that a chunk appended on one replica reach the engine session
 of the replica that owns the session within 50 ms (p99, loopback). This
 script runs two real gateway replicas (uvicorn on loopback ports, in one
 process so one clock serves both) on a real ``redis-server``: replica A owns
-every session (its engine is a recording fake: the time the chunk is fed),
+every session (its engine is the scripted one, which notes when each chunk is fed),
 clients append every chunk on replica B over HTTP.
 
 Measured per chunk, in one run:
@@ -26,8 +26,6 @@ import json
 import platform
 import random
 import time
-from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -36,53 +34,23 @@ import uvicorn
 from bench.stats import summary
 from gateway.app import create_app
 from gateway.settings import Settings
-from omni_adapter.port import Capabilities, EngineRequest, InputChunk, OutputEvent
+from omni_adapter.scripted import Script, ScriptedEngine, text_capabilities
 from tests.redis_server import free_port, redis_process
 
 RESULTS = Path(__file__).parent / "results"
 SESSIONS = "/v1/streaming_input/sessions"
 
 
-@dataclass
-class RecordingSession:
-    """Notes when each chunk reaches the engine; never answers (input only)."""
-
-    request: EngineRequest
-    fed_at: dict[tuple[str, int], float]
-    _done: asyncio.Event = field(default_factory=asyncio.Event)
-
-    async def feed(self, chunks: Sequence[InputChunk]) -> None:
-        now = time.perf_counter()
-        for chunk in chunks:
-            self.fed_at[(self.request.request_id.rsplit("-", 1)[0], chunk.sequence_id)] = now
-
-    async def end_input(self) -> None:
-        return None
-
-    async def events(self) -> AsyncIterator[OutputEvent]:
-        await self._done.wait()
-        return
-        yield  # an async generator that ends when aborted
-
-    async def abort(self) -> None:
-        self._done.set()
+def recording_engine() -> ScriptedEngine:
+    """Notes when each chunk reaches the engine (``fed_at``); never answers (input only)."""
+    return ScriptedEngine(Script(answer=lambda *_: [], hang=True),
+                          capabilities=text_capabilities("recorder"))
 
 
-@dataclass
-class RecordingEngine:
-    fed_at: dict[tuple[str, int], float] = field(default_factory=dict)
-    capabilities: Capabilities = field(default_factory=lambda: Capabilities(
-        input_modalities=frozenset({"text"}), output_modalities=frozenset({"text"}),
-        incremental=True, model_names=("recorder",)))
-
-    def open_session(self, request: EngineRequest) -> RecordingSession:
-        return RecordingSession(request, self.fed_at)
-
-    async def check_health(self) -> None:
-        return None
-
-    async def aclose(self) -> None:
-        return None
+def fed_at(engine: ScriptedEngine) -> dict[tuple[str, int], float]:
+    """When each chunk reached the engine, by session id and sequence id."""
+    return {(session.request.request_id.rsplit("-", 1)[0], chunk.sequence_id): at
+            for session in engine.sessions for chunk, at in zip(session.fed, session.fed_at, strict=True)}
 
 
 async def serve(app: object, port: int) -> uvicorn.Server:
@@ -112,9 +80,9 @@ async def measure(sessions: int, chunks: int) -> dict:
     with redis_process() as redis:
         limits_off = {"max_sessions_per_identity": 0, "rate_limit_rps": 0, "max_open_sessions": 0,
                       "shutdown_grace_sec": 0}
-        engine = RecordingEngine()
+        engine = recording_engine()
         apps = [create_app(Settings(redis_url=redis.url, replica_id=name, **limits_off), engine=e)
-                for name, e in (("replica-a", engine), ("replica-b", RecordingEngine()))]
+                for name, e in (("replica-a", engine), ("replica-b", recording_engine()))]
         ports = [free_port(), free_port()]
         servers = [await serve(app, port) for app, port in zip(apps, ports, strict=True)]
         sent_at: dict[tuple[str, int], tuple[float, float]] = {}
@@ -125,8 +93,9 @@ async def measure(sessions: int, chunks: int) -> dict:
         for server in servers:
             server.should_exit = True
         await asyncio.sleep(0.5)
-    send_to_feed = [(engine.fed_at[key] - start) * 1000 for key, (start, _) in sent_at.items()]
-    ack_to_feed = [(engine.fed_at[key] - acked) * 1000 for key, (_, acked) in sent_at.items()]
+    fed = fed_at(engine)
+    send_to_feed = [(fed[key] - start) * 1000 for key, (start, _) in sent_at.items()]
+    ack_to_feed = [(fed[key] - acked) * 1000 for key, (_, acked) in sent_at.items()]
     return {
         "sessions": sessions, "chunks_per_session": chunks, "samples": len(send_to_feed),
         "send_to_feed_ms": summary(send_to_feed, 2), "ack_to_feed_ms": summary(ack_to_feed, 2),

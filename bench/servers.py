@@ -1,9 +1,10 @@
 """The server processes the overhead benchmark measures, on loopback.
 
-``stamp``: the real gateway (real Redis, real HTTP stack, real runner) on an
-engine that does no inference: it answers each finished input with tokens
-that carry the wall-clock time they were emitted, so the client can time the
-relay (engine -> Redis -> SSE). Input it merely accepts.
+``stamp``: the real gateway (real Redis, real HTTP stack, real runner) on the
+scripted engine (:mod:`omni_adapter.scripted`, no inference): it answers each
+finished input with tokens that carry the wall-clock time they were emitted,
+so the client can time the relay (engine -> Redis -> SSE). Input it merely
+accepts.
 
 ``bare``: the smallest ASGI app under the same uvicorn: the floor of an HTTP
 round trip on this machine.
@@ -14,69 +15,40 @@ Run: ``python -m bench.servers stamp|bare --port N`` (the benchmark does).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
 
 import uvicorn
 
-from omni_adapter.port import (
-    Capabilities,
-    EngineRequest,
-    Finished,
-    InputChunk,
-    OutputEvent,
-    TextDelta,
-    Usage,
-)
+from omni_adapter.port import EngineRequest
+from omni_adapter.scripted import Script, ScriptedEngine, text_capabilities
 
 #: Time between stamped tokens: a fast GPU's decode pace.
 TOKEN_INTERVAL_SEC = 0.01
 
 
-@dataclass
-class StampSession:
-    request: EngineRequest
-    _input_done: asyncio.Event = field(default_factory=asyncio.Event)
-    _aborted: bool = False
+class Stamps:
+    """``count`` deltas, each the wall-clock time (ns) at which it is read: when it is emitted."""
 
-    async def feed(self, chunks: Sequence[InputChunk]) -> None:
-        return None
+    def __init__(self, count: int) -> None:
+        self._count = count
 
-    async def end_input(self) -> None:
-        self._input_done.set()
+    def __len__(self) -> int:
+        return self._count
 
-    async def events(self) -> AsyncIterator[OutputEvent]:
-        await self._input_done.wait()
-        tokens = self.request.sampling.max_tokens or 16
-        for _ in range(tokens):
-            if self._aborted:
-                return
-            yield TextDelta(f"{time.time_ns()} ")
-            await asyncio.sleep(TOKEN_INTERVAL_SEC)
-        yield Finished("length", Usage(prompt_tokens=1, completion_tokens=tokens))
-
-    async def abort(self) -> None:
-        self._aborted = True
-        self._input_done.set()
+    def __getitem__(self, index: int) -> str:
+        return f"{time.time_ns()} "
 
 
-@dataclass
-class StampEngine:
-    capabilities: Capabilities = field(default_factory=lambda: Capabilities(
-        input_modalities=frozenset({"text"}), output_modalities=frozenset({"text"}),
-        incremental=True, model_names=("stamp",)))
+def stamps(request: EngineRequest, _input: str) -> Stamps:
+    return Stamps(request.sampling.max_tokens or 16)
 
-    def open_session(self, request: EngineRequest) -> StampSession:
-        return StampSession(request)
 
-    async def check_health(self) -> None:
-        return None
-
-    async def aclose(self) -> None:
-        return None
+def stamp_engine() -> ScriptedEngine:
+    """Stamped tokens at a decode pace, up to ``max_tokens``; keeps nothing per session
+    (the benchmark measures the gateway's memory per session)."""
+    script = Script(answer=stamps, word_delay_sec=TOKEN_INTERVAL_SEC, end="length")
+    return ScriptedEngine(script, capabilities=text_capabilities("stamp"), record=False)
 
 
 async def bare_app(scope: dict, receive: object, send: object) -> None:
@@ -104,7 +76,7 @@ def main(argv: list[str] | None = None) -> None:
         from gateway.app import create_app
         from gateway.settings import Settings
 
-        app = create_app(Settings(), engine=StampEngine())
+        app = create_app(Settings(), engine=stamp_engine())
     uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")  # type: ignore[arg-type]
 
 

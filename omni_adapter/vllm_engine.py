@@ -36,6 +36,7 @@ import re
 import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from omni_adapter.port import (
@@ -206,6 +207,62 @@ class VllmEngine:
         self._llm.shutdown = _already_shut_down  # type: ignore[method-assign]
 
 
+class Phase(StrEnum):
+    """Where a session's input stands; ``_NEXT`` is the one table of how it moves on.
+
+    ::
+
+        FEEDING ──sent──► AWAITING_PREFILL ──prefilled──► FEEDING
+           │ ended               │ ended
+           ▼                     ▼
+        INPUT_ENDED ◄─prefilled─ ENDED_AWAITING_PREFILL
+           │ sent_final
+           ▼
+        FINAL_SENT                       any phase ──closed──► CLOSING
+    """
+
+    #: Input arriving; the engine has prefilled all that went in.
+    FEEDING = "feeding"
+    #: Input arriving; an intermediate input is in the engine, its one output not back yet.
+    AWAITING_PREFILL = "awaiting_prefill"
+    #: Input complete, but the last intermediate input's output is not back yet.
+    ENDED_AWAITING_PREFILL = "ended_awaiting_prefill"
+    #: Input complete; the final input (the rest, with the user's parameters) goes in next.
+    INPUT_ENDED = "input_ended"
+    #: The final input is in: the engine's outputs are the answer.
+    FINAL_SENT = "final_sent"
+    #: Closed for good: the input generator must end without a final input.
+    CLOSING = "closing"
+
+
+class Step(StrEnum):
+    #: An intermediate input (``max_tokens=1``) went to the engine.
+    SENT = "sent"
+    #: The engine's one output for it arrived (its token is thrown away).
+    PREFILLED = "prefilled"
+    #: ``end_input``: no more input will come.
+    ENDED = "ended"
+    #: The final input went to the engine.
+    SENT_FINAL = "sent_final"
+    #: Aborted, failed, or the engine stopped reading the input.
+    CLOSED = "closed"
+
+
+P = Phase
+_NEXT: dict[tuple[Phase, Step], Phase] = {
+    (P.FEEDING, Step.SENT): P.AWAITING_PREFILL,
+    (P.AWAITING_PREFILL, Step.PREFILLED): P.FEEDING,
+    (P.FEEDING, Step.ENDED): P.INPUT_ENDED,
+    (P.AWAITING_PREFILL, Step.ENDED): P.ENDED_AWAITING_PREFILL,
+    (P.ENDED_AWAITING_PREFILL, Step.PREFILLED): P.INPUT_ENDED,
+    (P.INPUT_ENDED, Step.SENT_FINAL): P.FINAL_SENT,
+    **{(phase, Step.CLOSED): P.CLOSING for phase in Phase},
+}
+del P
+#: The phases after ``end_input``.
+_INPUT_COMPLETE = frozenset({Phase.ENDED_AWAITING_PREFILL, Phase.INPUT_ENDED, Phase.FINAL_SENT})
+
+
 class VllmSession:
     """One streamed request: token batches in, answer text out.
 
@@ -238,12 +295,7 @@ class VllmSession:
         self._ready: list[int] = []
         self._fed = 0
         self._completion_tokens = 0
-        self._input_ended = False
-        #: An intermediate input was yielded and its one output not yet seen.
-        self._awaiting_ack = False
-        self._final_sent = False
-        #: Input closed for good: the generator must end without a final input.
-        self._closing = False
+        self._phase = Phase.FEEDING
         self._wake = asyncio.Event()
         self._driver: asyncio.Task[None] | None = None
         self._inputs: AsyncGenerator[StreamingInput, None] | None = None
@@ -253,9 +305,9 @@ class VllmSession:
             if chunk.modality not in self.accepted_modalities:
                 accepted = ", ".join(sorted(self.accepted_modalities))
                 raise EngineRejectedError(f"this engine accepts {accepted} only, not {chunk.modality}")
-        if self._closing:
+        if self._phase is Phase.CLOSING:
             return
-        if self._input_ended:
+        if self._phase in _INPUT_COMPLETE:
             raise EngineRejectedError("the input has already ended")
         # Tokenizing is CPU work (a 2 MB chunk takes seconds): off the event
         # loop, so other sessions' appends, streams and heartbeats go on.
@@ -270,12 +322,12 @@ class VllmSession:
         return [i for chunk in chunks for i in self._push(chunk)]
 
     async def end_input(self) -> None:
-        if self._closing or self._input_ended:
+        if self._phase is Phase.CLOSING or self._phase in _INPUT_COMPLETE:
             return
         ids = await asyncio.to_thread(self._flush)
         self._ready += ids
         await self._check_length()
-        self._input_ended = True
+        self._step(Step.ENDED)
         self._start()
 
     def events(self) -> AsyncIterator[OutputEvent]:
@@ -320,6 +372,11 @@ class VllmSession:
 
     # -- internals --------------------------------------------------------------
 
+    def _step(self, step: Step) -> None:
+        """Move on by the table; a step it does not list for this phase changes
+        nothing (an output after close, ``end_input`` during a close)."""
+        self._phase = _NEXT.get((self._phase, step), self._phase)
+
     async def _check_length(self) -> None:
         """Fail the session on input that leaves no room to generate.
 
@@ -362,14 +419,14 @@ class VllmSession:
         params.output_kind = RequestOutputKind.DELTA
         try:
             async for output in self._generate(self._inputs, params):
-                if not self._final_sent:
+                if self._phase is Phase.FINAL_SENT:
+                    if not self._events.ended:
+                        await self._on_output(output)
+                elif self._is_prefill_ack(output):
                     # The single output of an intermediate input: its token is
                     # thrown away by the engine; it only means "prefilled".
-                    if self._is_prefill_ack(output):
-                        self._awaiting_ack = False
-                        self._wake.set()
-                elif not self._events.ended:
-                    await self._on_output(output)
+                    self._step(Step.PREFILLED)
+                    self._wake.set()
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -377,7 +434,8 @@ class VllmSession:
         else:
             self._on_outputs_end()
         # The engine no longer reads the input; make sure it is closed.
-        self._closing = self._closing or not self._final_sent
+        if self._phase is not Phase.FINAL_SENT:
+            self._step(Step.CLOSED)
         await self._close_inputs()
 
     async def _on_text(self, completion: CompletionOutput) -> str | None:
@@ -426,18 +484,19 @@ class VllmSession:
         while True:
             # One token stays behind until the end so the final input, which
             # starts the answer, is never empty.
-            while not self._closing and (
-                self._awaiting_ack or not (self._input_ended or len(self._ready) > 1)
+            while not (
+                self._phase in (Phase.CLOSING, Phase.INPUT_ENDED)
+                or (self._phase is Phase.FEEDING and len(self._ready) > 1)
             ):
                 self._wake.clear()
                 await self._wake.wait()
-            if self._closing:
+            if self._phase is Phase.CLOSING:
                 raise asyncio.CancelledError
-            if self._input_ended:
+            if self._phase is Phase.INPUT_ENDED:
                 break
             batch, self._ready = self._ready[:-1], self._ready[-1:]
             self._fed += len(batch)
-            self._awaiting_ack = True
+            self._step(Step.SENT)
             yield StreamingInput(self._prompt(batch), prefill_only)
         batch, self._ready = self._ready, []
         self._fed += len(batch)
@@ -450,9 +509,9 @@ class VllmSession:
             self._request.sampling, max_tokens=room if requested is None else min(requested, room)
         )
         final.output_kind = RequestOutputKind.DELTA
-        self._final_sent = True
+        self._step(Step.SENT_FINAL)
         yield StreamingInput(self._prompt(batch), final)
-        if self._closing:
+        if self._phase is Phase.CLOSING:
             raise asyncio.CancelledError
 
     def _finish(self, reason: FinishReason) -> None:
@@ -464,7 +523,7 @@ class VllmSession:
 
     async def _close_request(self) -> None:
         """Stop the engine request and the input generator, from outside the driver."""
-        self._closing = True
+        self._step(Step.CLOSED)
         self._wake.set()
         driver = self._driver
         if driver is None:
@@ -485,7 +544,7 @@ class VllmSession:
         if self._inputs is None:
             return
         # RuntimeError: suspended inside the engine's reader task, where it
-        # raises CancelledError as soon as it resumes (``_closing``).
+        # raises CancelledError as soon as it resumes (``Phase.CLOSING``).
         with contextlib.suppress(RuntimeError):
             await self._inputs.aclose()
 

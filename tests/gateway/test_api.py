@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from gateway.settings import Settings
-from tests.fakes import Script, ScriptedEngine
+from omni_adapter.scripted import Script, ScriptedEngine
 from tests.gateway.client import BASE, app_client, content_of, make_settings, parse_sse
 
 MiB = 1024 * 1024

@@ -6,7 +6,7 @@ import asyncio
 import tracemalloc
 from collections.abc import AsyncIterator
 
-from tests.fakes import ScriptedEngine
+from omni_adapter.scripted import ScriptedEngine
 from tests.gateway.client import BASE, app_client, make_settings
 
 MiB = 1024 * 1024

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from omni_adapter.port import Capabilities
-from tests.fakes import ScriptedEngine
+from omni_adapter.scripted import ScriptedEngine
 from tests.gateway.client import BASE, app_client, content_of, make_settings, parse_sse
 from tests.gateway.test_api import assert_error, create, view
 

@@ -16,7 +16,7 @@ import pytest
 
 from gateway.app import create_app
 from omni_adapter.port import Capabilities
-from tests.fakes import Script, ScriptedEngine
+from omni_adapter.scripted import Script, ScriptedEngine
 from tests.gateway.client import BASE, app_client, live_server, make_settings, openai_client
 from tests.gateway.test_api import assert_error
 

@@ -13,7 +13,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from gateway.store.keys import OPEN_SESSIONS
-from tests.fakes import ScriptedEngine
+from omni_adapter.scripted import ScriptedEngine
 from tests.gateway.client import BASE, app_client, make_settings
 
 

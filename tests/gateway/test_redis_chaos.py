@@ -19,7 +19,7 @@ import pytest
 import redis
 
 from gateway.store.connection import is_store_unavailable
-from tests.fakes import ScriptedEngine
+from omni_adapter.scripted import ScriptedEngine
 from tests.gateway.client import BASE, app_client, make_settings
 from tests.gateway.test_api import append, assert_error, create, view
 from tests.gateway.test_redis_trouble import until_ready

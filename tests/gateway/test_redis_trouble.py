@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.fakes import Script, ScriptedEngine
+from omni_adapter.scripted import Script, ScriptedEngine
 from tests.gateway.client import BASE, app_client, content_of, make_settings, parse_sse
 from tests.gateway.test_api import append, assert_error, create, view
 from tests.redis_server import redis_cluster, redis_process

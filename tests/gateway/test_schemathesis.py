@@ -22,7 +22,7 @@ from schemathesis.specs.openapi.checks import (
 
 from gateway.app import create_app
 from gateway.openapi_spec import SPEC_PATH
-from tests.fakes import ScriptedEngine
+from omni_adapter.scripted import ScriptedEngine
 from tests.gateway.client import live_server, make_settings
 
 schema = schemathesis.openapi.from_path(SPEC_PATH)

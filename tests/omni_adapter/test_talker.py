@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -14,14 +14,13 @@ from omni_adapter.port import (
     EngineError,
     EngineRequest,
     Finished,
-    InputChunk,
     OutputEvent,
     SamplingOptions,
     TextDelta,
     Usage,
 )
+from omni_adapter.scripted import Script, ScriptedEngine, ScriptedSession
 from omni_adapter.talker import EspeakTalker, SentenceSplitter, TalkingEngine, TalkingSession
-from tests.fakes import ScriptedEngine
 
 # --- sentence splitting --------------------------------------------------------
 
@@ -70,30 +69,13 @@ async def test_espeak_speaks_a_sentence_as_24khz_pcm16() -> None:
 # --- the Thinker -> Talker session -----------------------------------------------
 
 
-@dataclass
-class FakeThinker:
-    """Yields a fixed answer with a pause between deltas."""
+THINKER_DONE = Finished("stop", Usage(3, 4))
 
-    answer: list[str]
-    delay_sec: float = 0.02
-    end: OutputEvent = field(default_factory=lambda: Finished("stop", Usage(3, 4)))
-    aborted: asyncio.Event = field(default_factory=asyncio.Event)
 
-    async def feed(self, chunks: Sequence[InputChunk]) -> None: ...
-
-    async def end_input(self) -> None: ...
-
-    async def abort(self) -> None:
-        self.aborted.set()
-
-    async def events(self) -> AsyncIterator[OutputEvent]:
-        for text in self.answer:
-            await asyncio.sleep(self.delay_sec)
-            if self.aborted.is_set():
-                yield Finished("abort", Usage(3, 0))
-                return
-            yield TextDelta(text)
-        yield self.end
+def fake_thinker(answer: list[str], delay_sec: float = 0.02,
+                 end: Finished | EngineError = THINKER_DONE) -> ScriptedSession:
+    """Yields a fixed answer with a pause before each delta, once its input ends."""
+    return ScriptedSession(script=Script(answer=lambda *_: answer, word_delay_sec=delay_sec, end=end))
 
 
 @dataclass
@@ -114,11 +96,12 @@ class FakeTalker:
 
 
 async def collect(session: TalkingSession) -> list[OutputEvent]:
+    await session.end_input()
     return [event async for event in session.events()]
 
 
 async def test_audio_follows_each_sentence_while_text_keeps_streaming() -> None:
-    thinker = FakeThinker(["One.", " Two", " three.", " Four", " five", " six."], delay_sec=0.05)
+    thinker = fake_thinker(["One.", " Two", " three.", " Four", " five", " six."], delay_sec=0.05)
     events = await collect(TalkingSession(thinker, FakeTalker()))
 
     kinds = [type(e).__name__ for e in events]
@@ -132,12 +115,12 @@ async def test_audio_follows_each_sentence_while_text_keeps_streaming() -> None:
 
 
 async def test_finished_waits_for_the_last_sentence_to_be_spoken() -> None:
-    events = await collect(TalkingSession(FakeThinker(["Hi there"]), FakeTalker(delay_sec=0.2)))
+    events = await collect(TalkingSession(fake_thinker(["Hi there"]), FakeTalker(delay_sec=0.2)))
     assert [type(e).__name__ for e in events] == ["TextDelta", "AudioDelta", "Finished"]
 
 
 async def test_a_talker_failure_fails_the_answer() -> None:
-    events = await collect(TalkingSession(FakeThinker(["Fine.", " Broken.", " Never."]),
+    events = await collect(TalkingSession(fake_thinker(["Fine.", " Broken.", " Never."]),
                                           FakeTalker(fail_on="Broken.")))
     assert isinstance(events[-1], EngineError) and "speech synthesis failed" in events[-1].message
     assert not any(isinstance(e, Finished) for e in events)
@@ -145,13 +128,14 @@ async def test_a_talker_failure_fails_the_answer() -> None:
 
 async def test_a_thinker_error_passes_through() -> None:
     error = EngineError("boom", code="engine_error")
-    events = await collect(TalkingSession(FakeThinker(["Hello."], end=error), FakeTalker()))
+    events = await collect(TalkingSession(fake_thinker(["Hello."], end=error), FakeTalker()))
     assert events[-1] == error
 
 
 async def test_abort_while_speaking_ends_the_events_without_more_audio() -> None:
     talker = FakeTalker(delay_sec=10)
-    session = TalkingSession(FakeThinker(["Hello."]), talker)
+    session = TalkingSession(fake_thinker(["Hello."]), talker)
+    await session.end_input()
     events: list[OutputEvent] = []
 
     async def consume() -> None:
