@@ -95,7 +95,7 @@ async def open_omni_engine(config: OmniEngineConfig) -> OmniEngine:
     except Exception as exc:
         raise EngineUnavailableError(f"the vLLM-Omni engine failed to start: {exc}") from exc
     try:
-        streaming = StreamingTokenizer(await omni.get_tokenizer())  # type: ignore[arg-type]
+        streaming = StreamingTokenizer(await omni.get_tokenizer())
         audio = audio_prompting_for(omni.model_config, streaming)
         outputs = frozenset(omni.output_modalities) | {"text"}
     except BaseException:
@@ -214,10 +214,11 @@ class OmniSession(VllmSession):
         self, inputs: AsyncGenerator[StreamingInput, None], params: SamplingParams
     ) -> AsyncIterator[Any]:
         modalities = list(dict.fromkeys(["text", *self._request.output_modalities]))
-        return self._llm.generate(  # type: ignore[call-arg]
+        outputs: AsyncIterator[Any] = self._llm.generate(
             inputs, request_id=self._request.request_id, output_modalities=modalities,
-            sampling_params_list=stage_params(params, self._llm.default_sampling_params_list),  # type: ignore[attr-defined]
+            sampling_params_list=stage_params(params, self._llm.default_sampling_params_list),
         )
+        return outputs
 
     def _is_prefill_ack(self, output: Any) -> bool:
         return is_text_stage(output)

@@ -107,7 +107,7 @@ async def open_vllm_engine(config: VllmEngineConfig) -> VllmEngine:
     args = AsyncEngineArgs(
         model=config.model,
         served_model_name=config.served_model_name,
-        dtype=config.dtype,  # type: ignore[arg-type]
+        dtype=config.dtype,
         max_model_len=config.max_model_len,
         gpu_memory_utilization=config.gpu_memory_utilization,
         seed=config.seed,
@@ -119,7 +119,7 @@ async def open_vllm_engine(config: VllmEngineConfig) -> VllmEngine:
     except Exception as exc:
         raise EngineUnavailableError(f"the vLLM engine failed to start: {exc}") from exc
     try:
-        streaming = StreamingTokenizer(llm.get_tokenizer())  # type: ignore[arg-type]
+        streaming = StreamingTokenizer(llm.get_tokenizer())
     except BaseException:
         llm.shutdown()
         raise
@@ -204,7 +204,7 @@ class VllmEngine:
         # AsyncLLM.__del__ shuts down again. Frames kept alive by tracebacks
         # stored during its start hold it until interpreter exit, where that
         # second call fails on torn-down module globals; once is enough.
-        self._llm.shutdown = _already_shut_down  # type: ignore[method-assign]
+        self._llm.shutdown = _already_shut_down
 
 
 class Phase(StrEnum):
@@ -356,7 +356,8 @@ class VllmSession:
         return tokens_input(ids)
 
     def _generate(self, inputs: AsyncGenerator[StreamingInput, None], params: SamplingParams) -> AsyncIterator[Any]:
-        return self._llm.generate(inputs, params, self._request.request_id)
+        outputs: AsyncIterator[Any] = self._llm.generate(inputs, params, self._request.request_id)
+        return outputs
 
     def _is_prefill_ack(self, output: Any) -> bool:
         """Whether an output before the final input is the one of an intermediate input."""
@@ -456,7 +457,8 @@ class VllmSession:
             return None
         if tail := self._stops.flush():
             self._events.emit(TextDelta(tail))
-        return completion.finish_reason
+        reason: str | None = completion.finish_reason
+        return reason
 
     def _settle(self, engine_reason: str) -> None:
         reason = _FINISH_REASONS.get(engine_reason)
@@ -511,8 +513,13 @@ class VllmSession:
         final.output_kind = RequestOutputKind.DELTA
         self._step(Step.SENT_FINAL)
         yield StreamingInput(self._prompt(batch), final)
-        if self._phase is Phase.CLOSING:
+        # The phase moves while this generator is suspended (an abort), which
+        # the type checker cannot see: read it through a call.
+        if self._closing():
             raise asyncio.CancelledError
+
+    def _closing(self) -> bool:
+        return self._phase is Phase.CLOSING
 
     def _finish(self, reason: FinishReason) -> None:
         self._events.finish(reason, Usage(prompt_tokens=self._fed - self._emitted,
