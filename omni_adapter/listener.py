@@ -167,6 +167,8 @@ class ListeningSession:
         self._recognizer: Recognizer | None = None
         self._text_so_far = ""
         self._heard_audio = False
+        #: Set when words were settled: ``events`` tells the transcript so far.
+        self._heard_words = asyncio.Event()
 
     @property
     def input_transcript(self) -> str:
@@ -183,6 +185,7 @@ class ListeningSession:
                 raise EngineRejectedError(f"this engine does not take {chunk.modality} input")
             if words:
                 texts.append(self._as_text(chunk.sequence_id, " ".join(words)))
+                self._heard_words.set()
             if chunk.modality == "text":
                 texts.append(chunk)
                 self._text_so_far += chunk.data.decode("utf-8", errors="replace")
@@ -199,14 +202,31 @@ class ListeningSession:
         await self._thinker.end_input()
 
     async def events(self) -> AsyncIterator[OutputEvent]:
+        """The transcript each time it grows while the input arrives, then the answer.
+
+        The answer begins after the end of input, when the transcript is
+        final, so the full transcript always comes before the answer.
+        """
         answer = aiter(self._thinker.events())
-        # The answer begins after the end of input, when the transcript is final.
-        first = await anext(answer, None)
-        if self._heard_audio:
+        first = asyncio.ensure_future(anext(answer, None))
+        told = ""
+        try:
+            while not first.done():
+                heard = asyncio.ensure_future(self._heard_words.wait())
+                await asyncio.wait({first, heard}, return_when=asyncio.FIRST_COMPLETED)
+                heard.cancel()
+                self._heard_words.clear()
+                if self.input_transcript != told and not first.done():
+                    told = self.input_transcript
+                    yield InputTranscript(told)
+        finally:
+            first.cancel()  # a no-op once it is done; the caller stopped reading otherwise
+        if self._heard_audio and self.input_transcript != told:
             yield InputTranscript(self.input_transcript)
-        if first is None:
+        event = first.result()
+        if event is None:
             return
-        yield first
+        yield event
         async for event in answer:
             yield event
 

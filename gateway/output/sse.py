@@ -49,7 +49,7 @@ async def session_events(store: SessionStore, session_id: str, after: str) -> As
                 if frame.last:
                     return
             if not frames and (await store.view(session_id)).state.is_terminal:
-                # Frames are written only while generating: a terminal session
+                # Frames are written only while the engine work runs: a terminal session
                 # gets none after this read, so end rather than wait for its
                 # keys to expire (the read may have raced the final frame).
                 for frame in await store.read_frames(session_id, after, block_ms=None):

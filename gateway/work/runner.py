@@ -68,11 +68,16 @@ class _Progress:
     #: The data of every frame written so far (their count is where writing resumes).
     frame_data: list[str]
     text: str
+    #: The input transcript told last: a new owner hears the audio again from
+    #: the start, and must not tell subscribers what they already read.
+    transcript: str = ""
 
     @classmethod
     def of(cls, frames: list[Frame]) -> _Progress:
         data = [f.data for f in frames]
-        return cls(data, "".join(content_of(f.data) for f in frames if not f.event))
+        told = [f.data for f in frames if f.event == TRANSCRIPT_EVENT]
+        return cls(data, "".join(content_of(f.data) for f in frames if not f.event),
+                   json.loads(told[-1])["input_transcript"] if told else "")
 
 
 @dataclass
@@ -277,6 +282,9 @@ class SessionRunner:
                 if not await publish([*opening(), ("", audio.frame(event), False)]):
                     return
             elif isinstance(event, InputTranscript):
+                if progress.transcript.startswith(event.text):
+                    continue  # told already, before a hand-off
+                progress.transcript = event.text
                 if not await publish([*opening(), (TRANSCRIPT_EVENT, frames.transcript(event.text), False)]):
                     return
             elif isinstance(event, Finished):

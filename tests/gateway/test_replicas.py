@@ -10,6 +10,7 @@ tests/replicas/.
 from __future__ import annotations
 
 import asyncio
+import itertools
 
 import pytest
 
@@ -115,3 +116,29 @@ async def test_a_draining_replica_is_not_ready_and_takes_no_new_work(redis_url: 
         async with app_client(settings, ScriptedEngine()) as b:
             result = (await b.get(f"{BASE}/{sid}/result", params={"wait": 5})).json()
     assert result["completion"]["choices"][0]["message"]["content"] == "echo: hi"
+
+
+async def test_a_spoken_session_handed_over_mid_input_tells_its_transcript_once(redis_url: str) -> None:
+    from omni_adapter.listener import with_listener
+    from tests.gateway.test_voice import raw_audio
+    from tests.voice import SPEECH_RATE, pieces, speech
+
+    settings = make_settings(redis_url=redis_url, tend_interval_sec=0.05)
+    audio = pieces(speech("What is the capital of France?"), SPEECH_RATE, 200)
+    half = len(audio) // 2
+    async with app_client(settings, with_listener(ScriptedEngine())) as a:
+        sid = await create(a)
+        for seq in range(half):
+            assert (await a.post(f"{BASE}/{sid}/chunks", **raw_audio(seq, audio[seq]))).status_code == 202
+        await asyncio.sleep(0.5)  # the words heard so far are told before the replica leaves
+    async with app_client(settings, with_listener(ScriptedEngine())) as b:
+        for seq in range(half, len(audio)):
+            response = await b.post(f"{BASE}/{sid}/chunks", **raw_audio(seq, audio[seq], end=seq == len(audio) - 1))
+            assert response.status_code == 202
+        body = (await b.get(f"{BASE}/{sid}/events")).text
+    heard = [e.json()["input_transcript"] for e in parse_sse(body) if e.event == "transcript"]
+    assert len(heard) >= 2 and heard[-1] == "what is the capital of france", heard
+    # The new owner heard the audio again from the start: what it re-heard is not told twice.
+    assert all(later.startswith(earlier) and later != earlier for earlier, later in itertools.pairwise(heard))
+    assert content_of(parse_sse(body)) == "echo: what is the capital of france"
+    assert stream_roles(body) == 1

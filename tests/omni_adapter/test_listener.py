@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 
 import pytest
 
 from omni_adapter.listener import ListeningSession, Recognizer, RecognizerPool
-from omni_adapter.port import EngineRejectedError, InputChunk
+from omni_adapter.port import EngineRejectedError, InputChunk, InputTranscript
 from omni_adapter.scripted import ScriptedSession
 from tests.loop_lag import assert_loop_keeps_up
 from tests.voice import SPEECH_RATE, pieces, recognize, speech, word_error_rate
@@ -72,3 +73,25 @@ async def test_recognition_and_synthesis_stay_off_the_event_loop() -> None:
             talker.speak("The capital of France is Paris. It is a large city on the Seine."))
 
     await assert_loop_keeps_up(hear_and_speak)
+
+
+async def test_the_transcript_is_told_as_it_grows_before_the_input_ends() -> None:
+    thinker = ScriptedSession()
+    session = ListeningSession(thinker, RecognizerPool())
+    told: list[str] = []
+
+    async def read() -> None:
+        async for event in session.events():
+            if isinstance(event, InputTranscript):
+                told.append(event.text)
+
+    reader = asyncio.create_task(read())
+    for seq, piece in enumerate(pieces(speech(QUESTION), SPEECH_RATE, 200)):
+        await session.feed([InputChunk(seq, "audio", piece, format="pcm16", sample_rate=SPEECH_RATE)])
+        await asyncio.sleep(0)  # the reader's turn, as the event loop gives it between appends
+    during_input = list(told)
+    await session.end_input()
+    await asyncio.wait_for(reader, 30)
+    assert during_input and "what is the capital of france".startswith(during_input[-1])
+    assert told[-1] == "what is the capital of france"
+    assert all(later.startswith(earlier) and later != earlier for earlier, later in itertools.pairwise(told))

@@ -1,4 +1,5 @@
--- Append output frames of a generating session; optionally end it.
+-- Append output frames of a session whose engine work runs (streaming: the
+-- input transcript as it grows; generating: the answer); optionally end it.
 -- ARGV: now, replica, epoch, first (index of the first frame in the session's
 --       output), terminal ('' | 'completed'), stored (the result JSON, when
 --       terminal), then event/data/last triples. Failures go through fail.lua.
@@ -8,7 +9,7 @@
 -- generating or the caller no longer holds its lease.
 local now, first, terminal, stored = server_now_ms(), tonumber(ARGV[4]), ARGV[5], ARGV[6]
 local state = redis.call('HGET', META, 'state')
-if state ~= 'generating' or not holds(ARGV[2], ARGV[3]) then return {'gone', state or ''} end
+if not runnable(state) or not holds(ARGV[2], ARGV[3]) then return {'gone', state or ''} end
 local written = meta_num('out_frames') or 0
 local reply = {'ok'}
 local index = first
