@@ -19,6 +19,7 @@ from gateway.limits_middleware import BoundedBodyMiddleware
 from gateway.metrics import Metrics
 from gateway.middleware import RequestIdMiddleware
 from gateway.ops import router as ops_router
+from gateway.realtime.router import router as realtime_router
 from gateway.sessions.router import router as sessions_router
 from gateway.sessions.service import SessionService
 from gateway.settings import Settings
@@ -90,6 +91,7 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
     app.add_middleware(RequestIdMiddleware)
     app.include_router(sessions_router)
     app.include_router(chat_router)
+    app.include_router(realtime_router)
     app.include_router(ops_router)
     install_error_handlers(app)
     # FastAPI's documented way to customise the schema is to replace this method.

@@ -65,7 +65,10 @@ def main(argv: list[str] | None = None) -> None:
     settings = Settings()
     draining = Draining()
     config = uvicorn.Config(create_app(settings, draining=draining), host=args.host, port=args.port,
-                            log_config=None, timeout_graceful_shutdown=CONNECTION_DRAIN_SEC)
+                            log_config=None, timeout_graceful_shutdown=CONNECTION_DRAIN_SEC,
+                            # The Realtime WebSocket: websockets' sans-I/O core (the
+                            # "websockets" choice is its deprecated legacy API).
+                            ws="websockets-sansio")
     DrainingServer(config, draining, settings.drain_sec).run()
 
 

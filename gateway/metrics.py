@@ -39,6 +39,16 @@ class Metrics:
         self.tender_failures = Counter("omni_gateway_tender_failures", "Tender rounds that failed (it retries)",
                                        ["code"], registry=r)
 
+        self.connections = Gauge("omni_gateway_realtime_connections_open", "Open Realtime WebSocket connections",
+                                 registry=r)
+        self.connections_total = Counter("omni_gateway_realtime_connections", "Realtime connections accepted (_total)",
+                                         registry=r)
+        self.connection_seconds = Histogram("omni_gateway_realtime_connection_seconds",
+                                            "How long Realtime connections stay open", registry=r,
+                                            buckets=(1, 5, 15, 60, 300, 900, 3600))
+        self.realtime_events = Counter("omni_gateway_realtime_events", "Realtime events by direction and type",
+                                       ["direction", "type"], registry=r)
+
     def transition(self, before: SessionState | None, after: SessionState) -> None:
         if before == after:
             return

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -69,6 +70,24 @@ def live_server(app: FastAPI) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(timeout=20)
+
+
+@asynccontextmanager
+async def live_app(settings: Settings, engine: Engine) -> AsyncIterator[str]:
+    """The app under uvicorn on a loopback port, in this event loop (WebSockets need a
+    real server; an in-process engine is bound to this loop); its URL."""
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(settings, engine=engine), host="127.0.0.1", port=port,
+                                           log_level="warning", ws="websockets-sansio"))
+    task = asyncio.create_task(server.serve())
+    while not server.started:  # noqa: ASYNC110 - uvicorn offers no event for this
+        assert not task.done(), "the app did not start"
+        await asyncio.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(task, 30)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,1 @@
+"""The OpenAI Realtime protocol over a WebSocket, on streaming-input sessions."""

@@ -1,0 +1,226 @@
+"""OpenAI Realtime over a WebSocket, with the official ``openai`` SDK as the client.
+
+Every event the server sends is validated against the SDK's own models of
+server events (``RealtimeServerEvent``): a conformance check, not asserts
+written from memory. The scripted engine answers ``echo: <input>``; the
+spoken turns use the real Listener (pocketsphinx) on speech made by hibari,
+and the last test the real vLLM engine with the Talker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import websockets
+from openai import AsyncOpenAI
+from openai.types.realtime.realtime_server_event import RealtimeServerEvent
+from pydantic import TypeAdapter
+
+from omni_adapter.listener import with_listener
+from omni_adapter.scripted import Script, ScriptedEngine
+from tests.gateway.client import live_app, make_settings
+from tests.voice import SPEECH_RATE, pieces, speech
+
+SERVER_EVENT: TypeAdapter[Any] = TypeAdapter(RealtimeServerEvent)
+TEXT_ONLY = {"type": "realtime", "output_modalities": ["text"], "audio": {"input": {"turn_detection": None}}}
+QUESTION = "What is the capital of France?"
+
+
+def conforming(event: Any) -> dict[str, Any]:
+    """The event as sent, after checking it against the SDK's model of its type."""
+    raw = event.to_dict() if hasattr(event, "to_dict") else event
+    SERVER_EVENT.validate_python(raw)
+    return raw
+
+
+async def until(connection: Any, last: str, within_sec: float = 30) -> list[dict[str, Any]]:
+    """Every server event up to and including the first of type ``last``."""
+    seen: list[dict[str, Any]] = []
+    async with asyncio.timeout(within_sec):
+        async for event in connection:
+            seen.append(conforming(event))
+            if seen[-1]["type"] == last:
+                return seen
+    raise AssertionError(f"the connection closed before {last}: {[e['type'] for e in seen]}")
+
+
+def types(events: list[dict[str, Any]]) -> list[str]:
+    return [e["type"] for e in events]
+
+
+def answer_text(events: list[dict[str, Any]]) -> str:
+    return "".join(e["delta"] for e in events if e["type"] in (
+        "response.output_text.delta", "response.output_audio_transcript.delta"))
+
+
+@pytest.fixture
+async def server(redis_url: str) -> AsyncIterator[tuple[str, ScriptedEngine]]:
+    engine = ScriptedEngine()
+    async with live_app(make_settings(redis_url=redis_url), with_listener(engine)) as url:
+        yield url, engine
+
+
+def sdk(url: str, api_key: str = "unused") -> AsyncOpenAI:
+    return AsyncOpenAI(base_url=f"{url}/v1", api_key=api_key, max_retries=0)
+
+
+async def text_turn(connection: Any, text: str) -> list[dict[str, Any]]:
+    await connection.conversation.item.create(item={
+        "type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]})
+    await connection.response.create()
+    return await until(connection, "response.done")
+
+
+async def test_a_text_turn_is_a_session_and_its_answer_streams_back(server: tuple[str, ScriptedEngine]) -> None:
+    url, engine = server
+    async with sdk(url).realtime.connect(model="scripted") as connection:
+        created = await until(connection, "session.created")
+        assert created[0]["session"]["model"] == "scripted"
+        await connection.session.update(session=TEXT_ONLY)
+        updated = await until(connection, "session.updated")
+        assert updated[-1]["session"]["output_modalities"] == ["text"]
+        events = await text_turn(connection, "hello there")
+    assert answer_text(events) == "echo: hello there"
+    assert types(events)[:2] == ["conversation.item.added", "conversation.item.done"]
+    assert types(events).index("response.created") < types(events).index("response.output_text.delta")
+    done = events[-1]["response"]
+    assert done["status"] == "completed" and done["output"][0]["content"][0]["text"] == "echo: hello there"
+    assert done["usage"]["output_tokens"] > 0
+    assert engine.sessions[0].input_text == "hello there"
+
+
+async def test_turns_carry_the_conversation(server: tuple[str, ScriptedEngine]) -> None:
+    url, engine = server
+    async with sdk(url).realtime.connect(model="scripted") as connection:
+        await connection.session.update(session={**TEXT_ONLY, "instructions": "Be brief."})
+        await text_turn(connection, "first question")
+        second = await text_turn(connection, "second question")
+    assert answer_text(second) == "echo: second question"
+    history = engine.sessions[1].request.messages
+    assert [(m["role"], m["content"]) for m in history] == [
+        ("system", "Be brief."), ("user", "first question"), ("assistant", "echo: first question")]
+
+
+async def test_bad_events_get_an_error_event_and_the_connection_goes_on(
+        server: tuple[str, ScriptedEngine]) -> None:
+    url, _ = server
+    async with websockets.connect(url.replace("http", "ws") + "/v1/realtime") as ws:
+        assert json.loads(await ws.recv())["type"] == "session.created"
+        for bad in ("not json", json.dumps([1]), json.dumps({"type": "no.such.event", "event_id": "evt_1"}),
+                    json.dumps({"type": "input_audio_buffer.append", "audio": "***"}),
+                    json.dumps({"type": "response.create"}),  # nothing to answer yet
+                    json.dumps({"type": "input_audio_buffer.commit"}),  # nothing to commit
+                    json.dumps({"type": "response.cancel"}),  # nothing to cancel
+                    json.dumps({"type": "session.update", "session": {"max_output_tokens": -1}})):
+            await ws.send(bad)
+            error = conforming(json.loads(await ws.recv()))
+            assert error["type"] == "error" and error["error"]["message"], bad
+        assert error["error"]["param"] == "session.max_output_tokens"
+        await ws.send(json.dumps({"type": "no.such.event", "event_id": "evt_9"}))
+        assert json.loads(await ws.recv())["error"]["event_id"] == "evt_9"
+        await ws.send(json.dumps({"type": "session.update", "session": TEXT_ONLY}))
+        assert json.loads(await ws.recv())["type"] == "session.updated"
+
+
+async def test_cancel_mid_answer_ends_the_response_as_cancelled(redis_url: str) -> None:
+    engine = ScriptedEngine(Script(word_delay_sec=0.2))
+    async with live_app(make_settings(redis_url=redis_url), engine) as url, \
+            sdk(url).realtime.connect(model="scripted") as connection:
+        await connection.session.update(session=TEXT_ONLY)
+        await connection.conversation.item.create(item={
+            "type": "message", "role": "user",
+            "content": [{"type": "input_text", "text": "one two three four five six seven"}]})
+        await connection.response.create()
+        await until(connection, "response.output_text.delta")
+        await connection.response.cancel()
+        events = await until(connection, "response.done")
+        assert events[-1]["response"]["status"] == "cancelled"
+        assert events[-1]["response"]["status_details"]["reason"] == "client_cancelled"
+        await asyncio.sleep(0.1)
+        assert engine.sessions[0].aborted
+        # The connection goes on: the next turn is answered.
+        assert answer_text(await text_turn(connection, "again")).endswith("again")
+
+
+async def test_browsers_authenticate_with_the_key_subprotocol(redis_url: str) -> None:
+    settings = make_settings(redis_url=redis_url, api_keys="sk-test")
+    async with live_app(settings, ScriptedEngine()) as url:
+        ws_url = url.replace("http", "ws") + "/v1/realtime"
+        with pytest.raises(websockets.InvalidStatus) as refused:
+            async with websockets.connect(ws_url):
+                pass
+        assert refused.value.response.status_code == 401
+        async with websockets.connect(ws_url, subprotocols=[
+                "realtime", "openai-insecure-api-key.sk-test"]) as ws:  # type: ignore[list-item]
+            assert ws.subprotocol == "realtime"
+            assert json.loads(await ws.recv())["type"] == "session.created"
+        async with sdk(url, api_key="sk-test").realtime.connect(model="scripted") as connection:
+            await until(connection, "session.created")
+
+
+async def test_a_spoken_turn_with_a_commit_is_heard_while_it_streams(server: tuple[str, ScriptedEngine]) -> None:
+    url, engine = server
+    async with sdk(url).realtime.connect(model="scripted") as connection:
+        await connection.session.update(session=TEXT_ONLY)
+        for piece in pieces(speech(QUESTION), SPEECH_RATE, 200):
+            await connection.input_audio_buffer.append(audio=base64.b64encode(piece).decode())
+        await connection.input_audio_buffer.commit()
+        await connection.response.create()
+        events = await until(connection, "response.done")
+    heard = [e for e in events if e["type"] == "conversation.item.input_audio_transcription.completed"]
+    assert heard and heard[0]["transcript"] == "what is the capital of france"
+    deltas = "".join(e["delta"] for e in events if e["type"] == "conversation.item.input_audio_transcription.delta")
+    assert deltas == "what is the capital of france"
+    assert "input_audio_buffer.committed" in types(events)
+    assert answer_text(events) == "echo: what is the capital of france"
+    assert len(engine.sessions[0].fed) >= 2, "the words went to the engine before the commit"
+
+
+async def test_server_vad_answers_without_a_commit_and_speech_cancels_an_answer(redis_url: str) -> None:
+    engine = ScriptedEngine(Script(word_delay_sec=0.3))
+    quiet = bytes(2 * SPEECH_RATE // 5)  # 200 ms
+    async with live_app(make_settings(redis_url=redis_url), with_listener(engine)) as url, \
+            sdk(url).realtime.connect(model="scripted") as connection:
+        await connection.session.update(session={"type": "realtime", "output_modalities": ["text"]})  # server_vad
+        for piece in [quiet, *pieces(speech(QUESTION), SPEECH_RATE, 100), quiet, quiet, quiet, quiet]:
+            await connection.input_audio_buffer.append(audio=base64.b64encode(piece).decode())
+        events = await until(connection, "response.output_text.delta")
+        order = types(events)
+        assert order.index("input_audio_buffer.speech_started") < order.index("input_audio_buffer.speech_stopped") \
+            < order.index("input_audio_buffer.committed") < order.index("response.created")
+        # Barge-in: the user speaks again while the answer plays.
+        for piece in pieces(speech("Wait."), SPEECH_RATE, 100):
+            await connection.input_audio_buffer.append(audio=base64.b64encode(piece).decode())
+        events = await until(connection, "response.done")
+        assert events[-1]["response"]["status"] == "cancelled"
+        assert events[-1]["response"]["status_details"]["reason"] == "turn_detected"
+
+
+@pytest.mark.engine
+async def test_a_spoken_question_gets_a_spoken_answer_from_the_real_engine(redis_url: str, vllm_engine: Any) -> None:
+    from omni_adapter.talker import with_talker
+    from tests.voice import recognize, word_error_rate
+
+    engine = with_talker(with_listener(vllm_engine))
+    async with live_app(make_settings(redis_url=redis_url), engine) as url, \
+            sdk(url).realtime.connect(model=engine.capabilities.model_names[0]) as connection:
+        await until(connection, "session.created")
+        await connection.session.update(session={
+            "type": "realtime", "instructions": "You are a helpful assistant. Answer in one sentence.",
+            "max_output_tokens": 24, "temperature": 0, "audio": {"input": {"turn_detection": None}}})
+        for piece in pieces(speech(QUESTION), SPEECH_RATE, 200):
+            await connection.input_audio_buffer.append(audio=base64.b64encode(piece).decode())
+        await connection.input_audio_buffer.commit()
+        await connection.response.create()
+        events = await until(connection, "response.done", within_sec=120)
+    answer = answer_text(events)
+    assert "Paris" in answer, answer
+    assert events[-1]["response"]["output_modalities"] == ["audio"]
+    spoken = b"".join(base64.b64decode(e["delta"]) for e in events if e["type"] == "response.output_audio.delta")
+    assert len(spoken) > SPEECH_RATE  # more than half a second of speech
+    assert word_error_rate(answer, recognize(spoken, SPEECH_RATE)) <= 0.5
