@@ -25,6 +25,8 @@ from gateway.sessions.service import SessionService
 from gateway.settings import Settings
 from gateway.store.connection import open_redis
 from gateway.store.redis_store import SessionStore
+from gateway.upload.router import UPLOAD_PATH
+from gateway.upload.router import router as upload_router
 from gateway.work.pool import RunnerPool
 from gateway.work.runner import SessionRunner
 from gateway.work.tender import Tender
@@ -87,9 +89,11 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
     # Last added runs first: request ids wrap everything, then bounded bodies.
     app.add_middleware(BoundedBodyMiddleware, max_bytes=settings.max_request_bytes,
                        idle_timeout_sec=settings.body_idle_timeout_sec,
-                       max_header_bytes=settings.max_header_bytes)
+                       max_header_bytes=settings.max_header_bytes,
+                       streamed_paths=frozenset({UPLOAD_PATH}), streamed_idle_sec=settings.session_timeout_sec)
     app.add_middleware(RequestIdMiddleware)
     app.include_router(sessions_router)
+    app.include_router(upload_router)
     app.include_router(chat_router)
     app.include_router(realtime_router)
     app.include_router(ops_router)

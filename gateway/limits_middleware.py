@@ -9,6 +9,10 @@ soon as it does (the rest is never read, so a 1 GiB upload costs no more
 memory than the limit); and a client that stops sending mid-body is timed
 out. The limits apply only while the body is arriving: afterwards ``receive``
 is passed through untouched (SSE waits on it for the disconnect).
+
+A streamed upload (Mode A, ``streamed_paths``) is a session's whole input:
+its body has no total cap here (each record is capped as it is read, and the
+session's own caps apply) and may pause as long as a session may idle.
 """
 
 from __future__ import annotations
@@ -23,11 +27,14 @@ from gateway.error_handlers import render_error
 
 class BoundedBodyMiddleware:
     def __init__(self, app: ASGIApp, *, max_bytes: int, idle_timeout_sec: float,
-                 max_header_bytes: int) -> None:
+                 max_header_bytes: int, streamed_paths: frozenset[str] = frozenset(),
+                 streamed_idle_sec: float = 0.0) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.max_header_bytes = max_header_bytes
         self.idle_timeout_sec = idle_timeout_sec
+        self.streamed_paths = streamed_paths
+        self.streamed_idle_sec = streamed_idle_sec
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -38,8 +45,11 @@ class BoundedBodyMiddleware:
             await render_error(errors.HeadersTooLarge(
                 f"request headers exceed {self.max_header_bytes} bytes"), send)
             return
+        streamed = scope["path"] in self.streamed_paths
+        max_bytes = 2**63 if streamed else self.max_bytes
+        idle_sec = self.streamed_idle_sec if streamed else self.idle_timeout_sec
         declared = dict(scope["headers"]).get(b"content-length", b"")
-        if declared.isdigit() and int(declared) > self.max_bytes:
+        if declared.isdigit() and int(declared) > max_bytes:
             await render_error(self._too_large(), send)
             return
         received = 0
@@ -50,14 +60,14 @@ class BoundedBodyMiddleware:
             if body_done:
                 return await receive()
             try:
-                async with asyncio.timeout(self.idle_timeout_sec):
+                async with asyncio.timeout(idle_sec):
                     message = await receive()
             except TimeoutError:
                 raise errors.RequestTimeout(
-                    f"the request body stalled for more than {self.idle_timeout_sec:g} s") from None
+                    f"the request body stalled for more than {idle_sec:g} s") from None
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
-                if received > self.max_bytes:
+                if received > max_bytes:
                     raise self._too_large()
                 body_done = not message.get("more_body", False)
             return message

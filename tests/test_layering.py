@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-ROUTERS_AND_SERVICES = ("gateway.sessions", "gateway.chat", "gateway.realtime", "gateway.ops", "gateway.app",
+ROUTERS_AND_SERVICES = ("gateway.sessions", "gateway.chat", "gateway.realtime", "gateway.upload", "gateway.ops", "gateway.app",
                         "gateway.dependencies")
 
 #: package -> the gateway modules it must never import.
