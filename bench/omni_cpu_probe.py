@@ -7,7 +7,7 @@ Runs in the second environment made by ``scripts/try_vllm_omni_cpu.sh``
 
 It registers a one-stage pipeline (the Thinker: the embedded SmolLM2 as an
 ``LLM_AR`` stage with text output) and starts it from
-``deploy/omni/smollm2_cpu_thinker.yaml``, then:
+``scripts/omni_cpu_env/smollm2_cpu_thinker.yaml``, then:
 
 * default: opens the repo's ``OmniEngine`` through ``open_omni_engine``,
   streams a question in a few text chunks through an ``OmniSession`` and
@@ -34,7 +34,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 MODEL_DIR = Path.home() / ".cache/omni-gateway/models/SmolLM2-135M-Instruct"
-DEPLOY_CONFIG = REPO / "deploy/omni/smollm2_cpu_thinker.yaml"
+DEPLOY_CONFIG = REPO / "scripts/omni_cpu_env/smollm2_cpu_thinker.yaml"
 PIPELINE = "smollm2_cpu_thinker"
 #: vLLM's CPU worker; vLLM-Omni 0.30.0 has no CPU OmniPlatform to name one.
 VLLM_CPU_WORKER = "vllm.v1.worker.cpu_worker.CPUWorker"
