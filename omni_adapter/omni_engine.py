@@ -106,6 +106,11 @@ async def open_omni_engine(config: OmniEngineConfig) -> OmniEngine:
 
 def audio_prompting_for(model_config: Any, streaming: StreamingTokenizer) -> AudioPrompting | None:
     """The model's audio placeholder and token, or ``None`` if it takes no audio."""
+    # A text-only model (e.g. a plain LLM as the Thinker) has no multimodal
+    # processor: vLLM's cached_processor_from_config raises "The model is not
+    # multimodal." for it (seen with the real AsyncOmni, docs/vllm-omni-on-cpu.md).
+    if not getattr(model_config, "is_multimodal_model", False):
+        return None
     from vllm.model_executor.model_loader import get_model_cls
     from vllm.transformers_utils.processor import cached_processor_from_config
 
@@ -228,7 +233,12 @@ class OmniSession(VllmSession):
             self._events.emit(AudioDelta(pcm16, rate))
         if is_text_stage(output) and output.outputs:
             reason = await self._on_text(output.outputs[0])
-            self._text_finish = reason or self._text_finish
+            # The first finish reason is the answer's. AsyncOmni closes a
+            # streaming-input request with one more (empty) stage-0 update
+            # after the input generator ends; its output ("", "stop") must not
+            # turn a "length" into a "stop" (seen with vLLM-Omni 0.30.0).
+            if self._text_finish is None:
+                self._text_finish = reason
 
     def _on_outputs_end(self) -> None:
         if self._text_finish is None:

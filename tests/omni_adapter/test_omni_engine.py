@@ -39,6 +39,7 @@ from omni_adapter.omni_engine import (
     AudioOutputs,
     OmniEngine,
     audio_prompting,
+    audio_prompting_for,
 )
 from omni_adapter.port import (
     AudioDelta,
@@ -227,6 +228,28 @@ async def test_output_audio_conversions() -> None:
                       [(pcm16_from_waveform(np.array([-1.0])), 16000)]]
     assert pcm16_from_waveform(np.array([1.5, -2.0])) == np.array([32767, -32767], "<i2").tobytes()
     assert outputs.deltas(stage_output(0, completion("text only"))) == []
+
+
+async def test_the_first_finish_reason_is_the_answers(streaming: StreamingTokenizer) -> None:
+    # AsyncOmni 0.30.0 ends a streaming-input request with one more stage-0
+    # update after the generator ends; its output comes after the answer's
+    # own finish (measured: ("The", "length") then ("", "stop")).
+    answer = [stage_output(0, completion("The", (504,), finish="length")),
+              stage_output(0, completion("", (), finish="stop"), finished=True)]
+    session = omni_engine(FakeAsyncOmni(answer=answer), streaming).open_session(request(max_tokens=2))
+    await session.feed(text_chunks(b"What is the capital of France?", 8))
+    await session.end_input()
+    text, end = await collect(session.events())
+    assert text == "The"
+    assert isinstance(end, Finished) and end.finish_reason == "length"
+    assert end.usage.completion_tokens == 1
+
+
+def test_a_text_only_model_takes_no_audio(streaming: StreamingTokenizer) -> None:
+    # vLLM's cached_processor_from_config raises "The model is not multimodal."
+    # for a plain LLM Thinker (the real AsyncOmni with SmolLM2 met it first).
+    text_only = SimpleNamespace(is_multimodal_model=False)
+    assert audio_prompting_for(text_only, streaming) is None
 
 
 async def test_stop_strings_end_the_session_and_abort(streaming: StreamingTokenizer) -> None:
