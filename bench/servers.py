@@ -77,7 +77,8 @@ def main(argv: list[str] | None = None) -> None:
         from gateway.settings import Settings
 
         app = create_app(Settings(), engine=stamp_engine())
-    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")  # type: ignore[arg-type]
+    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning",  # type: ignore[arg-type]
+                ws="websockets-sansio")
 
 
 if __name__ == "__main__":

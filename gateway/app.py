@@ -85,7 +85,10 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
                     await active.aclose()
 
     app = FastAPI(title="omni-gateway", version="0.1.0", lifespan=lifespan,
-                  description="Streaming-input sessions in front of vLLM / vLLM-Omni.")
+                  description="Streaming-input sessions in front of vLLM / vLLM-Omni. Besides these routes, "
+                              "`GET /v1/realtime` upgrades to a WebSocket that speaks the OpenAI Realtime "
+                              "protocol (GA event names; `?session_id=&last_event_id=` resumes a broken "
+                              "connection); WebSockets are outside what OpenAPI describes.")
     # Last added runs first: request ids wrap everything, then bounded bodies.
     app.add_middleware(BoundedBodyMiddleware, max_bytes=settings.max_request_bytes,
                        idle_timeout_sec=settings.body_idle_timeout_sec,

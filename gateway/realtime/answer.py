@@ -23,10 +23,10 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 
 class Answer:
-    def __init__(self, send: Send, modalities: list[str]) -> None:
+    def __init__(self, send: Send, modalities: list[str], response_id: str, item_id: str) -> None:
         self._send = send
-        self.response_id = ev.new_id("resp")
-        self.item_id = ev.new_id("item")
+        self.response_id = response_id
+        self.item_id = item_id
         self._modalities = modalities
         self._audio = "audio" in modalities
         self._text: list[str] = []

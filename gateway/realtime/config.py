@@ -44,6 +44,12 @@ class RealtimeConfig:
         if not self.can_speak:
             self.output_modalities = ["text"]
 
+    @classmethod
+    def restored(cls, saved: dict[str, Any]) -> RealtimeConfig:
+        """The settings as ``dataclasses.asdict`` saved them (for a reconnect)."""
+        vad = saved.pop("server_vad", None)
+        return cls(**saved, server_vad=ServerVad(**vad) if vad else None)
+
     @property
     def session_modalities(self) -> list[str]:
         """The turn session's ``modalities``: audio output comes with its text."""

@@ -9,6 +9,13 @@ they arrive, so the engine prefills while the user is still speaking;
 input, and the session's frames come back as response events (``answer.py``).
 A reader per turn follows the session's output from its start, so the
 transcript of the spoken input is told while it grows.
+
+Reconnects: the connection's state (settings, history, the open turn) is
+saved in Redis after every change, and every event made from a session frame
+has an id derived from it (``event_<frame id>_<n>``), so a client that lost
+its socket reconnects to any replica with ``?session_id=`` and
+``last_event_id=`` and gets exactly the events after that one: the reader
+replays the turn's frames from the start, muted up to that point.
 """
 
 from __future__ import annotations
@@ -20,7 +27,8 @@ import contextlib
 import json
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from contextvars import ContextVar
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from sse_starlette import ServerSentEvent
@@ -34,6 +42,8 @@ from gateway.realtime.vad import SpeechDetector
 from gateway.sessions.chunks import record_from_json
 from gateway.sessions.models import ChatMessage, ChunkIn, CreateSessionRequest, StreamOptions
 from gateway.sessions.service import SessionService
+from gateway.store.records import event_id_key
+from gateway.store.redis_store import SessionStore
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +51,32 @@ logger = logging.getLogger(__name__)
 RATE = 24_000
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
+#: An event's place in a session's output: (frame id as sortable, its index among that frame's events).
+Position = tuple[tuple[int, int], int]
+
+
+@dataclass
+class _FrameOrigin:
+    """The frame whose events are being sent (set in the reader's task only)."""
+
+    frame_id: str
+    #: Events at or before this place were sent before a reconnect: not again.
+    muted_through: Position | None
+    count: int = 0
+
+
+_FRAME: ContextVar[_FrameOrigin | None] = ContextVar("realtime_frame", default=None)
+
+
+def resume_position(last_event_id: str | None) -> Position | None:
+    """Where a reconnecting client stopped, from the id of the last event it saw."""
+    if not last_event_id or not last_event_id.startswith("event_"):
+        return None
+    frame_id, _, index = last_event_id[len("event_"):].rpartition("_")
+    try:
+        return event_id_key(frame_id), int(index)
+    except ValueError:
+        return None
 
 
 @dataclass
@@ -59,27 +95,92 @@ class Turn:
     answer: Answer | None = None
     reader: asyncio.Task[None] | None = None
 
+    def saved(self) -> dict[str, Any]:
+        # The transcript and the answer's text are not kept: a reconnect replays them from the frames.
+        answer = None if self.answer is None else {"response_id": self.answer.response_id,
+                                                   "item_id": self.answer.item_id}
+        return {"session_id": self.session_id, "next_seq": self.next_seq, "texts": self.texts,
+                "audio_item_id": self.audio_item_id, "committed": self.committed, "audio_ms": self.audio_ms,
+                "answer": answer}
+
 
 class RealtimeConnection:
-    def __init__(self, send: Send, service: SessionService, identity: str, config: RealtimeConfig,
-                 metrics: Metrics, max_chunk_bytes: int) -> None:
-        self._send = send
+    def __init__(self, send: Send, service: SessionService, store: SessionStore, identity: str,
+                 config: RealtimeConfig, metrics: Metrics, max_chunk_bytes: int, keep_sec: float) -> None:
+        self._send_raw = send
         self._service = service
+        self._store = store
         self._identity = identity
         self.config = config
         self._metrics = metrics
         self._max_chunk_bytes = max_chunk_bytes
+        self._keep_sec = keep_sec
         self._history: list[ChatMessage] = []
         self._turn: Turn | None = None
         self._last_item_id: str | None = None
         self._detector: SpeechDetector | None = None
         self._padding = bytearray()
         self.id = ev.new_id("sess")
+        self._saved = ""
+        self._resume_at: Position | None = None
+
+    # --- state kept in Redis, for a reconnect ---------------------------------
+
+    async def _save(self) -> None:
+        state = json.dumps({
+            "identity": self._identity, "config": asdict(self.config),
+            "history": [m.model_dump(exclude_none=True) for m in self._history],
+            "last_item_id": self._last_item_id, "turn": self._turn.saved() if self._turn else None})
+        if state == self._saved:
+            return
+        try:
+            await self._store.save_conversation(self.id, state, self._keep_sec)
+            self._saved = state
+        except errors.StoreUnavailable:
+            logger.warning("realtime %s: could not save its state (a reconnect would miss the latest)", self.id)
+
+    async def restore(self, conversation_id: str, last_event_id: str | None) -> None:
+        """Take over a connection that broke off: its state, and its open turn after ``last_event_id``."""
+        raw = await self._store.load_conversation(conversation_id)
+        state = json.loads(raw) if raw else None
+        if state is None or (state["identity"] != self._identity and self._identity_checked):
+            raise errors.SessionNotFound(f"no realtime session {conversation_id!r} to resume", param="session_id")
+        self.id = conversation_id
+        self.config = RealtimeConfig.restored(state["config"])
+        self._history = [ChatMessage(**m) for m in state["history"]]
+        self._last_item_id = state["last_item_id"]
+        saved = state["turn"]
+        if saved is not None:
+            turn = Turn(saved["session_id"], saved["next_seq"], saved["texts"], saved["audio_item_id"],
+                        saved["committed"], saved["audio_ms"])
+            if saved["answer"] is not None:
+                turn.answer = Answer(self._emit, self.config.output_modalities, **saved["answer"])
+            self._turn = turn
+            self._resume_at = resume_position(last_event_id)  # its reader starts after session.created
+
+    @property
+    def _identity_checked(self) -> bool:
+        # Open mode has no identities to compare (the id is the secret), as for sessions.
+        return not self._identity.startswith("client:")
+
+    async def _emit(self, event: dict[str, Any]) -> None:
+        """Send an event; one made from a session frame gets an id a reconnect can resume after."""
+        origin = _FRAME.get()
+        if origin is not None:
+            index, origin.count = origin.count, origin.count + 1
+            event["event_id"] = f"event_{origin.frame_id}_{index}"
+            if origin.muted_through is not None and (event_id_key(origin.frame_id), index) <= origin.muted_through:
+                return
+        await self._send_raw(event)
 
     # --- the client's events --------------------------------------------------
 
     async def opened(self) -> None:
-        await self._send(ev.event("session.created", session=self.config.session_object(self.id)))
+        await self._emit(ev.event("session.created", session=self.config.session_object(self.id)))
+        turn = self._turn
+        if turn is not None and turn.reader is None:  # restored: follow it again, muted up to where the client was
+            turn.reader = asyncio.create_task(self._follow(turn, self._resume_at), name=f"realtime-{turn.session_id}")
+        await self._save()
 
     async def handle(self, message: dict[str, Any]) -> None:
         """One client event; a bad one gets an ``error`` event and the connection goes on."""
@@ -94,10 +195,18 @@ class RealtimeConnection:
         except errors.GatewayError as exc:
             if exc.code in ("session_expired", "session_not_found", "session_closed", "session_cancelled"):
                 self._turn = None  # its session is gone: the next input opens a new turn
-            await self._send(ev.error(exc, client_event_id))
+            await self._emit(ev.error(exc, client_event_id))
+        await self._save()
 
     async def close(self) -> None:
-        """The socket closed: stop reading, and stop the turn's engine work (nobody will read it)."""
+        """The socket closed: stop reading. The open turn stays for a reconnect (its session's timeout)."""
+        turn = self._turn
+        if turn is not None and turn.reader is not None:
+            turn.reader.cancel()
+            await asyncio.gather(turn.reader, return_exceptions=True)
+
+    async def _drop_turn(self) -> None:
+        """End the open turn for good: stop reading it and cancel its session."""
         turn, self._turn = self._turn, None
         if turn is None:
             return
@@ -113,7 +222,7 @@ class RealtimeConnection:
             raise errors.ValidationFailed("session.update needs a session object", param="session")
         self.config.update(session)
         self._detector = None  # new turn detection settings apply from the next audio
-        await self._send(ev.event("session.updated", session=self.config.session_object(self.id)))
+        await self._emit(ev.event("session.updated", session=self.config.session_object(self.id)))
 
     async def _audio_append(self, message: dict[str, Any]) -> None:
         audio = message.get("audio")
@@ -140,7 +249,7 @@ class RealtimeConnection:
         await self._append_audio(pcm)
         for change in changes:
             if change.kind == "speech_stopped":
-                await self._send(ev.event("input_audio_buffer.speech_stopped", audio_end_ms=change.at_ms,
+                await self._emit(ev.event("input_audio_buffer.speech_stopped", audio_end_ms=change.at_ms,
                                           item_id=self._turn.audio_item_id if self._turn else ""))
                 await self._commit()
                 if vad.create_response:
@@ -156,12 +265,12 @@ class RealtimeConnection:
         if turn is not None and turn.audio_item_id is not None and not turn.committed:
             if turn.answer is not None:
                 raise errors.ConflictError("a response is in progress; cancel it first")
-            await self.close()
+            await self._drop_turn()
             for text in turn.texts:
                 await self._append(ChunkIn(sequence_id=0, text=text))
             if self._turn is not None:
                 self._turn.texts = list(turn.texts)
-        await self._send(ev.event("input_audio_buffer.cleared"))
+        await self._emit(ev.event("input_audio_buffer.cleared"))
 
     async def _item_create(self, message: dict[str, Any]) -> None:
         item = message.get("item")
@@ -192,8 +301,8 @@ class RealtimeConnection:
         content = [p if p.get("type") == "input_text" else {"type": "input_audio", "transcript": None}
                    for p in content]
         shown = ev.user_item(item_id, content)
-        await self._send(ev.event("conversation.item.added", previous_item_id=self._last_item_id, item=shown))
-        await self._send(ev.event("conversation.item.done", previous_item_id=self._last_item_id, item=shown))
+        await self._emit(ev.event("conversation.item.added", previous_item_id=self._last_item_id, item=shown))
+        await self._emit(ev.event("conversation.item.done", previous_item_id=self._last_item_id, item=shown))
         self._last_item_id = item_id
 
     async def _response_create(self, _: dict[str, Any]) -> None:
@@ -229,7 +338,7 @@ class RealtimeConnection:
             temperature=c.temperature, stream_options=StreamOptions(include_usage=True))
         record, _ = await self._service.create(self._identity, request, None)
         turn = Turn(record.session_id)
-        turn.reader = asyncio.create_task(self._follow(turn), name=f"realtime-{record.session_id}")
+        turn.reader = asyncio.create_task(self._follow(turn, None), name=f"realtime-{record.session_id}")
         self._turn = turn
         return turn
 
@@ -263,7 +372,7 @@ class RealtimeConnection:
         turn = await self._open_turn()
         if turn.audio_item_id is None:
             turn.audio_item_id = ev.new_id("item")
-        await self._send(ev.event("input_audio_buffer.speech_started", audio_start_ms=at_ms,
+        await self._emit(ev.event("input_audio_buffer.speech_started", audio_start_ms=at_ms,
                                   item_id=turn.audio_item_id))
 
     async def _commit(self) -> None:
@@ -271,11 +380,11 @@ class RealtimeConnection:
         if turn is None or turn.audio_item_id is None or turn.committed or turn.answer is not None:
             raise errors.EmptyInput("the input audio buffer is empty", param="audio")
         turn.committed = True
-        await self._send(ev.event("input_audio_buffer.committed", previous_item_id=self._last_item_id,
+        await self._emit(ev.event("input_audio_buffer.committed", previous_item_id=self._last_item_id,
                                   item_id=turn.audio_item_id))
         item = ev.user_item(turn.audio_item_id, [{"type": "input_audio", "transcript": None}])
-        await self._send(ev.event("conversation.item.added", previous_item_id=self._last_item_id, item=item))
-        await self._send(ev.event("conversation.item.done", previous_item_id=self._last_item_id, item=item))
+        await self._emit(ev.event("conversation.item.added", previous_item_id=self._last_item_id, item=item))
+        await self._emit(ev.event("conversation.item.done", previous_item_id=self._last_item_id, item=item))
         self._last_item_id = turn.audio_item_id
 
     async def _respond(self) -> None:
@@ -286,7 +395,7 @@ class RealtimeConnection:
             raise errors.EmptyInput("no new input to respond to: append audio or create a user item first")
         if turn.audio_item_id is not None and not turn.committed:
             await self._commit()  # the audio so far is this turn's input
-        turn.answer = Answer(self._send, self.config.output_modalities)
+        turn.answer = Answer(self._emit, self.config.output_modalities, ev.new_id("resp"), ev.new_id("item"))
         await turn.answer.begin()
         await self._service.finish(self._identity, turn.session_id, None)
 
@@ -298,14 +407,18 @@ class RealtimeConnection:
 
     # --- the session's output -----------------------------------------------------
 
-    async def _follow(self, turn: Turn) -> None:
+    async def _follow(self, turn: Turn, muted_through: Position | None) -> None:
         """Read the turn's session output from its start; a failure ends only this turn."""
         try:
             stream = await self._service.events(self._identity, turn.session_id, "0-0")
             if stream is None:  # only after the final frame, and this read starts at the first
                 return
             async for frame in stream:
-                await self._on_frame(turn, frame)
+                token = _FRAME.set(_FrameOrigin(str(frame.id), muted_through))
+                try:
+                    await self._on_frame(turn, frame)
+                finally:
+                    _FRAME.reset(token)
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -323,14 +436,14 @@ class RealtimeConnection:
             delta = heard[len(turn.transcript):] if heard.startswith(turn.transcript) else heard
             turn.transcript = heard
             if delta and turn.audio_item_id:
-                await self._send(ev.event("conversation.item.input_audio_transcription.delta",
+                await self._emit(ev.event("conversation.item.input_audio_transcription.delta",
                                           item_id=turn.audio_item_id, content_index=0, delta=delta))
             return
         if frame.event == "error":
             body = json.loads(data)["error"]
             if turn.answer is None:
                 # The turn failed before its response (e.g. no speech recognized, or it expired).
-                await self._send(ev.error(errors.from_envelope({"error": body})))
+                await self._emit(ev.error(errors.from_envelope({"error": body})))
                 if self._turn is turn:
                     self._turn = None
                 return
@@ -360,7 +473,7 @@ class RealtimeConnection:
         if turn.told_transcript or turn.audio_item_id is None:
             return
         turn.told_transcript = True
-        await self._send(ev.event("conversation.item.input_audio_transcription.completed",
+        await self._emit(ev.event("conversation.item.input_audio_transcription.completed",
                                   item_id=turn.audio_item_id, content_index=0, transcript=turn.transcript,
                                   usage={"type": "duration", "seconds": turn.audio_ms / 1000}))
 
@@ -379,3 +492,4 @@ class RealtimeConnection:
                 self._history.append(ChatMessage(role="assistant", content=turn.answer.text))
         if self._turn is turn:
             self._turn = None
+        await self._save()

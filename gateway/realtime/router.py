@@ -7,6 +7,12 @@ Each client event is charged to the identity's rate limit; a client that
 floods is closed with 1008 (policy violation). A message over the request
 cap gets an ``error`` event; a connection with no message for the session
 timeout is closed with 1000.
+
+Resume (ours; OpenAI's protocol has none): a client whose socket broke
+reconnects to any replica with ``?session_id=<the session.created id>`` and
+``&last_event_id=<the last event it got>``; it gets ``session.created`` for
+the same session, then exactly the events after that one (see
+``connection.py``).
 """
 
 from __future__ import annotations
@@ -37,7 +43,8 @@ POLICY_VIOLATION, TRY_AGAIN_LATER, NORMAL = 1008, 1013, 1000
 
 
 @router.websocket("/v1/realtime")
-async def realtime(websocket: WebSocket, model: str | None = None) -> None:
+async def realtime(websocket: WebSocket, model: str | None = None, session_id: str | None = None,
+                   last_event_id: str | None = None) -> None:
     resources: Resources = websocket.state.resources
     protocols = [p.strip() for p in websocket.headers.get("sec-websocket-protocol", "").split(",") if p.strip()]
     headers = dict(websocket.headers.items())
@@ -68,12 +75,20 @@ async def realtime(websocket: WebSocket, model: str | None = None) -> None:
         async with lock:
             await websocket.send_text(json.dumps(event))
 
-    connection = RealtimeConnection(send, resources.service, identity, config, metrics, settings.max_chunk_bytes)
+    connection = RealtimeConnection(send, resources.service, resources.store, identity, config, metrics,
+                                    settings.max_chunk_bytes, keep_sec=settings.session_timeout_sec)
     metrics.connections.inc()
     metrics.connections_total.inc()
     opened = time.monotonic()
     logger.info("realtime %s: opened for %s", connection.id, identity)
     try:
+        if session_id is not None:
+            try:
+                await connection.restore(session_id, last_event_id)
+            except errors.GatewayError as exc:
+                await send(ev.error(exc))
+                await websocket.close(POLICY_VIOLATION, exc.message[:120])
+                return
         await connection.opened()
         await _serve(websocket, connection, send, resources, identity)
     except WebSocketDisconnect:

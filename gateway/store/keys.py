@@ -32,6 +32,11 @@ def identity_rate(identity: str) -> str:
     return f"{PREFIX}:identity:{{{identity}}}:rate"
 
 
+def realtime_conversation(conversation_id: str) -> str:
+    """String: a Realtime connection's state (settings, history, the open turn), for a reconnect."""
+    return f"{PREFIX}:realtime:{{{conversation_id}}}"
+
+
 class SessionKeys(NamedTuple):
     #: Hash: state, counters, settings and the stored result.
     meta: str

@@ -31,6 +31,7 @@ from gateway.store.keys import (
     SessionKeys,
     identity_rate,
     identity_sessions,
+    realtime_conversation,
     session_keys,
 )
 from gateway.store.records import ChunkRecord, Frame, InputOutcome, Lease
@@ -259,6 +260,18 @@ class SessionStore:
         if int(wait_ms) > 0:
             raise errors.TooManyRequests("too many requests for this identity; slow down",
                                          retry_after=max(1, -(-int(wait_ms) // 1000)))
+
+    # --- transports' own state ---------------------------------------------
+
+    async def save_conversation(self, conversation_id: str, state: str, ttl_sec: float) -> None:
+        """A Realtime connection's state, kept ``ttl_sec`` past its last change."""
+        async with self._call():
+            await self._redis.set(realtime_conversation(conversation_id), state, px=max(1, int(ttl_sec * 1000)))
+
+    async def load_conversation(self, conversation_id: str) -> str | None:
+        async with self._call():
+            value: Any = await self._redis.get(realtime_conversation(conversation_id))
+        return None if value is None else str(decoded(value))
 
     # --- the schedule: expiry and ownership ------------------------------
 

@@ -224,3 +224,46 @@ async def test_a_spoken_question_gets_a_spoken_answer_from_the_real_engine(redis
     spoken = b"".join(base64.b64decode(e["delta"]) for e in events if e["type"] == "response.output_audio.delta")
     assert len(spoken) > SPEECH_RATE  # more than half a second of speech
     assert word_error_rate(answer, recognize(spoken, SPEECH_RATE)) <= 0.5
+
+
+async def test_a_broken_socket_resumes_on_another_replica_with_nothing_lost_or_repeated(redis_url: str) -> None:
+    settings = make_settings(redis_url=redis_url)
+    words = "one two three four five six seven eight nine ten"
+    async with live_app(settings, ScriptedEngine(Script(word_delay_sec=0.15))) as a, \
+            live_app(settings, ScriptedEngine()) as b:
+        ws_a = await websockets.connect(a.replace("http", "ws") + "/v1/realtime")
+        session_id = json.loads(await ws_a.recv())["session"]["id"]
+        await ws_a.send(json.dumps({"type": "session.update", "session": TEXT_ONLY}))
+        await ws_a.send(json.dumps({"type": "conversation.item.create", "item": {
+            "type": "message", "role": "user", "content": [{"type": "input_text", "text": words}]}}))
+        await ws_a.send(json.dumps({"type": "response.create"}))
+        before: list[dict[str, Any]] = []
+        while sum(e["type"] == "response.output_text.delta" for e in before) < 3:
+            before.append(conforming(json.loads(await ws_a.recv())))
+        ws_a.transport.abort()  # the socket breaks: no close handshake
+        last = before[-1]["event_id"]
+        async with websockets.connect(f"{b.replace('http', 'ws')}/v1/realtime?session_id={session_id}"
+                                      f"&last_event_id={last}") as ws_b:
+            after: list[dict[str, Any]] = []
+            while not after or after[-1]["type"] != "response.done":
+                after.append(conforming(json.loads(await asyncio.wait_for(ws_b.recv(), 30))))
+            assert after[0]["type"] == "session.created" and after[0]["session"]["id"] == session_id
+            assert answer_text(before) + answer_text(after) == f"echo: {words}"
+            assert after[-1]["response"]["output"][0]["content"][0]["text"] == f"echo: {words}"
+            # The conversation goes on from the other replica.
+            await ws_b.send(json.dumps({"type": "conversation.item.create", "item": {
+                "type": "message", "role": "user", "content": [{"type": "input_text", "text": "more"}]}}))
+            await ws_b.send(json.dumps({"type": "response.create"}))
+            turn = []
+            while not turn or turn[-1]["type"] != "response.done":
+                turn.append(json.loads(await asyncio.wait_for(ws_b.recv(), 30)))
+            assert answer_text(turn) == "echo: more"
+
+
+async def test_a_resume_of_an_unknown_session_is_refused(server: tuple[str, ScriptedEngine]) -> None:
+    url, _ = server
+    async with websockets.connect(url.replace("http", "ws") + "/v1/realtime?session_id=sess_nope") as ws:
+        error = json.loads(await ws.recv())
+        assert error["type"] == "error" and error["error"]["code"] == "session_not_found"
+        with pytest.raises(websockets.ConnectionClosed):
+            await ws.recv()

@@ -15,6 +15,7 @@ import signal
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -130,6 +131,57 @@ def test_append_create_and_subscribe_on_different_replicas(undisturbed: dict) ->
     answer = result["completion"]["choices"][0]["message"]["content"]
     assert answer and undisturbed["text"] == answer
     assert result["completion"]["usage"]["completion_tokens"] >= 8, "too short to be cut mid-generation"
+
+
+def realtime_events(ws: Any, until: str, within_sec: float = 240) -> list[dict]:
+    seen: list[dict] = []
+    while not seen or seen[-1]["type"] != until:
+        seen.append(json.loads(ws.recv(timeout=within_sec)))
+        assert seen[-1]["type"] != "error", seen[-1]
+    return seen
+
+
+def realtime_text(events: list[dict]) -> str:
+    return "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+
+
+def ask_over_realtime(ws: Any) -> str:
+    """session.created, then one text turn asked (text out, temperature 0); the session id."""
+    session_id = json.loads(ws.recv(timeout=60))["session"]["id"]
+    ws.send(json.dumps({"type": "session.update", "session": {
+        "type": "realtime", "output_modalities": ["text"], "temperature": 0, "max_output_tokens": 48,
+        "instructions": "", "audio": {"input": {"turn_detection": None}}}}))
+    realtime_events(ws, "session.updated")
+    ws.send(json.dumps({"type": "conversation.item.create", "item": {
+        "type": "message", "role": "user", "content": [{"type": "input_text", "text": "".join(CHUNKS)}]}}))
+    ws.send(json.dumps({"type": "response.create"}))
+    return session_id
+
+
+def test_kill_9_of_the_replica_holding_a_realtime_socket_mid_answer(replicas: Replicas) -> None:
+    from websockets.sync.client import connect
+
+    a, b, c = (replicas.gateways[n] for n in NAMES)
+    realtime = "/v1/realtime"
+    with connect(c.url.replace("http", "ws") + realtime) as ws:
+        ask_over_realtime(ws)
+        undisturbed = realtime_text(realtime_events(ws, "response.done"))
+    assert len(undisturbed.split()) >= 4, undisturbed
+    try:
+        with connect(a.url.replace("http", "ws") + realtime) as ws_a:
+            session_id = ask_over_realtime(ws_a)
+            before = realtime_events(ws_a, "response.output_text.delta")
+            a.kill9()  # the socket and the engine work of the turn go with it
+        with connect(f"{b.url.replace('http', 'ws')}{realtime}?session_id={session_id}"
+                     f"&last_event_id={before[-1]['event_id']}") as ws_b:
+            after = realtime_events(ws_b, "response.done")
+        assert after[0]["type"] == "session.created" and after[0]["session"]["id"] == session_id
+        assert realtime_text(before) + realtime_text(after) == undisturbed, "nothing lost or repeated"
+        assert after[-1]["response"]["status"] == "completed"
+    finally:
+        if not a.alive():
+            a.start()  # the next test needs three replicas
+            wait_until(lambda: ready(a), 900, "replica-a ready again", replicas.diagnostics)
 
 
 def test_kill_9_mid_input_then_mid_generation_loses_and_repeats_nothing(
