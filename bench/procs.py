@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -52,3 +53,22 @@ def rss_bytes(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
     raise RuntimeError(f"no VmRSS for {pid}")
+
+
+@contextmanager
+def embedded_gateway(env: dict[str, str], workdir: Path) -> Iterator[str]:
+    """``gateway.cli serve`` on its embedded default (real vLLM on the CPU, voice), ready; its URL."""
+    from tests.redis_server import free_port
+
+    port = free_port()
+    with server(["gateway.cli", "serve", "--host", "127.0.0.1", "--port", str(port)], port=port, env=env,
+                log=workdir / "gateway.log", ready_path="/readyz"):
+        yield f"http://127.0.0.1:{port}"
+
+
+def write_results(directory: Path, name: str, result: dict, markdown: str) -> None:
+    """``<name>.json`` and ``<name>.md`` in ``directory``; the markdown is printed too."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    (directory / f"{name}.md").write_text(markdown)
+    print(markdown)

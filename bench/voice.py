@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import tempfile
 import time
 from pathlib import Path
@@ -24,9 +23,9 @@ from pathlib import Path
 import httpx
 
 from bench.overhead import GATEWAY_ENV
-from bench.procs import server
+from bench.procs import embedded_gateway, write_results
 from bench.stats import summary
-from tests.redis_server import free_port, redis_process
+from tests.redis_server import redis_process
 
 RESULTS = Path(__file__).parent / "results"
 QUESTIONS = (
@@ -137,17 +136,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--results", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
-    with redis_process() as redis, tempfile.TemporaryDirectory() as tmp:
-        port = free_port()
-        env = GATEWAY_ENV | {"OMNI_GATEWAY_REDIS_URL": redis.url}
-        with server(["gateway.cli", "serve", "--host", "127.0.0.1", "--port", str(port)], port=port, env=env,
-                    log=Path(tmp) / "gateway.log", ready_path="/readyz"):
-            result = asyncio.run(measure(f"http://127.0.0.1:{port}", args.rounds))
-    args.results.mkdir(parents=True, exist_ok=True)
-    (args.results / "voice.json").write_text(json.dumps(result, indent=2) + "\n")
-    (args.results / "voice.md").write_text(report(result))
-    print(report(result))
-
+    with redis_process() as redis, tempfile.TemporaryDirectory() as tmp, \
+            embedded_gateway(GATEWAY_ENV | {"OMNI_GATEWAY_REDIS_URL": redis.url}, Path(tmp)) as url:
+        result = asyncio.run(measure(url, args.rounds))
+    write_results(args.results, "voice", result, report(result))
 
 if __name__ == "__main__":
     main()
