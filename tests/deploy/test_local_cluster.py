@@ -24,7 +24,7 @@ from deploy import render_manifests
 from tests.redis_server import free_port
 
 SCRIPT = render_manifests.ROOT / "deploy" / "local" / "cluster.sh"
-SERVICES = ("redis", "engine", "gateway-a", "gateway-b")
+SERVICES = ("redis", "engine", "gateway-a", "gateway-b", "edge")
 SESSIONS = "/v1/streaming_input/sessions"
 
 
@@ -54,12 +54,13 @@ class LocalCluster:
     def __init__(self, workdir: Path) -> None:
         self.state = workdir / "state"
         self.output = workdir / "cluster.out"
-        self.ports = {name: free_port() for name in ("a", "b", "engine", "redis")}
+        self.ports = {name: free_port() for name in ("edge", "a", "b", "engine", "redis")}
         self.pgids: dict[str, int] = {}
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         env = os.environ | {
+            "EDGE_PORT": str(self.ports["edge"]),
             "GATEWAY_A_PORT": str(self.ports["a"]), "GATEWAY_B_PORT": str(self.ports["b"]),
             "ENGINE_PORT": str(self.ports["engine"]), "REDIS_PORT": str(self.ports["redis"]),
             "STATE_DIR": str(self.state), "READY_TIMEOUT": "900", "VENV": sys.prefix,
@@ -178,6 +179,13 @@ def test_local_cluster_serves_one_session_across_both_gateways(cluster: LocalClu
         assert text == choice["message"]["content"]
         view = client.get(f"{b}{SESSIONS}/{sid}").json()
         assert view["state"] == "completed" and view["owner"] is None
+
+        # The edge (NGINX, round robin) is the one URL: the result through it, twice (both replicas).
+        edge = f"http://127.0.0.1:{cluster.ports['edge']}"
+        for _ in range(2):
+            through = client.get(f"{edge}{SESSIONS}/{sid}/result")
+            assert through.status_code == 200 and through.json() == body, through.text
+        assert client.get(f"{edge}/metrics").status_code == 404, "metrics stay inside"
 
         # The sidecar engine serves OpenAI chat completions on its own.
         engine = client.post(f"http://127.0.0.1:{cluster.ports['engine']}/v1/chat/completions", json={

@@ -1,0 +1,162 @@
+"""Through a real NGINX edge (rendered from the production Ingress by deploy/edge_nginx.py)
+in front of two real gateways on one real Redis, round robin.
+
+Each test proves settings of ``deploy/api-gateway/ingress-nginx.yaml``: SSE
+frames arrive as they are made (proxy-buffering off, and the gateway's
+X-Accel-Buffering: no on its own), proxy-request-buffering off (a Mode A upload
+reaches the gateway while it is sent; this test fails with buffering on), the
+WebSocket upgrade with the browser's subprotocols, X-Request-ID end to end, and
+proxy-body-size (the gateway's envelope below it, JSON from the edge above).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import subprocess
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+import websockets
+
+from deploy.edge_nginx import render
+from omni_adapter.scripted import Script, ScriptedEngine
+from tests.gateway.client import BASE, content_of, live_app, make_settings, parse_sse
+from tests.redis_server import free_port
+
+NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
+KEY = "sk-edge"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+
+
+@contextmanager
+def nginx(upstreams: list[str], workdir: Path) -> Iterator[str]:
+    """Real NGINX in front of ``upstreams``; its URL."""
+    port = free_port()
+    workdir.mkdir(parents=True, exist_ok=True)
+    conf = workdir / "nginx.conf"
+    conf.write_text(render(upstreams, port, workdir))
+    proc = subprocess.Popen([NGINX, "-p", str(workdir), "-c", str(conf), "-g", "daemon off;"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            httpx.get(f"{url}/edge-itself", timeout=1)  # NGINX answers: the gateways share this loop
+            break
+        except httpx.HTTPError:
+            assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else "nginx exited"
+            assert time.monotonic() < deadline, "nginx did not start"
+            time.sleep(0.05)
+    try:
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+
+
+@dataclass
+class Edge:
+    url: str
+    engines: list[ScriptedEngine]
+
+
+@asynccontextmanager
+async def edge_of(redis_url: str, workdir: Path, script: Script | None = None) -> AsyncIterator[Edge]:
+    settings = make_settings(redis_url=redis_url, api_keys=KEY)
+    engines = [ScriptedEngine(script or Script()) for _ in range(2)]
+    async with live_app(settings, engines[0]) as a, live_app(settings, engines[1]) as b:
+        with nginx([a.removeprefix("http://"), b.removeprefix("http://")], workdir) as url:
+            yield Edge(url, engines)
+
+
+@pytest.fixture
+async def edge(redis_url: str, tmp_path: Path) -> AsyncIterator[Edge]:
+    async with edge_of(redis_url, tmp_path / "edge", Script(word_delay_sec=0.15)) as e:
+        yield e
+
+
+async def test_sse_frames_arrive_as_they_are_made_and_resume_on_any_replica(edge: Edge) -> None:
+    text = "one two three four five six seven eight"
+    async with httpx.AsyncClient(base_url=edge.url, headers=AUTH, timeout=30) as client:
+        sid = (await client.post(BASE, json={})).json()["session_id"]
+        await client.post(f"{BASE}/{sid}/chunks", json={"sequence_id": 0, "text": text, "end_of_input": True})
+        arrivals: list[float] = []
+        seen: list[str] = []
+        started = time.monotonic()
+        async with client.stream("GET", f"{BASE}/{sid}/events") as stream:
+            async for line in stream.aiter_lines():
+                if line.startswith("id:"):
+                    seen.append(line[3:].strip())
+                if line.startswith("data:") and '"content"' in line:
+                    arrivals.append(time.monotonic() - started)
+                if len(arrivals) == 3:
+                    break  # the client goes away mid-answer
+        # Unbuffered: the first words came long before the answer (9 words, 0.15 s apart) was done.
+        assert arrivals[0] < 0.8, arrivals
+        rest = await client.get(f"{BASE}/{sid}/events", headers={"Last-Event-ID": seen[-1]})
+        whole = parse_sse((await client.get(f"{BASE}/{sid}/events")).text)
+    assert content_of(whole) == f"echo: {text}"
+    assert content_of(whole).endswith(content_of(parse_sse(rest.text)))
+    assert len(content_of(parse_sse(rest.text))) < len(content_of(whole))
+
+
+async def test_a_mode_a_upload_streams_through_without_request_buffering(edge: Edge) -> None:
+    async def fed_anywhere() -> None:
+        async with asyncio.timeout(10):
+            while not any(e.sessions and e.sessions[0].fed for e in edge.engines):  # noqa: ASYNC110
+                await asyncio.sleep(0.02)
+
+    async def body() -> AsyncIterator[bytes]:
+        yield json.dumps({"start_policy": "on_first_chunk"}).encode() + b"\n"
+        yield json.dumps({"sequence_id": 0, "text": "through "}).encode() + b"\n"
+        await fed_anywhere()  # NGINX passed the first record on before the upload ended
+        yield json.dumps({"sequence_id": 1, "text": "the edge", "end_of_input": True}).encode() + b"\n"
+
+    async with httpx.AsyncClient(base_url=edge.url, headers=AUTH, timeout=30) as client:
+        response = await client.post("/v1/streaming_input/upload", content=body(),
+                                     headers={"Content-Type": "application/x-ndjson"})
+    assert response.headers["X-Session-Id"].startswith("sis-")
+    assert content_of(parse_sse(response.text)) == "echo: through the edge"
+
+
+async def test_realtime_upgrades_through_the_edge_with_the_browser_subprotocols(edge: Edge) -> None:
+    ws_url = edge.url.replace("http", "ws") + "/v1/realtime"
+    async with websockets.connect(ws_url, subprotocols=["realtime", f"openai-insecure-api-key.{KEY}"]) as ws:  # type: ignore[list-item]
+        assert ws.subprotocol == "realtime"
+        assert json.loads(await ws.recv())["type"] == "session.created"
+        await ws.send(json.dumps({"type": "session.update", "session": {
+            "type": "realtime", "output_modalities": ["text"], "audio": {"input": {"turn_detection": None}}}}))
+        await ws.send(json.dumps({"type": "conversation.item.create", "item": {
+            "type": "message", "role": "user", "content": [{"type": "input_text", "text": "hello edge"}]}}))
+        await ws.send(json.dumps({"type": "response.create"}))
+        deltas = []
+        while (event := json.loads(await asyncio.wait_for(ws.recv(), 30)))["type"] != "response.done":
+            if event["type"] == "response.output_text.delta":
+                deltas.append(event["delta"])
+    assert "".join(deltas) == "echo: hello edge"
+
+
+async def test_request_ids_and_body_caps_agree_with_the_gateway(edge: Edge) -> None:
+    async with httpx.AsyncClient(base_url=edge.url, headers=AUTH, timeout=60) as client:
+        tagged = await client.get(f"{BASE}/sis-none", headers={"X-Request-Id": "req-edge-1"})
+        assert tagged.status_code == 404 and tagged.headers["X-Request-Id"] == "req-edge-1"
+        assert (await client.get(f"{BASE}/sis-none")).headers["X-Request-Id"], "one is made when none is sent"
+        sid = (await client.post(BASE, json={})).json()["session_id"]
+        # Over the gateway's chunk cap (16 MiB), under the edge's (23m): the gateway answers, in its envelope.
+        over_gateway = await client.post(f"{BASE}/{sid}/chunks", content=b"x" * (16 * 1024 * 1024 + 1), headers={
+            "Content-Type": "application/octet-stream", "X-Sequence-Id": "0"})
+        assert over_gateway.status_code == 413 and over_gateway.json()["error"]["code"] in (
+            "chunk_too_large", "request_too_large")
+        # Over the edge's cap: the edge answers, in the same envelope.
+        over_edge = await client.post(f"{BASE}/{sid}/chunks", content=b"x" * (24 * 1024 * 1024), headers={
+            "Content-Type": "application/octet-stream", "X-Sequence-Id": "0"})
+        assert over_edge.status_code == 413 and over_edge.json()["error"]["code"] == "request_too_large"
+        # Not routed by the edge: metrics and probes stay inside.
+        assert (await client.get("/metrics")).status_code == 404
