@@ -22,6 +22,7 @@ import pytest
 import redis
 
 from gateway.store.keys import session_keys
+from tests.gateway.test_edge import nginx
 from tests.redis_server import redis_process
 from tests.replicas.gateways import Gateway, ready, stop_all, wait_until
 
@@ -38,6 +39,8 @@ pytestmark = [pytest.mark.engine, pytest.mark.timeout(1500)]
 class Replicas:
     gateways: dict[str, Gateway]
     redis_url: str
+    #: NGINX in front of all three (deploy/edge_nginx.py), round robin: where clients reconnect.
+    edge: str
 
     def diagnostics(self) -> str:
         return "\n".join(g.tail() for g in self.gateways.values())
@@ -54,15 +57,17 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replicas]:
             "OMNI_GATEWAY_MAX_OPEN_SESSIONS": "0", "OMNI_GATEWAY_KV_CACHE_SPACE_GIB": "1",
             "OMNI_GATEWAY_MAX_MODEL_LEN": "1024",
         }
-        running = Replicas({name: Gateway(name, workdir, env) for name in NAMES}, redis_server.url)
-        try:
-            for gateway in running.gateways.values():
-                gateway.start()
-            for gateway in running.gateways.values():
-                wait_until(lambda g=gateway: ready(g), 900, f"{gateway.name} ready", running.diagnostics)
-            yield running
-        finally:
-            stop_all(list(running.gateways.values()))
+        gateways = {name: Gateway(name, workdir, env) for name in NAMES}
+        with nginx([f"127.0.0.1:{g.port}" for g in gateways.values()], workdir / "edge") as edge:
+            running = Replicas(gateways, redis_server.url, edge)
+            try:
+                for gateway in running.gateways.values():
+                    gateway.start()
+                for gateway in running.gateways.values():
+                    wait_until(lambda g=gateway: ready(g), 900, f"{gateway.name} ready", running.diagnostics)
+                yield running
+            finally:
+                stop_all(list(running.gateways.values()))
 
 
 def sse_frames(base: str, sid: str, *, after: str | None = None, stop_after_content: int | None = None,
@@ -172,7 +177,8 @@ def test_kill_9_of_the_replica_holding_a_realtime_socket_mid_answer(replicas: Re
             session_id = ask_over_realtime(ws_a)
             before = realtime_events(ws_a, "response.output_text.delta")
             a.kill9()  # the socket and the engine work of the turn go with it
-        with connect(f"{b.url.replace('http', 'ws')}{realtime}?session_id={session_id}"
+        # Reconnect through the edge: it may try the dead replica first, then the next.
+        with connect(f"{replicas.edge.replace('http', 'ws')}{realtime}?session_id={session_id}"
                      f"&last_event_id={before[-1]['event_id']}") as ws_b:
             after = realtime_events(ws_b, "response.done")
         assert after[0]["type"] == "session.created" and after[0]["session"]["id"] == session_id
@@ -206,7 +212,7 @@ def test_kill_9_mid_input_then_mid_generation_loses_and_repeats_nothing(
     # A completed session has no owner, so this also proves the kill came
     # before the end of the answer (the lease of a dead owner lapses later).
     assert owner(reader.url, sid) == second.name, "the answer finished before the kill: nothing taken over"
-    rest = sse_frames(reader.url, sid, after=first_part[-1][0])
+    rest = sse_frames(replicas.edge, sid, after=first_part[-1][0])  # reconnect through the edge
 
     streamed = text_of(first_part) + text_of(rest)
     assert rest[-1][1] == "[DONE]" and 0 < len(text_of(first_part)) < len(undisturbed["text"])
