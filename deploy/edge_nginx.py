@@ -56,6 +56,7 @@ def _location_directives(a: dict[str, Any]) -> list[str]:
     if "limit-rps" in a:
         burst = int(a["limit-rps"]) * int(a.get("limit-burst-multiplier", "5"))
         lines.append(f"limit_req zone=per_client burst={burst} nodelay;")
+        lines.append("limit_req_status 429;  # ingress-nginx: limit-req-status-code (controller config)")
     return lines
 
 
@@ -87,8 +88,14 @@ http {{
     }}
     server {{
         listen 127.0.0.1:{listen};
-        # Past the edge's body cap the gateway cannot answer: say it in the gateway's envelope.
+        # Where the edge answers itself, it answers in the gateway's envelope.
         error_page 413 = @too_large;
+        error_page 429 = @too_many;
+        location @too_many {{
+            default_type application/json;
+            add_header Retry-After 1 always;
+            return 429 '{{"error":{{"message":"too many requests from this address; slow down","type":"rate_limit_error","code":"rate_limit_exceeded","param":null}}}}';
+        }}
         location @too_large {{
             default_type application/json;
             return 413 '{{"error":{{"message":"request body exceeds the edge limit of {annotations.get("proxy-body-size", "1m")}","type":"invalid_request_error","code":"request_too_large","param":null}}}}';

@@ -160,3 +160,14 @@ async def test_request_ids_and_body_caps_agree_with_the_gateway(edge: Edge) -> N
         assert over_edge.status_code == 413 and over_edge.json()["error"]["code"] == "request_too_large"
         # Not routed by the edge: metrics and probes stay inside.
         assert (await client.get("/metrics")).status_code == 404
+
+
+async def test_the_edges_rate_limit_answers_in_the_gateways_envelope(edge: Edge) -> None:
+    # limit-rps 50 with a burst of 4 x 50: a burst of 300 requests from one address is cut.
+    async with httpx.AsyncClient(base_url=edge.url, headers=AUTH, timeout=30,
+                                 limits=httpx.Limits(max_connections=300)) as client:
+        answers = await asyncio.gather(*(client.get("/v1/models") for _ in range(300)))
+    limited = [r for r in answers if r.status_code == 429]
+    assert limited and all(r.json()["error"]["code"] == "rate_limit_exceeded" for r in limited)
+    assert limited[0].headers["Retry-After"] == "1"
+    assert sum(r.status_code == 200 for r in answers) >= 200
