@@ -25,7 +25,7 @@ import httpx
 import pytest
 import websockets
 
-from deploy.edge_nginx import render
+from deploy.edge_nginx import INGRESS, render
 from omni_adapter.scripted import Script, ScriptedEngine
 from tests.gateway.client import BASE, content_of, live_app, make_settings, parse_sse
 from tests.redis_server import free_port
@@ -36,12 +36,12 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
 @contextmanager
-def nginx(upstreams: list[str], workdir: Path) -> Iterator[str]:
-    """Real NGINX in front of ``upstreams``; its URL."""
+def nginx(upstreams: list[str], workdir: Path, ingress: Path = INGRESS) -> Iterator[str]:
+    """Real NGINX in front of ``upstreams``, configured from ``ingress``; its URL."""
     port = free_port()
     workdir.mkdir(parents=True, exist_ok=True)
     conf = workdir / "nginx.conf"
-    conf.write_text(render(upstreams, port, workdir))
+    conf.write_text(render(upstreams, port, workdir, ingress))
     proc = subprocess.Popen([NGINX, "-p", str(workdir), "-c", str(conf), "-g", "daemon off;"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
@@ -171,3 +171,39 @@ async def test_the_edges_rate_limit_answers_in_the_gateways_envelope(edge: Edge)
     assert limited and all(r.json()["error"]["code"] == "rate_limit_exceeded" for r in limited)
     assert limited[0].headers["Retry-After"] == "1"
     assert sum(r.status_code == 200 for r in answers) >= 200
+
+
+async def test_the_openai_client_streams_through_the_edge(edge: Edge) -> None:
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=f"{edge.url}/v1", api_key=KEY, max_retries=0)
+    stream = await client.chat.completions.create(
+        model="scripted", stream=True, messages=[{"role": "user", "content": "hi there"}])
+    text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+    assert text == "echo: hi there"
+
+
+async def test_an_idle_stream_outlives_the_proxy_read_timeout_on_pings(redis_url: str, tmp_path: Path) -> None:
+    """The edge's read timeout cuts a silent upstream; the gateway's SSE pings keep a waiting stream alive.
+
+    The same Ingress with the timeouts cut to 2 s, and pings every second: a
+    stream that waits 5 s for input is not cut, and then gets its answer.
+    """
+    ingress = tmp_path / "ingress.yaml"
+    ingress.write_text(INGRESS.read_text().replace('proxy-read-timeout: "360"', 'proxy-read-timeout: "2"'))
+    settings = make_settings(redis_url=redis_url, api_keys=KEY, sse_ping_sec=1)
+    async with live_app(settings, ScriptedEngine()) as a:
+        with nginx([a.removeprefix("http://")], tmp_path / "edge", ingress) as url:
+            async with httpx.AsyncClient(base_url=url, headers=AUTH, timeout=30) as client:
+                sid = (await client.post(BASE, json={})).json()["session_id"]
+
+                async def later() -> None:
+                    await asyncio.sleep(5)
+                    await client.post(f"{BASE}/{sid}/chunks", json={"sequence_id": 0, "text": "late",
+                                                                     "end_of_input": True})
+
+                sender = asyncio.create_task(later())
+                body = (await client.get(f"{BASE}/{sid}/events")).text
+                await sender
+    assert content_of(parse_sse(body)) == "echo: late"
+    assert body.count(": ping") >= 3
