@@ -194,7 +194,9 @@ class RealtimeConnection:
             await handler(self, message)
         except errors.GatewayError as exc:
             if exc.code in ("session_expired", "session_not_found", "session_closed", "session_cancelled"):
-                self._turn = None  # its session is gone: the next input opens a new turn
+                gone, self._turn = self._turn, None  # its session is gone: the next input opens a new turn
+                if gone is not None and gone.reader is not None:
+                    gone.reader.cancel()
             await self._emit(ev.error(exc, client_event_id))
         await self._save()
 
