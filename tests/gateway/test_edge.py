@@ -46,15 +46,15 @@ def nginx(upstreams: list[str], workdir: Path, ingress: Path = INGRESS) -> Itera
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 20
-    while True:
-        try:
-            httpx.get(f"{url}/edge-itself", timeout=1)  # NGINX answers: the gateways share this loop
-            break
-        except httpx.HTTPError:
-            assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else "nginx exited"
-            assert time.monotonic() < deadline, "nginx did not start"
-            time.sleep(0.05)
-    try:
+    try:  # from here on NGINX is stopped whatever happens, a failed start too
+        while True:
+            try:
+                httpx.get(f"{url}/edge-itself", timeout=1)  # NGINX answers: the gateways share this loop
+                break
+            except httpx.HTTPError:
+                assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else "nginx exited"
+                assert time.monotonic() < deadline, "nginx did not start"
+                time.sleep(0.05)
         yield url
     finally:
         proc.terminate()

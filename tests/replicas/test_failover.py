@@ -56,6 +56,9 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replicas]:
             "OMNI_GATEWAY_MAX_SESSIONS_PER_IDENTITY": "0", "OMNI_GATEWAY_RATE_LIMIT_RPS": "0",
             "OMNI_GATEWAY_MAX_OPEN_SESSIONS": "0", "OMNI_GATEWAY_KV_CACHE_SPACE_GIB": "1",
             "OMNI_GATEWAY_MAX_MODEL_LEN": "1024",
+            # Explicit: the engine adapter exports this for its own process, and
+            # a variable this test process inherited would win over the setting.
+            "VLLM_CPU_KVCACHE_SPACE": "1",
         }
         gateways = {name: Gateway(name, workdir, env) for name in NAMES}
         with nginx([f"127.0.0.1:{g.port}" for g in gateways.values()], workdir / "edge") as edge:
