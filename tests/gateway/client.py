@@ -27,9 +27,15 @@ BASE = "/v1/streaming_input/sessions"
 
 
 def make_settings(**overrides: object) -> Settings:
-    """Settings for tests: limits off unless a test sets them (the suite shares one Redis)."""
+    """Settings for tests: limits off unless a test sets them (the suite shares one Redis).
+
+    Redis calls get 10 s, not 2: on a starved 2-core CI machine (an engine
+    generating beside the test) the event loop can stall past 2 s, and a
+    test that is not about Redis timeouts must not see a 503 for it. The
+    tests of timeouts set their own.
+    """
     base: dict[str, object] = {"max_sessions_per_identity": 0, "rate_limit_rps": 0, "max_open_sessions": 0,
-                               "shutdown_grace_sec": 0}
+                               "shutdown_grace_sec": 0, "redis_timeout_sec": 10.0}
     return Settings(**{**base, **overrides})
 
 
