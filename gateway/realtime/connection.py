@@ -198,6 +198,10 @@ class RealtimeConnection:
                 if gone is not None and gone.reader is not None:
                     gone.reader.cancel()
             await self._emit(ev.error(exc, client_event_id))
+        except Exception:
+            # A bug must not take the connection (and its open turn) down with it.
+            logger.exception("realtime %s: handling %s failed", self.id, kind)
+            await self._emit(ev.error(errors.GatewayError("the server failed to handle this event"), client_event_id))
         await self._save()
 
     async def close(self) -> None:

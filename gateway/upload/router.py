@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request, Response
@@ -91,7 +91,7 @@ class _UploadResponse(Response):
             return {"type": "http.disconnect"}
 
         try:
-            events = await self._service.events(self._identity, self._session_id, "0-0")
+            events = self._service.events(self._identity, self._session_id, "0-0")
             response = EventSourceResponse(
                 _until_refused(events, refused), ping=self._settings.sse_ping_sec, send_timeout=SEND_TIMEOUT_SEC,
                 headers={"X-Session-Id": self._session_id, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -131,9 +131,18 @@ class _UploadResponse(Response):
             raise
 
 
-async def _until_refused(events: AsyncIterator[ServerSentEvent] | None,
+async def _until_refused(opening: Awaitable[AsyncIterator[ServerSentEvent] | None],
                          refused: asyncio.Future[errors.GatewayError]) -> AsyncIterator[ServerSentEvent]:
-    """The session's frames, until the upload has a record refused: then its error, and the end."""
+    """The session's frames, until the upload has a record refused: then its error, and the end.
+
+    The stream is opened here, after the headers (the session id) went out, so
+    a store that fails at that moment is an ``error`` event, not a 500.
+    """
+    try:
+        events = await opening
+    except errors.GatewayError as exc:
+        yield ServerSentEvent(data=json.dumps(exc.envelope()), event="error")
+        return
     if events is None:
         return
     while True:
