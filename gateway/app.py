@@ -61,12 +61,13 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
             metrics = Metrics()
             runners = RunnerPool(
                 lambda sid, lease: SessionRunner(sid, lease, store, active, metrics, settings.lease_ttl_sec,
-                                                 settings.engine_progress_timeout_sec),
-                capacity=settings.max_engine_sessions)
+                                                 settings.engine_progress_timeout_sec, settings.idle_park_sec),
+                capacity=settings.max_engine_sessions, listening_cap=settings.listening_cap)
             service = SessionService(settings, store, active.capabilities, runners, metrics, draining,
                                      active if isinstance(active, RequestChecks) else None)
             tender = asyncio.create_task(
-                Tender(store, runners, metrics, draining, settings.replica_id).run(settings.tend_interval_sec),
+                Tender(store, runners, metrics, draining, settings.replica_id,
+                       settings.schedule_policy).run(settings.tend_interval_sec),
                 name="tender")
             identity = IdentityResolver(settings.api_keys, settings.identity_header, settings.trusted_proxies)
             log_identity = logger.warning if identity.mode == "open" else logger.info

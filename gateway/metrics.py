@@ -38,6 +38,14 @@ class Metrics:
                                      registry=r)
         self.tender_failures = Counter("omni_gateway_tender_failures", "Tender rounds that failed (it retries)",
                                        ["code"], registry=r)
+        # Scheduling (many sessions, one engine).
+        self.parks = Counter("omni_gateway_sessions_parked", "Idle streaming sessions whose engine request was "
+                             "aborted to free its KV cache", ["reason"], registry=r)
+        self.replaced_chunks = Counter("omni_gateway_chunks_replaced", "Chunks replaced (update mode)", registry=r)
+        self.engine_sessions = Gauge("omni_gateway_engine_sessions", "Engine sessions this replica runs, by "
+                                     "whether their input is still arriving", ["phase"], registry=r)
+        self.answers_waiting = Gauge("omni_gateway_answers_waiting", "Input-complete sessions the last tender "
+                                     "round found waiting for room", registry=r)
 
         self.connections = Gauge("omni_gateway_realtime_connections_open", "Open Realtime WebSocket connections",
                                  registry=r)

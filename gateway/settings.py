@@ -19,6 +19,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from gateway.domain.policies import StartPolicy
+from gateway.domain.scheduling import SchedulePolicy
 
 MiB = 1024 * 1024
 #: Room for the fields around a base64 payload in a JSON chunk or create body.
@@ -75,6 +76,12 @@ class Settings(BaseSettings):
         return self.rate_limit_burst or max(1, math.ceil(2 * self.rate_limit_rps))
 
     @property
+    def listening_cap(self) -> int:
+        """Engine sessions that may still be listening: the setting, else 3/4 of the engine sessions."""
+        cap = self.max_listening_sessions or max(1, self.max_engine_sessions * 3 // 4)
+        return min(cap, self.max_engine_sessions)
+
+    @property
     def max_request_bytes(self) -> int:
         """The largest request body: a JSON chunk is base64 (4/3) plus its fields."""
         return -(-self.max_chunk_bytes * 4 // 3) + JSON_OVERHEAD_BYTES
@@ -92,7 +99,19 @@ class Settings(BaseSettings):
     #: A replica that dies loses its sessions to others after at most this.
     lease_ttl_sec: float = Field(10.0, gt=0)
     #: Engine sessions this replica runs at once; more wait in Redis for room.
+    #: Keep it at or below the engine's ``max_num_seqs``.
     max_engine_sessions: int = Field(64, ge=1)
+    #: Of those, how many may still be listening (input not complete); the
+    #: rest is kept for answers. Unset: three quarters of ``max_engine_sessions``.
+    max_listening_sessions: int | None = Field(None, ge=1)
+    #: The order in which waiting sessions get room (gateway/domain/scheduling.py):
+    #: ``fcfs`` (input complete first, then by arrival), ``lcas`` (last chunk
+    #: arrival), ``mcps`` (most computed prefix).
+    schedule_policy: SchedulePolicy = SchedulePolicy.FCFS
+    #: A streaming session with no new input for this long is parked: its
+    #: engine request is aborted (KV cache freed) and its next input resumes
+    #: it from Redis. 0: never park for idleness (room for answers still parks).
+    idle_park_sec: float = Field(10.0, ge=0)
     #: How often the tender expires idle sessions and claims ownerless work.
     tend_interval_sec: float = Field(0.25, gt=0)
     #: On SIGTERM: how long /readyz reports 503 while still serving, so load

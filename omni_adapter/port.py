@@ -170,6 +170,11 @@ class RequestChecks(Protocol):
         """The fewest tokens ``text`` adds to a prompt, whatever comes around it."""
         ...
 
+    def common_prefix_tokens(self, old: str, new: str) -> tuple[int, int]:
+        """How many tokens at the start of the streamed input ``old`` and ``new``
+        share (the work an update keeps), and how many tokens ``new`` has."""
+        ...
+
 
 class EngineUnavailableError(Exception):
     """The engine cannot take work right now (dead, starting, unreachable)."""

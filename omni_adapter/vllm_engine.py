@@ -160,6 +160,12 @@ class VllmEngine:
         interior = inside.group(1).rstrip() if inside else ""
         return max(0, len(self._streaming.encode_plain(interior)) - 1) if interior else 0
 
+    def common_prefix_tokens(self, old: str, new: str) -> tuple[int, int]:
+        before, after = self._streaming.encode_plain(old), self._streaming.encode_plain(new)
+        kept = next((i for i, (a, b) in enumerate(zip(before, after, strict=False)) if a != b),
+                    min(len(before), len(after)))
+        return kept, len(after)
+
     def _frame(self, request: EngineRequest) -> tuple[Framed, Framed]:
         check_servable(self.capabilities, request)
         try:

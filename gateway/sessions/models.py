@@ -117,6 +117,13 @@ class SessionView(BaseModel):
     owner: str | None
     #: What the speech recognizer heard in audio input, once the input is complete.
     input_transcript: str | None = None
+    #: The engine request of this idle streaming session was aborted to free
+    #: its KV cache; the next chunk (or finish) resumes it from its stored input.
+    parked: bool = False
+    #: How often it was parked and resumed, and how many chunks were replaced.
+    parks: int = 0
+    resumes: int = 0
+    replaced_chunks: int = 0
 
 
 class CreatedSession(SessionView):
@@ -130,6 +137,22 @@ class ChunkAccepted(BaseModel):
     duplicate: bool
     #: True when this chunk opened the engine session.
     started: bool
+    next_sequence_id: int
+
+
+class ChunkReplaced(BaseModel):
+    session_id: str
+    sequence_id: int
+    state: SessionState
+    #: False when the new content equals what was stored (nothing changed).
+    replaced: bool
+    #: Tokens at the start of the streamed input that the replacement leaves
+    #: unchanged: the engine keeps their work (its prefix cache, in whole
+    #: blocks) and recomputes only the rest. ``null`` when the engine cannot
+    #: count tokens here (a remote sidecar) or the input is not all text.
+    kept_tokens: int | None
+    #: Tokens of the streamed input after the replacement (``null``: as above).
+    input_tokens: int | None
     next_sequence_id: int
 
 

@@ -16,6 +16,7 @@ from gateway.sessions.chunks import record_from_json, record_from_raw
 from gateway.sessions.models import (
     ChunkAccepted,
     ChunkIn,
+    ChunkReplaced,
     CreatedSession,
     CreateSessionRequest,
     FinishAccepted,
@@ -25,6 +26,7 @@ from gateway.sessions.models import (
 )
 from gateway.sessions.service import SessionService
 from gateway.settings import Settings
+from gateway.store.records import ChunkRecord
 from gateway.store.session_hash import SessionRecord
 from gateway.validation import read_body_capped, validation_error
 
@@ -53,6 +55,10 @@ def session_view(record: SessionRecord) -> SessionView:
         missing_sequence_ids=record.missing_sequence_ids,
         owner=record.owner,
         input_transcript=record.input_transcript,
+        parked=record.parked,
+        parks=record.parks,
+        resumes=record.resumes,
+        replaced_chunks=record.replaced,
     )
 
 
@@ -97,6 +103,46 @@ _CHUNK_BODY = {
 async def append_chunk(session_id: str, request: Request, response: Response, service: Service, identity: Identity,
                        settings: Annotated[Settings, Depends(get_settings)]) -> ChunkAccepted:
     service.check_enabled()
+    chunk = await _read_chunk(request, settings)
+    outcome = await service.append(identity, session_id, chunk)
+    if outcome.duplicate:
+        response.status_code = status.HTTP_200_OK
+    return ChunkAccepted(session_id=session_id, sequence_id=chunk.sequence_id, state=outcome.state,
+                         duplicate=outcome.duplicate, started=outcome.started,
+                         next_sequence_id=outcome.next_sequence_id)
+
+
+@router.put("/{session_id}/chunks/{sequence_id}", response_model=ChunkReplaced, openapi_extra=_CHUNK_BODY,
+            summary="Replace a chunk already sent (update mode)",
+            responses=errors.error_responses(*_INPUT, errors.UnsupportedModality, errors.SequenceConflict,
+                                             errors.InputClosed, errors.ChunkTooLarge,
+                                             errors.SessionPayloadTooLarge, errors.ContextLengthExceeded))
+async def replace_chunk(session_id: str, sequence_id: int, request: Request, service: Service, identity: Identity,
+                        settings: Annotated[Settings, Depends(get_settings)]) -> ChunkReplaced:
+    """Retrieved context that changes while the user waits (Stream2LLM's update mode).
+
+    The body is a chunk as for an append; its ``sequence_id`` (if given) must
+    be the one in the path. While the session is streaming, the engine keeps
+    the work on the longest common token prefix of the old and new input and
+    recomputes the rest; the answer is that of the new input. Once the input
+    is complete (the answer is under way), chunks can no longer change: 409
+    ``input_closed``. A chunk never received: 409 ``sequence_conflict``.
+    """
+    service.check_enabled()
+    chunk = await _read_chunk(request, settings)
+    if chunk.sequence_id != sequence_id:
+        raise errors.ValidationFailed(
+            f"the body's sequence_id {chunk.sequence_id} is not the path's {sequence_id}", param="sequence_id")
+    if chunk.end_of_input:
+        raise errors.ValidationFailed("a replacement cannot end the input; use finish", param="end_of_input")
+    replaced = await service.replace(identity, session_id, chunk)
+    return ChunkReplaced(session_id=session_id, sequence_id=sequence_id, state=replaced.outcome.state,
+                         replaced=not replaced.outcome.duplicate, kept_tokens=replaced.kept_tokens,
+                         input_tokens=replaced.input_tokens, next_sequence_id=replaced.outcome.next_sequence_id)
+
+
+async def _read_chunk(request: Request, settings: Settings) -> ChunkRecord:
+    """The chunk in a request body: JSON, or raw bytes described by headers."""
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type == "application/octet-stream":
         body = await read_body_capped(request, settings.max_chunk_bytes)
@@ -111,12 +157,7 @@ async def append_chunk(session_id: str, request: Request, response: Response, se
     else:
         raise errors.InvalidRequest("send chunks as application/json or application/octet-stream",
                                     param="Content-Type")
-    outcome = await service.append(identity, session_id, chunk)
-    if outcome.duplicate:
-        response.status_code = status.HTTP_200_OK
-    return ChunkAccepted(session_id=session_id, sequence_id=chunk.sequence_id, state=outcome.state,
-                         duplicate=outcome.duplicate, started=outcome.started,
-                         next_sequence_id=outcome.next_sequence_id)
+    return chunk
 
 
 @router.post("/{session_id}/finish", status_code=status.HTTP_202_ACCEPTED, response_model=FinishAccepted,

@@ -15,6 +15,7 @@ import functools
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 from sse_starlette import ServerSentEvent
 
@@ -40,6 +41,17 @@ from omni_adapter.port import (
 
 #: Upper bound of ``/result?wait=``, so a poll never pins a connection for long.
 MAX_RESULT_WAIT_SEC = 60.0
+
+
+@dataclass(frozen=True)
+class Replacement:
+    """A replaced chunk (update mode): the store's outcome and the tokens it keeps."""
+
+    outcome: InputOutcome
+    #: Tokens at the start of the streamed input left unchanged; ``None`` when
+    #: the engine cannot count them or the input is not all text.
+    kept_tokens: int | None
+    input_tokens: int | None
 
 
 class SessionService:
@@ -121,7 +133,8 @@ class SessionService:
         until = new.created_at_ms + new.timeout_ms + new.generation_ttl_ms
         await self._store.admit(identity, session_id, per_identity=self._settings.max_sessions_per_identity,
                                 overall=self._settings.max_open_sessions, until_ms=until)
-        outcome = await self._store.create(session_id, new, self._claimant(), first, self._too_large_json)
+        claimant = self._claimant(listening=first is None or not first.end_of_input)
+        outcome = await self._store.create(session_id, new, claimant, first, self._too_large_json)
         self._metrics.transition(None, SessionState.OPEN)
         if first is not None:
             self._count_chunk(first, outcome)
@@ -134,7 +147,7 @@ class SessionService:
         chunk = await self._counted(chunk)
         started_at = time.perf_counter()
         try:
-            outcome = await self._store.append(session_id, chunk, self._claimant(),
+            outcome = await self._store.append(session_id, chunk, self._claimant(listening=not chunk.end_of_input),
                                                self._too_large_json, caller=owner_check(identity))
         except errors.SessionPayloadTooLarge as exc:
             self._metrics.transition(exc.previous_state, SessionState.FAILED)
@@ -144,8 +157,37 @@ class SessionService:
         self._after_input(session_id, outcome.previous_state, outcome)
         return outcome
 
+    async def replace(self, identity: str, session_id: str, chunk: ChunkRecord) -> Replacement:
+        """Update mode: swap a chunk already received; the runner restarts from the common prefix."""
+        self.check_enabled()
+        self.check_input_modality(chunk)
+        chunk = await self._counted(chunk)
+        record = await self.view(identity, session_id)
+        kept, total = await self._kept_tokens(session_id, record.next_seq, chunk)
+        outcome = await self._store.replace(session_id, chunk, self._claimant(), kept or 0,
+                                            caller=owner_check(identity))
+        if not outcome.duplicate:
+            self._metrics.replaced_chunks.inc()
+        self._after_input(session_id, outcome.previous_state, outcome)
+        return Replacement(outcome, kept, total)
+
+    async def _kept_tokens(self, session_id: str, next_seq: int,
+                           chunk: ChunkRecord) -> tuple[int | None, int | None]:
+        """The streamed input's tokens before and after the replacement: common prefix, new total."""
+        if self._checks is None:
+            return None, None
+        stored = await self._store.load_chunks(session_id, range(next_seq)) if next_seq else []
+        if chunk.modality != "text" or any(c.modality != "text" for c in stored):
+            return None, None
+        old = b"".join(c.payload for c in stored)
+        new = b"".join(chunk.payload if c.sequence_id == chunk.sequence_id else c.payload for c in stored)
+        if chunk.sequence_id >= next_seq:  # beyond the contiguous input: nothing the engine took changes
+            new = old
+        return await asyncio.to_thread(self._checks.common_prefix_tokens,
+                                       old.decode("utf-8", errors="replace"), new.decode("utf-8", errors="replace"))
+
     async def finish(self, identity: str, session_id: str, final_sequence_id: int | None) -> InputOutcome:
-        outcome = await self._store.finish(session_id, final_sequence_id, self._claimant(),
+        outcome = await self._store.finish(session_id, final_sequence_id, self._claimant(listening=False),
                                            caller=owner_check(identity))
         self._after_input(session_id, outcome.previous_state, outcome)
         return outcome
@@ -229,9 +271,14 @@ class SessionService:
         if not outcome.duplicate:
             self._metrics.chunk_bytes.labels(chunk.modality).inc(len(chunk.payload))
 
-    def _claimant(self) -> str:
-        """This replica's id when it can take engine work that a call starts, else ''."""
-        if self._draining.active or self._runners.room == 0:
+    def _claimant(self, *, listening: bool = True) -> str:
+        """This replica's id when it can take engine work that a call starts, else ''.
+
+        ``listening``: the work may still be waiting for input, so it needs
+        room among the listening sessions too (input-complete work does not).
+        """
+        room = self._runners.room
+        if self._draining.active or room.total == 0 or (listening and room.listening == 0):
             return ""
         return self._settings.replica_id
 

@@ -23,6 +23,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from gateway import errors
+from gateway.domain.scheduling import Room, SchedulePolicy, WaitingWork, ranked
 from gateway.domain.states import SessionState
 from gateway.store.connection import translate_redis_errors
 from gateway.store.keys import (
@@ -54,10 +55,11 @@ class InputEvent:
     """One entry of a session's input stream, read by the owner."""
 
     id: str
-    #: "chunk", "end" or "abort".
+    #: "chunk", "end", "abort" or "restart" (a chunk the engine took in was replaced).
     kind: str
     sequence_id: int = -1
-    #: For "end": when input became complete (ms); for "abort": the new state.
+    #: For "end": when input became complete (ms); for "abort": the new state;
+    #: for "restart": the session's count of replaced chunks at that moment.
     value: str = ""
 
 
@@ -70,6 +72,15 @@ class TendOutcome:
     previous_state: SessionState
     #: Set when the tender took the lease on the session's engine work.
     lease: Lease | None = None
+
+
+@dataclass(frozen=True)
+class TendRound:
+    """What one tender round did, and what it left waiting."""
+
+    outcomes: list[TendOutcome]
+    #: Input-complete work still waiting for room: the replica should make room.
+    answers_waiting: int = 0
 
 
 def _error_for(reply: Reply, session_id: str, sequence_id: int | None = None) -> errors.GatewayError:
@@ -108,6 +119,14 @@ def _error_for(reply: Reply, session_id: str, sequence_id: int | None = None) ->
         return errors.EmptyInput("finish without final_sequence_id needs at least one chunk")
     if status == "exists":
         return errors.ConflictError(f"session {session_id!r} already exists")
+    if status == "unknown":
+        return errors.SequenceConflict(
+            f"sequence_id {sequence_id} was never received, so there is nothing to replace; send it as a new "
+            f"chunk (the next expected id is {reply.number('next_seq')})", param="sequence_id")
+    if status == "over_cap":
+        return errors.SessionPayloadTooLarge(
+            f"the replacement would take the session's input past its cap of {reply.number('max_bytes')} "
+            "bytes; the session is unchanged")
     return errors.GatewayError(f"unexpected store reply {status!r}")
 
 
@@ -128,7 +147,7 @@ def _input_outcome(reply: Reply, replica: str) -> InputOutcome:
         started=started == 1,
         unowned=started == 2,
         next_sequence_id=reply.number("next_seq"),
-        duplicate=reply.status == "duplicate",
+        duplicate=reply.status in ("duplicate", "unchanged"),
         missing_sequence_ids=reply.numbers("missing"),
         lease=Lease(replica, epoch) if epoch > 0 else None,
     )
@@ -208,6 +227,17 @@ class SessionStore:
         reply = await self._run("finish", session_keys(session_id), [now_ms(), replica, asked, caller])
         if reply.status != "accepted":
             raise _error_for(reply, session_id, final_sequence_id)
+        outcome = _input_outcome(reply, replica)
+        await self._schedule_if_started(session_id, outcome)
+        return outcome
+
+    async def replace(self, session_id: str, chunk: ChunkRecord, replica: str, kept_tokens: int,
+                      caller: str = "") -> InputOutcome:
+        """Replace a chunk already received (update mode); ``duplicate`` when it is the same content."""
+        args = [now_ms(), replica, chunk.sequence_id, chunk.digest_record(), chunk.to_blob(), caller, kept_tokens]
+        reply = await self._run("replace", session_keys(session_id), args)
+        if reply.status not in ("replaced", "unchanged"):
+            raise _error_for(reply, session_id, chunk.sequence_id)
         outcome = _input_outcome(reply, replica)
         await self._schedule_if_started(session_id, outcome)
         return outcome
@@ -300,12 +330,14 @@ class SessionStore:
                 raise
             logger.warning("session %s: could not schedule its started work; its runner will", session_id)
 
-    async def tend(self, expired_json: str, incomplete_json: str, replica: str, room: int,
-                   limit: int = 200) -> list[TendOutcome]:
-        """Expire idle sessions and claim ownerless engine work (at most ``room``) that is due.
+    async def tend(self, expired_json: str, incomplete_json: str, replica: str, room: Room,
+                   policy: SchedulePolicy = SchedulePolicy.FCFS, limit: int = 200) -> TendRound:
+        """Expire idle sessions; claim waiting engine work, in ``policy`` order, while there is ``room``.
 
         The schedule is only a hint: each session is decided by ``tend.lua``
-        on its own meta hash, which also says when to look again.
+        on its own meta hash, which also says when to look again. Waiting
+        work is ranked across the due sessions, then claimed one by one
+        (``claim.lua``: another replica may have been quicker).
         """
         async with self._call():
             # Redis's clock, like the scripts': a replica's own may be off.
@@ -314,22 +346,35 @@ class SessionStore:
             due: Any = await self._redis.zrangebyscore(SCHEDULE, "-inf", now, start=0, num=limit, withscores=True,
                                                   score_cast_func=int)
         outcomes: list[TendOutcome] = []
+        waiting: list[WaitingWork] = []
         for raw, seen in due:
             session_id = decoded(raw)
-            claimant = replica if room > 0 else ""
-            reply = await self._run("tend", session_keys(session_id),
-                                    [now, expired_json, incomplete_json, claimant])
+            reply = await self._run("tend", session_keys(session_id), [now, expired_json, incomplete_json])
             async with self._call():
                 await self._scripts["rescore"](keys=[SCHEDULE], args=[
                     session_id, seen, reply.number("look_again_at") if reply.has("look_again_at") else ""])
             if reply.status in ("expired", "failed"):
                 await self._free_slots(session_id, reply.text("identity"))
                 outcomes.append(TendOutcome(session_id, SessionState(reply.status), reply.state("previous_state")))
-            elif reply.status == "claimed":
-                room -= 1
+            elif reply.status == "waiting":
+                waiting.append(WaitingWork(session_id, reply.state(), reply.number("arrived"),
+                                           reply.number("last_input"), reply.number("computed_tokens")))
+        answers_waiting = 0
+        for work in ranked(waiting, policy):
+            if not room.fits(work):
+                answers_waiting += work.answering
+                continue
+            reply = await self._run("claim", session_keys(work.session_id), [now_ms(), replica])
+            if reply.status == "claimed":
+                room = room.taken(work)
                 state = reply.state()
-                outcomes.append(TendOutcome(session_id, state, state, Lease(replica, reply.number("lease_epoch"))))
-        return outcomes
+                outcomes.append(TendOutcome(work.session_id, state, state, Lease(replica, reply.number("lease_epoch"))))
+        return TendRound(outcomes, answers_waiting)
+
+    async def park(self, session_id: str, lease: Lease, last_input_id: str) -> bool:
+        """Give up idle streaming work until its next input; False if input came in meanwhile."""
+        reply = await self._run("park", session_keys(session_id), [now_ms(), lease.replica, lease.epoch, last_input_id])
+        return reply.status == "parked"
 
     async def renew(self, session_id: str, lease: Lease) -> bool:
         """Extend the lease; False when it is lost (taken over, or the session ended).
@@ -376,6 +421,8 @@ class SessionStore:
                 events.append(InputEvent(entry, "chunk", int(fields["s"])))
             elif "end" in fields:
                 events.append(InputEvent(entry, "end", value=fields["end"]))
+            elif "restart" in fields:
+                events.append(InputEvent(entry, "restart", value=fields["restart"]))
             else:
                 events.append(InputEvent(entry, "abort", value=fields["abort"]))
         return events

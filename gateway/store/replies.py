@@ -25,6 +25,7 @@ _REFUSALS: dict[str, tuple[str, ...]] = {
     "not_found": (), "expired": (), "closed": ("state",), "conflict": (), "exists": (), "empty": (),
     "input_closed": ("final_seq",), "out_of_window": ("next_seq",), "too_many": (),
     "too_large": ("previous_state", "identity"), "too_long": ("tokens", "max_tokens"),
+    "unknown": ("next_seq",), "over_cap": ("max_bytes",),
 }
 
 #: Per script, per status: the names of the values after the status, in
@@ -36,9 +37,12 @@ SHAPES: dict[str, dict[str, tuple[str, ...]]] = {
     # A repeated cancel has no identity: its slots were freed the first time.
     "cancel": {"accepted": ("state", "previous_state", "identity"), **_REFUSALS},
     "fail": {"failed": ("previous_state", "identity"), "gone": ("state",)},
+    "replace": {"replaced": _TAKEN, "unchanged": _TAKEN, **_REFUSALS},
     "tend": {"expired": ("previous_state", "identity"), "failed": ("previous_state", "identity"),
-             "claimed": ("state", "lease_epoch", "look_again_at"), "alive": ("state", "look_again_at"),
-             "gone": ()},
+             "waiting": ("state", "look_again_at", "arrived", "last_input", "computed_tokens"),
+             "alive": ("state", "look_again_at"), "gone": ()},
+    "claim": {"claimed": ("state", "lease_epoch", "lease_until"), "taken": ()},
+    "park": {"parked": (), "busy": ()},
     "renew": {"ok": ("lease_until",), "lost": ("state",)},
     "release": {"released": (), "lost": ()},
     "publish": {"ok": ("*ids",), "gone": ("state",)},

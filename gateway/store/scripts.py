@@ -12,7 +12,7 @@ from gateway.domain.states import TERMINAL_STATES, TRANSITIONS
 
 #: Scripts on the five keys of one session, prefixed with lib.lua.
 SESSION_SCRIPTS = ("create", "append", "finish", "cancel", "tend", "renew", "release", "publish", "fail",
-                   "view")
+                   "view", "claim", "park", "replace")
 #: Scripts on keys of their own (limits), standing alone.
 STANDALONE_SCRIPTS = ("admit", "rate", "rescore")
 

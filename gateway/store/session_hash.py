@@ -26,6 +26,11 @@ way the rest of the gateway reads a session.
     owner, lease_until,  the lease: claims (append, finish,      .owner, .lease_until_ms,
     lease_epoch          tend), renew, release; cleared on end   .lease_epoch
     lease_ttl_ms, timeout_ms, result_ttl_ms, generation_ttl_ms: create
+    parked               park (1), resumed by the next input (0)  .parked
+    parks, resumes       park; append/finish/replace on resume    .parks, .resumes
+    computed_tokens      park (input taken in), replace (kept)    the tender's mcps rank
+    replaced             replace: chunks replaced so far; the     .replaced
+                         value of the input's restart marks
     out_frames           publish: frames written so far
     input_transcript     publish: what the listener heard        .input_transcript
     result               publish, on completion                  .result
@@ -141,6 +146,12 @@ class SessionRecord:
     #: The error envelope once failed, cancelled or expired.
     error: dict[str, Any] | None
     missing_sequence_ids: list[int]
+    #: Idle streaming work whose engine request was aborted; its next input resumes it.
+    parked: bool = False
+    parks: int = 0
+    resumes: int = 0
+    #: Chunks replaced (update mode) so far.
+    replaced: int = 0
 
     @classmethod
     def from_hash(cls, session_id: str, fields: dict[str, str], missing: list[int]) -> SessionRecord:
@@ -168,4 +179,6 @@ class SessionRecord:
             lease_epoch=number("lease_epoch"), result_ttl_ms=number("result_ttl_ms"),
             input_transcript=transcript["input_transcript"] if transcript else None,
             result=document("result"), error=document("error"), missing_sequence_ids=missing,
+            parked=fields.get("parked") == "1", parks=number("parks"), resumes=number("resumes"),
+            replaced=number("replaced"),
         )

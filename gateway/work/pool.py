@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+from gateway.domain.scheduling import Room
 from gateway.store.records import Lease
 from gateway.work.runner import SessionRunner
 
@@ -12,30 +13,61 @@ from gateway.work.runner import SessionRunner
 class RunnerPool:
     """The runners of this replica, one task per session it holds the lease on.
 
-    ``capacity`` bounds the engine sessions this replica runs at once; work
-    beyond it waits in Redis for any replica with room.
+    ``capacity`` bounds the engine sessions this replica runs at once, and
+    ``listening_cap`` those of them still listening (input not complete):
+    the difference is kept for answers. Work beyond either waits in Redis
+    for any replica with room (the tender takes it in policy order).
     """
 
-    def __init__(self, make_runner: Callable[[str, Lease], SessionRunner], capacity: int) -> None:
+    def __init__(self, make_runner: Callable[[str, Lease], SessionRunner], capacity: int,
+                 listening_cap: int | None = None) -> None:
         self._make_runner = make_runner
         self._capacity = capacity
+        self._listening_cap = capacity if listening_cap is None else min(listening_cap, capacity)
+        self._runners: dict[str, SessionRunner] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        #: Leases taken while the session's previous runner was still ending
+        #: (a parked session resumed at once): started when it has ended.
+        self._next_lease: dict[str, Lease] = {}
         #: Set whenever a runner ends: room for waiting work.
         self.freed = asyncio.Event()
 
     @property
-    def room(self) -> int:
-        return max(0, self._capacity - len(self._tasks))
+    def room(self) -> Room:
+        return Room(total=max(0, self._capacity - len(self._tasks)),
+                    listening=max(0, self._listening_cap - self.listening))
+
+    @property
+    def listening(self) -> int:
+        return sum(1 for runner in self._runners.values() if runner.listening)
 
     def start(self, session_id: str, lease: Lease) -> None:
         if session_id in self._tasks:
+            if lease.epoch > self._runners[session_id].lease.epoch:
+                self._next_lease[session_id] = lease
             return
-        task = asyncio.create_task(self._make_runner(session_id, lease).run(), name=f"run-{session_id}")
+        runner = self._make_runner(session_id, lease)
+        task = asyncio.create_task(runner.run(), name=f"run-{session_id}")
+        self._runners[session_id] = runner
         self._tasks[session_id] = task
         task.add_done_callback(lambda _: self._ended(session_id))
 
+    def make_room(self, answers: int) -> int:
+        """Park up to ``answers`` listening sessions, the longest idle first, so
+        input-complete work that waits can run. Returns how many were asked."""
+        if answers <= 0 or self.room.total > 0:
+            return 0
+        idle = sorted((r for r in self._runners.values() if r.listening and not r.parking),
+                      key=lambda r: r.last_input_at)
+        for runner in idle[:answers]:
+            runner.park_soon()
+        return len(idle[:answers])
+
     def _ended(self, session_id: str) -> None:
         self._tasks.pop(session_id, None)
+        self._runners.pop(session_id, None)
+        if (lease := self._next_lease.pop(session_id, None)) is not None:
+            self.start(session_id, lease)
         self.freed.set()
 
     def __len__(self) -> int:

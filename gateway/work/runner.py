@@ -16,6 +16,15 @@ text, so subscribers see one stream with nothing lost or repeated.
 Redis outages do not end a runner: each store call is retried until it
 succeeds or the lease turns out to be lost (the publish and fail scripts
 refuse a stale lease, so two holders can never both write).
+
+Many sessions share one engine (gateway/domain/scheduling.py). A listening
+session (input not complete) that gets no input for ``idle_park_sec``, or
+whose slot an answer needs (``park_soon``), is parked: the runner gives up
+its lease (``park.lua``) and aborts its engine request, freeing its KV
+cache; the next input resumes it on whichever replica has room, which
+re-feeds the input from Redis (the prefix cache recovers what survived).
+A replaced chunk (update mode) puts a ``restart`` mark in the input: the
+runner opens a new engine request and feeds the input again from the start.
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any, TypeVar
 
 from gateway import errors
@@ -61,6 +71,15 @@ class LeaseLost(Exception):
     """Another replica holds the session's engine work now, or the session ended."""
 
 
+class _Stop(Enum):
+    """Why the feed ended the engine session while the session goes on."""
+
+    #: Parked: the lease is given up until the next input.
+    PARKED = "parked"
+    #: A chunk the engine took in was replaced: feed it all again.
+    RESTART = "restart"
+
+
 @dataclass
 class _Progress:
     """What earlier holders already published: where this runner picks up."""
@@ -91,7 +110,8 @@ class _Timing:
 
 class SessionRunner:
     def __init__(self, session_id: str, lease: Lease, store: SessionStore, engine: Engine,
-                 metrics: Metrics, lease_ttl_sec: float, progress_timeout_sec: float = 120.0) -> None:
+                 metrics: Metrics, lease_ttl_sec: float, progress_timeout_sec: float = 120.0,
+                 idle_park_sec: float = 0.0) -> None:
         self.session_id = session_id
         self.lease = lease
         self._store = store
@@ -99,43 +119,75 @@ class SessionRunner:
         self._metrics = metrics
         self._lease_ttl_sec = lease_ttl_sec
         self._progress_timeout_sec = progress_timeout_sec
+        self._idle_park_sec = idle_park_sec
+        #: True until the input is known to be complete: a runner that has not
+        #: read its session yet counts against the listening cap.
+        self.listening = True
+        #: When input last arrived (monotonic): the pool parks the longest idle first.
+        self.last_input_at = time.monotonic()
+        self._park_asked = asyncio.Event()
+
+    @property
+    def parking(self) -> bool:
+        return self._park_asked.is_set()
+
+    def park_soon(self) -> None:
+        """Park at once if still listening, idle or not: an answer needs this slot."""
+        self._park_asked.set()
 
     async def run(self) -> None:
+        attempt = 0
+        while await self._run_engine_session(attempt) is _Stop.RESTART:
+            attempt += 1
+
+    async def _run_engine_session(self, attempt: int) -> _Stop | None:
+        """One engine request for the session, from what Redis holds; why it stopped early, if it did."""
         try:
             record = await self._retrying(lambda: self._store.view(self.session_id))
         except errors.SessionNotFound:
-            return  # its keys expired before this replica got to it
+            return None  # its keys expired before this replica got to it
         if record.state.is_terminal:
-            return
+            return None
         progress = _Progress.of(await self._retrying(lambda: self._store.read_output(self.session_id)))
         if progress.frame_data:
             logger.info("session %s: taking over after %d frames", self.session_id, len(progress.frame_data))
         timing = _Timing(created_ms=record.created_at_ms, input_done_ms=record.input_done_at_ms,
                          progress_at=time.monotonic())
+        # vLLM refuses a request id it still knows: a restart gets an id of its own.
+        request_id = f"{record.session_id}-{record.lease_epoch}" + (f".{attempt}" if attempt else "")
         try:
             session = self._engine.open_session(record.request.engine_request(
-                f"{record.session_id}-{record.lease_epoch}", record.model, progress.text))
+                request_id, record.model, progress.text))
         except EngineRejectedError as exc:
             # Nothing else would ever end this session: fail it for the client.
             await self._fail(errors.ValidationFailed(str(exc)))
-            return
+            return None
         except Exception:
             logger.exception("session %s: the engine could not open it", self.session_id)
             await self._fail(errors.EngineUnavailable("the engine could not take this session"))
-            return
-        self._metrics.engine_start.observe(max(0.0, time.time() - timing.created_ms / 1000))
+            return None
+        if attempt == 0 and not record.parks:
+            self._metrics.engine_start.observe(max(0.0, time.time() - timing.created_ms / 1000))
+        self.listening = timing.input_done_ms is None
+        self.last_input_at = time.monotonic()
         parts = [
             asyncio.create_task(self._relay(session, record, progress, timing), name=f"relay-{self.session_id}"),
             asyncio.create_task(self._heartbeat(), name=f"lease-{self.session_id}"),
             asyncio.create_task(self._watch_progress(timing), name=f"progress-{self.session_id}"),
-            asyncio.create_task(self._feed(session, timing), name=f"feed-{self.session_id}"),
         ]
+        feed = asyncio.create_task(self._feed(session, timing, record.replaced), name=f"feed-{self.session_id}")
+        stop: _Stop | None = None
         try:
             # The relay ends the work; a lost lease (heartbeat) or an answer
-            # that stopped making progress (watch) ends it early.
-            done, _ = await asyncio.wait(parts[:3], return_when=asyncio.FIRST_COMPLETED)
+            # that stopped making progress (watch) ends it early, and so does
+            # the feed when it parks or restarts the session.
+            done, _ = await asyncio.wait([*parts, feed], return_when=asyncio.FIRST_COMPLETED)
+            if done == {feed} and feed.result() is None:
+                # The input ended with an abort mark: the relay sees the engine stop.
+                done, _ = await asyncio.wait(parts, return_when=asyncio.FIRST_COMPLETED)
             for part in done:
-                part.result()
+                if isinstance(result := part.result(), _Stop):
+                    stop = result
         except LeaseLost:
             logger.warning("session %s: lease lost; another replica runs it now", self.session_id)
         except errors.EngineTimeout as exc:
@@ -151,10 +203,14 @@ class SessionRunner:
             logger.exception("session %s: runner crashed", self.session_id)
             await self._fail(errors.GatewayError("the engine work of this session failed"))
         finally:
-            for part in parts:
+            self.listening = False
+            for part in [*parts, feed]:
                 part.cancel()
-            await asyncio.gather(*parts, return_exceptions=True)
+            await asyncio.gather(*parts, feed, return_exceptions=True)
             await session.abort()
+        if stop is _Stop.PARKED:
+            logger.info("session %s: parked (engine request aborted) until its next input", self.session_id)
+        return stop
 
     # --- lease ---------------------------------------------------------------
 
@@ -205,10 +261,10 @@ class SessionRunner:
 
     # --- input ---------------------------------------------------------------
 
-    async def _feed(self, session: EngineSession, timing: _Timing) -> None:
-        """Feed input until aborted; if feeding fails, fail the session and stop the engine."""
+    async def _feed(self, session: EngineSession, timing: _Timing, replaced: int) -> _Stop | None:
+        """Feed input until aborted, parked or restarted; if feeding fails, fail the session and stop the engine."""
         try:
-            await self._feed_until_abort(session, timing)
+            return await self._feed_until_abort(session, timing, replaced)
         except asyncio.CancelledError:
             raise
         except EngineRejectedError as exc:
@@ -219,22 +275,59 @@ class SessionRunner:
             await self._fail(exc if isinstance(exc, errors.GatewayError)
                              else errors.GatewayError("feeding input to the engine failed"))
             await session.abort()
+        return None
 
-    async def _feed_until_abort(self, session: EngineSession, timing: _Timing) -> None:
+    async def _feed_until_abort(self, session: EngineSession, timing: _Timing, replaced: int) -> _Stop | None:
+        """``replaced``: the session's count of replaced chunks when this engine request
+        opened; restart marks up to it are already in the input this request reads."""
         after = "0-0"
         while True:
-            events = await self._retrying(
-                lambda: self._store.read_input(self.session_id, after, INPUT_POLL_MS))  # noqa: B023
+            events = await self._next_input(after)
+            if events is None:
+                reason = "room" if self._park_asked.is_set() else "idle"
+                self._park_asked.clear()
+                if await self._retrying(lambda: self._store.park(self.session_id, self.lease, after)):  # noqa: B023
+                    self._metrics.parks.labels(reason).inc()
+                    return _Stop.PARKED
+                continue  # input arrived meanwhile: read it
             if not events:
                 continue
             after = events[-1].id
+            if any(e.kind == "restart" and int(e.value) > replaced for e in events):
+                return _Stop.RESTART
             await self._apply(session, events, timing)
             if events[-1].kind == "abort":
-                return
+                return None
+
+    async def _next_input(self, after: str) -> list[InputEvent] | None:
+        """The input after ``after`` (empty when none came in a while); ``None``:
+        park now (idle too long, or an answer needs the slot)."""
+        wait_ms = INPUT_POLL_MS
+        if self.listening and self._idle_park_sec > 0:
+            idle_left = self.last_input_at + self._idle_park_sec - time.monotonic()
+            if idle_left <= 0:
+                return None
+            wait_ms = min(wait_ms, max(1, int(idle_left * 1000)))
+        if self.listening and self._park_asked.is_set():
+            return None
+        read = asyncio.ensure_future(self._retrying(
+            lambda: self._store.read_input(self.session_id, after, wait_ms)))
+        if not self.listening:
+            return await read
+        asked = asyncio.ensure_future(self._park_asked.wait())
+        try:
+            await asyncio.wait({read, asked}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            asked.cancel()
+            if not read.done():
+                read.cancel()  # nothing is lost: the next read starts from ``after`` again
+                await asyncio.gather(read, return_exceptions=True)
+        return None if read.cancelled() else read.result()
 
     async def _apply(self, session: EngineSession, events: list[InputEvent], timing: _Timing) -> None:
         pending = [e.sequence_id for e in events if e.kind == "chunk"]
         if pending:
+            self.last_input_at = time.monotonic()
             records = await self._retrying(lambda: self._store.load_chunks(self.session_id, pending))
             await session.feed([
                 InputChunk(r.sequence_id, r.modality, r.payload, r.format, r.mime_type, r.sample_rate)
@@ -242,6 +335,7 @@ class SessionRunner:
             ])
         for event in events:
             if event.kind == "end":
+                self.listening = False
                 timing.progress_at = time.monotonic()
                 timing.input_done_ms = int(event.value)
                 await session.end_input()

@@ -13,6 +13,7 @@ import contextlib
 import logging
 
 from gateway import errors
+from gateway.domain.scheduling import Room, SchedulePolicy
 from gateway.draining import Draining
 from gateway.metrics import Metrics
 from gateway.store.redis_store import SessionStore
@@ -26,8 +27,9 @@ TENDER_BACKOFF_SEC = (0.5, 1.0, 2.0, 5.0)
 
 class Tender:
     def __init__(self, store: SessionStore, runners: RunnerPool, metrics: Metrics, draining: Draining,
-                 replica_id: str) -> None:
+                 replica_id: str, policy: SchedulePolicy = SchedulePolicy.FCFS) -> None:
         self._store = store
+        self._policy = policy
         self._runners = runners
         self._metrics = metrics
         self._draining = draining
@@ -39,13 +41,21 @@ class Tender:
         ).envelope_json().replace('"__MISSING__"', "[__MISSING__]")
 
     async def tend(self) -> None:
-        """One round: expire idle sessions; take engine work that has no live owner while there is room."""
-        room = 0 if self._draining.active else self._runners.room
-        for outcome in await self._store.tend(self._expired, self._incomplete, self._replica_id, room):
+        """One round: expire idle sessions; take engine work that has no live owner while there is
+        room, in policy order; park listening sessions when answers wait for room."""
+        room = Room(0, 0) if self._draining.active else self._runners.room
+        tended = await self._store.tend(self._expired, self._incomplete, self._replica_id, room, self._policy)
+        for outcome in tended.outcomes:
             if outcome.lease is not None:
                 self._runners.start(outcome.session_id, outcome.lease)
             else:
                 self._metrics.transition(outcome.previous_state, outcome.state)
+        self._metrics.answers_waiting.set(tended.answers_waiting)
+        if tended.answers_waiting and not self._draining.active:
+            self._runners.make_room(tended.answers_waiting)
+        listening = self._runners.listening
+        self._metrics.engine_sessions.labels("listening").set(listening)
+        self._metrics.engine_sessions.labels("answering").set(len(self._runners) - listening)
 
     async def run(self, interval_sec: float) -> None:
         """Background task: tend every ``interval_sec``, and whenever a runner ends.

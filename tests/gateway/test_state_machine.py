@@ -23,7 +23,7 @@ from gateway.domain.states import SessionState
 from gateway.store.keys import SCHEDULE, session_keys
 from gateway.store.records import ChunkRecord
 from gateway.store.redis_store import SessionStore
-from tests.gateway.test_store import EXPIRED, INCOMPLETE, TOO_LARGE, new
+from tests.gateway.test_store import EXPIRED, TOO_LARGE, new, tended
 
 RANK = {SessionState.OPEN: 0, SessionState.STREAMING: 1, SessionState.GENERATING: 2}
 
@@ -67,7 +67,7 @@ async def run(store: SessionStore, client: aioredis.Redis, sid: str, step: tuple
         else:
             await client.hset(session_keys(sid).meta, "expires_at", 0)
             await client.zadd(SCHEDULE, {sid: 0})
-            await store.tend(EXPIRED, INCOMPLETE, "r2", room=1)
+            await tended(store, "r2", 1)
     except (errors.ConflictError, errors.ValidationFailed, errors.SessionExpired, errors.PayloadTooLarge):
         pass  # refusals are fine; what matters is that they changed nothing
 

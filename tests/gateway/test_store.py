@@ -10,6 +10,7 @@ import pytest
 
 from gateway import errors
 from gateway.domain.policies import StartPolicy, StartThresholds
+from gateway.domain.scheduling import Room
 from gateway.domain.states import SessionState
 from gateway.store import redis_store
 from gateway.store.records import ChunkRecord, Lease
@@ -20,6 +21,11 @@ from omni_adapter.port import SamplingOptions
 TOO_LARGE = json.dumps({"error": {"code": "payload_too_large"}})
 EXPIRED = json.dumps({"error": {"code": "session_expired"}})
 INCOMPLETE = '{"error":{"code":"incomplete_input","missing_sequence_ids":[__MISSING__]}}'
+
+
+async def tended(store: SessionStore, replica: str, room: int) -> list[redis_store.TendOutcome]:
+    """One tender round's outcomes, with ``room`` for any kind of work."""
+    return (await store.tend(EXPIRED, INCOMPLETE, replica, Room(room, room))).outcomes
 
 
 def new(**overrides: Any) -> NewSession:
@@ -145,12 +151,12 @@ async def test_reaper_expires_idle_sessions_and_fails_incomplete_ones(store: Ses
     await new_session(store, "fresh", timeout_ms=60_000)
     import asyncio
     await asyncio.sleep(0.01)
-    ended = {o.session_id: o.state for o in await store.tend(EXPIRED, INCOMPLETE, "r1", room=0)}
+    ended = {o.session_id: o.state for o in await tended(store, "r1", 0)}
     assert ended == {"idle": SessionState.EXPIRED, "gappy": SessionState.FAILED}
     assert (await store.view("gappy")).error["error"]["missing_sequence_ids"] == [0]
     with pytest.raises(errors.SessionExpired):
         await store.append("idle", text(0, "late"), "r1", TOO_LARGE)
-    assert await store.tend(EXPIRED, INCOMPLETE, "r1", room=0) == []
+    assert await tended(store, "r1", 0) == []
     assert (await store.view("fresh")).state is SessionState.OPEN
 
 
@@ -203,8 +209,8 @@ async def test_the_starting_replica_takes_the_lease_only_when_it_has_room(store:
     assert waiting.started and waiting.lease is None
     assert (await store.view("waiting")).owner is None
     # Work nobody took waits in Redis until a tender with room claims it.
-    assert await store.tend(EXPIRED, INCOMPLETE, "r2", room=0) == []
-    (claimed,) = await store.tend(EXPIRED, INCOMPLETE, "r2", room=5)
+    assert await tended(store, "r2", 0) == []
+    (claimed,) = await tended(store, "r2", 5)
     assert (claimed.session_id, claimed.lease) == ("waiting", Lease("r2", 1))
     assert claimed.state is SessionState.STREAMING
     assert (await store.view("waiting")).owner == "r2"
@@ -218,9 +224,9 @@ async def test_a_lapsed_lease_is_claimed_and_the_old_holder_is_fenced_off(store:
     assert old is not None and await store.renew("s1", old)
     assert await store.publish("s1", old, 0, [("", "one", False)]) is not None
     # While the lease is live, nobody else takes the work.
-    assert await store.tend(EXPIRED, INCOMPLETE, "r2", room=5) == []
+    assert await tended(store, "r2", 5) == []
     await asyncio.sleep(0.08)
-    (claimed,) = await store.tend(EXPIRED, INCOMPLETE, "r2", room=5)
+    (claimed,) = await tended(store, "r2", 5)
     new = claimed.lease
     assert new == Lease("r2", 2) and claimed.state is SessionState.GENERATING
     # The old holder (paused, partitioned) can neither renew, write nor fail it.
@@ -248,7 +254,7 @@ async def test_released_work_is_claimed_at_once(store: SessionStore) -> None:
     assert lease is not None
     await store.release("s1", lease)
     assert not await store.renew("s1", lease)
-    (claimed,) = await store.tend(EXPIRED, INCOMPLETE, "r2", room=1)
+    (claimed,) = await tended(store, "r2", 1)
     assert claimed.lease == Lease("r2", 2)
 
 
@@ -271,7 +277,7 @@ async def test_a_replica_whose_clock_runs_ahead_does_not_steal_a_live_lease(
         store: SessionStore, monkeypatch: pytest.MonkeyPatch) -> None:
     lease = await leased_session(store)
     skew_clock(monkeypatch, 60_000)  # r2's clock: a minute ahead
-    assert await store.tend(EXPIRED, INCOMPLETE, "r2", room=5) == []
+    assert await tended(store, "r2", 5) == []
     assert await store.renew("s1", lease)
 
 
@@ -281,7 +287,7 @@ async def test_a_replica_whose_clock_runs_behind_keeps_its_lease(
     skew_clock(monkeypatch, -60_000)  # r1's clock: a minute behind
     assert await store.renew("s1", lease)
     monkeypatch.undo()
-    assert await store.tend(EXPIRED, INCOMPLETE, "r2", room=5) == []  # r2 sees a live lease
+    assert await tended(store, "r2", 5) == []  # r2 sees a live lease
 
 
 # --- started work is never left without a runner --------------------------------
@@ -303,7 +309,7 @@ async def test_a_failed_schedule_call_is_a_503_and_the_retry_schedules_the_work(
     monkeypatch.setattr(store, "schedule", real_schedule)
     retry = await store.append("s1", text(0, "a"), "", TOO_LARGE)  # what the client does with a 503
     assert retry.duplicate and retry.unowned
-    (claimed,) = await store.tend(EXPIRED, INCOMPLETE, "r2", room=5)
+    (claimed,) = await tended(store, "r2", 5)
     assert claimed.session_id == "s1" and claimed.lease == Lease("r2", 1)
 
 
@@ -315,11 +321,11 @@ async def test_a_duplicate_or_finish_reasserts_ownerless_work(store: SessionStor
     await new_session(store)
     assert (await store.append("s1", text(0, "a", end=True), "", TOO_LARGE)).started
     await redis_client.zrem(SCHEDULE, "s1")  # the schedule entry got lost
-    assert await store.tend(EXPIRED, INCOMPLETE, "r2", room=5) == []  # nothing a tender could find
+    assert await tended(store, "r2", 5) == []  # nothing a tender could find
     outcome = (await store.append("s1", text(0, "a", end=True), "", TOO_LARGE) if call == "append"
                else await store.finish("s1", None, ""))
     assert outcome.unowned
-    (claimed,) = await store.tend(EXPIRED, INCOMPLETE, "r2", room=5)
+    (claimed,) = await tended(store, "r2", 5)
     assert claimed.session_id == "s1"
 
 

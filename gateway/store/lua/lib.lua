@@ -81,6 +81,23 @@ local function runnable(state)
   return state == 'streaming' or state == 'generating'
 end
 
+-- A parked session (idle streaming work whose engine request was aborted to
+-- free its KV cache) waits for input, not for a replica.
+local function parked()
+  return redis.call('HGET', META, 'parked') == '1'
+end
+
+-- New input for a parked session: its engine work is due again. The caller
+-- takes it when it passes its id (it has room); otherwise any replica's
+-- tender claims it. Returns the lease epoch taken, or 0.
+local function resume_if_parked(replica, now)
+  if not parked() then return 0 end
+  redis.call('HSET', META, 'parked', 0)
+  redis.call('HINCRBY', META, 'resumes', 1)
+  if replica ~= '' then return claim(replica, now) end
+  return 0
+end
+
 -- Hand every newly contiguous chunk to the owner's input stream, then open
 -- the engine session if the start policy (or the end of input) says so.
 -- Returns the state before, the state after, and 1 if engine work starts now.
@@ -122,6 +139,10 @@ local function advance(state, now, replica)
       if replica ~= '' then epoch = claim(replica, now) end
     end
   end
+  if runnable(after) then
+    local resumed = resume_if_parked(replica, now)
+    if resumed > 0 then epoch = resumed end
+  end
   return state, after, started, next_seq, epoch
 end
 
@@ -130,7 +151,7 @@ end
 -- owner died): the caller puts it back in the schedule, so a client's retry
 -- (a duplicate) is enough to get it running again.
 local function unowned(state, now)
-  return runnable(state) and (redis.call('HGET', META, 'owner') == ''
+  return runnable(state) and not parked() and (redis.call('HGET', META, 'owner') == ''
     or meta_num('lease_until') <= now)
 end
 

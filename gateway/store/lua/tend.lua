@@ -1,13 +1,13 @@
--- The tender's step for one session: expire it when idle, hand it to a
--- replica when its engine work has no live owner, or say when to look again.
--- ARGV: now, expired_json, incomplete_json, claimant ('' when the caller has
---       no engine capacity or is draining).
+-- The tender's step for one session: expire it when idle, say whether its
+-- engine work waits for a replica, or say when to look again.
+-- ARGV: now, expired_json, incomplete_json.
 -- incomplete_json has the placeholder __MISSING__ for the missing ids.
 -- Reply: {'expired'|'failed', before, identity} when it ended the session now,
---        {'claimed', state, epoch, lease_until} when the claimant now owns its
---        engine work,
---        {'alive', state, recheck_at} otherwise, {'gone'} once it has ended.
-local now, claimant = server_now_ms(), ARGV[4]
+--        {'waiting', state, look_again_at, arrived, last_input, computed} when
+--        its engine work has no live owner (the tender ranks these and claims
+--        with claim.lua), {'alive', state, recheck_at} otherwise, {'gone'}
+--        once it has ended.
+local now = server_now_ms()
 local state = redis.call('HGET', META, 'state')
 if not state or TERMINAL[state] then return {'gone'} end
 
@@ -27,6 +27,9 @@ if state ~= 'generating' then
   if state == 'open' then return {'alive', state, expires_at} end
 end
 
+-- A parked session waits for input (or its expiry), not for a replica.
+if parked() then return {'alive', state, meta_num('expires_at')} end
+
 -- streaming or generating: its engine work needs a live owner.
 local lease_until = meta_num('lease_until') or 0
 if redis.call('HGET', META, 'owner') ~= '' and lease_until > now then
@@ -34,10 +37,7 @@ if redis.call('HGET', META, 'owner') ~= '' and lease_until > now then
   if state == 'streaming' then recheck = math.min(recheck, meta_num('expires_at')) end
   return {'alive', state, recheck}
 end
-if claimant ~= '' then
-  local epoch = claim(claimant, now)
-  return {'claimed', state, epoch, meta_num('lease_until')}
-end
 -- Waiting for a replica with room: every tender looks again soon.
 redis.call('HSET', META, 'owner', '')
-return {'alive', state, now}
+return {'waiting', state, now, meta_num('created_at'), meta_num('expires_at') - meta_num('timeout_ms'),
+  meta_num('computed_tokens') or 0}
