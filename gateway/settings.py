@@ -144,6 +144,9 @@ class Settings(BaseSettings):
     dtype: str = "float32"
     max_model_len: int = Field(4096, ge=16)
     kv_cache_space_gib: int = Field(2, ge=1)
+    #: The engine's ``max_num_seqs`` (requests it runs at once); unset: vLLM's
+    #: default. Keep ``max_engine_sessions`` at or below it.
+    engine_max_num_seqs: int | None = Field(None, ge=1)
 
     @model_validator(mode="after")
     def _engine_url_for_http(self) -> Settings:

@@ -21,6 +21,7 @@ class EngineChoice:
     dtype: str = "float32"
     max_model_len: int = 4096
     kv_cache_space_gib: int = 2
+    max_num_seqs: int | None = None
     #: ``openai-http`` only: where the engine serves, and how long to wait for it.
     engine_url: str | None = None
     engine_timeout_sec: float = 120.0
@@ -52,7 +53,8 @@ async def open_engine(choice: EngineChoice) -> Engine:
 
     thinker = await open_vllm_engine(VllmEngineConfig(
         model=model, served_model_name=name, dtype=choice.dtype,
-        max_model_len=choice.max_model_len, kv_cache_space_gib=choice.kv_cache_space_gib))
+        max_model_len=choice.max_model_len, kv_cache_space_gib=choice.kv_cache_space_gib,
+        max_num_seqs=choice.max_num_seqs))
     # A text model hears through the CPU Listener (pocketsphinx) and speaks
     # through the CPU Talker (hibari), if installed; vLLM-Omni has its own stages.
     return with_talker(with_listener(thinker))

@@ -80,6 +80,8 @@ class VllmEngineConfig:
     max_model_len: int = 4096
     #: CPU KV cache size; exported as ``VLLM_CPU_KVCACHE_SPACE`` unless set.
     kv_cache_space_gib: int = 2
+    #: Requests the engine runs at once (``None``: vLLM's default).
+    max_num_seqs: int | None = None
     gpu_memory_utilization: float = 0.5
     seed: int = 0
     enforce_eager: bool = False
@@ -112,6 +114,7 @@ async def open_vllm_engine(config: VllmEngineConfig) -> VllmEngine:
         gpu_memory_utilization=config.gpu_memory_utilization,
         seed=config.seed,
         enforce_eager=config.enforce_eager,
+        max_num_seqs=config.max_num_seqs,
         disable_log_stats=True,
     )
     try:
