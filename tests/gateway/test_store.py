@@ -358,3 +358,72 @@ async def test_the_tender_never_overwrites_a_newer_due_now(store: SessionStore, 
     assert await redis_client.zscore(SCHEDULE, "s9") == 99_999
     assert await rescore(keys=[SCHEDULE], args=["s9", 99_999, ""]) == 1
     assert await redis_client.zscore(SCHEDULE, "s9") is None
+
+
+# --- scheduling: parking, ranked claims, update mode ----------------------------
+
+
+async def test_parking_waits_for_unread_input_and_the_next_input_resumes(store: SessionStore) -> None:
+    await new_session(store)
+    lease = (await store.append("s1", text(0, "a"), "r1", TOO_LARGE)).lease
+    assert lease is not None
+    await store.append("s1", text(1, "b"), "r1", TOO_LARGE)
+    read = await store.read_input("s1", "0-0", block_ms=10)
+    assert not await store.park("s1", lease, read[0].id), "input the owner has not read keeps it"
+    assert await store.park("s1", lease, read[-1].id)
+    view = await store.view("s1")
+    assert (view.parked, view.owner, view.parks, view.state) == (True, None, 1, SessionState.STREAMING)
+    assert await tended(store, "r2", 5) == [], "a parked session waits for input, not for room"
+    assert not await store.renew("s1", lease), "the parked runner's lease is gone"
+
+    resumed = await store.append("s1", text(2, "c"), "r2", TOO_LARGE)
+    assert resumed.lease == Lease("r2", 2)
+    view = await store.view("s1")
+    assert (view.parked, view.owner, view.resumes) == (False, "r2", 1)
+
+
+async def test_a_parked_session_resumed_without_room_waits_for_a_tender(store: SessionStore) -> None:
+    await new_session(store)
+    lease = (await store.append("s1", text(0, "a"), "r1", TOO_LARGE)).lease
+    assert lease is not None
+    read = await store.read_input("s1", "0-0", block_ms=10)
+    assert await store.park("s1", lease, read[-1].id)
+    outcome = await store.finish("s1", None, "")
+    assert outcome.state is SessionState.GENERATING and outcome.lease is None and outcome.unowned
+    (claimed,) = await tended(store, "r2", 1)
+    assert claimed.lease == Lease("r2", 2)
+
+
+async def test_the_tender_claims_answers_first_and_keeps_listening_work_in_its_cap(store: SessionStore) -> None:
+    for sid in ("listen-1", "listen-2", "answer"):
+        await new_session(store, sid)
+        await store.append(sid, text(0, "a", end=sid == "answer"), "", TOO_LARGE)
+    tended_round = await store.tend(EXPIRED, INCOMPLETE, "r1", Room(total=2, listening=1))
+    claimed = {o.session_id for o in tended_round.outcomes if o.lease}
+    assert "answer" in claimed and len(claimed) == 2
+    full = await store.tend(EXPIRED, INCOMPLETE, "r1", Room(total=0, listening=0))
+    assert full.outcomes == [] and full.answers_waiting == 0, "only listening work is left waiting"
+    await new_session(store, "late-answer")
+    await store.append("late-answer", text(0, "a", end=True), "", TOO_LARGE)
+    full = await store.tend(EXPIRED, INCOMPLETE, "r1", Room(total=0, listening=0))
+    assert full.answers_waiting == 1, "the replica must make room for it"
+
+
+async def test_replacing_a_chunk_marks_a_restart_only_for_input_the_engine_took(store: SessionStore) -> None:
+    await new_session(store)
+    await store.append("s1", text(0, "aa"), "r1", TOO_LARGE)
+    await store.append("s1", text(2, "cc"), "r1", TOO_LARGE)  # beyond a gap: not fed yet
+    assert not (await store.replace("s1", text(2, "zz"), "r1", kept_tokens=0)).duplicate
+    assert [e.kind for e in await store.read_input("s1", "0-0", block_ms=10)] == ["chunk"]
+    await store.replace("s1", text(0, "bb"), "r1", kept_tokens=0)
+    events = await store.read_input("s1", "0-0", block_ms=10)
+    assert [(e.kind, e.value) for e in events][-1] == ("restart", "2")
+    assert [c.payload for c in await store.load_chunks("s1", [0, 2])] == [b"bb", b"zz"]
+    assert (await store.replace("s1", text(0, "bb"), "r1", kept_tokens=0)).duplicate
+
+    with pytest.raises(errors.SessionPayloadTooLarge):
+        await store.replace("s1", text(0, "x" * 99), "r1", kept_tokens=0)
+    with pytest.raises(errors.SequenceConflict):
+        await store.replace("s1", text(7, "x"), "r1", kept_tokens=0)
+    view = await store.view("s1")
+    assert (view.bytes, view.state, view.replaced) == (4, SessionState.STREAMING, 2)
