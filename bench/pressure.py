@@ -1,7 +1,8 @@
 """Many sessions, one engine: Stream2LLM's pressure experiment at this machine's scale.
 
-    python -m bench.pressure            # every configuration (~10 min on 2 cores)
-    python -m bench.pressure --quick    # fewer sessions: checks the plumbing
+    python -m bench.pressure                # every configuration (~10 min on 2 cores)
+    python -m bench.pressure --load heavy   # more idle sessions, twice the active rate
+    python -m bench.pressure --load quick   # fewer sessions: checks the plumbing
 
 The engine runs at most ``MAX_NUM_SEQS`` requests at once (vLLM's
 ``max_num_seqs``): on a GPU the limit that idle streaming sessions pin is KV
@@ -64,7 +65,13 @@ class Workload:
     seed: int = 11
 
 
-QUICK = Workload(slow_sessions=5, slow_pages=3, slow_gap_sec=1.5, active_queries=4, active_rate_per_sec=1.0)
+#: The load levels `--load` picks; each writes results/pressure[_<load>].{json,md}.
+LOADS: dict[str, Workload] = {
+    "base": Workload(),
+    # Half again as many idle sessions and twice the rate of active queries.
+    "heavy": Workload(slow_sessions=12, active_queries=24, active_rate_per_sec=0.8),
+    "quick": Workload(slow_sessions=5, slow_pages=3, slow_gap_sec=1.5, active_queries=4, active_rate_per_sec=1.0),
+}
 
 #: name -> (start policy of every session, gateway settings)
 CONFIGS: dict[str, tuple[str, dict[str, str]]] = {
@@ -227,11 +234,12 @@ def markdown(results: list[dict], workload: Workload) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--load", choices=list(LOADS), default="base")
     parser.add_argument("--configs", nargs="*", default=list(CONFIGS))
     parser.add_argument("--results", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
-    workload = QUICK if args.quick else Workload()
+    workload = LOADS[args.load]
+    stem = "pressure" if args.load == "base" else f"pressure_{args.load}"
     trace = make_trace(workload)
     results = []
     for name in args.configs:
@@ -240,10 +248,10 @@ def main(argv: list[str] | None = None) -> None:
               f"{result['active']['p50']} p99 {result['active']['p99']} ({result['wall_s']} s)", flush=True)
         results.append(result)
     args.results.mkdir(parents=True, exist_ok=True)
-    (args.results / "pressure.json").write_text(json.dumps(results, indent=2) + "\n")
+    (args.results / f"{stem}.json").write_text(json.dumps(results, indent=2) + "\n")
     if any(r["config"] == "on_end_only" for r in results):
         text = markdown(results, workload)
-        (args.results / "pressure.md").write_text(text)
+        (args.results / f"{stem}.md").write_text(text)
         print(text)
 
 
