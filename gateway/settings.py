@@ -104,9 +104,9 @@ class Settings(BaseSettings):
     #: Of those, how many may still be listening (input not complete); the
     #: rest is kept for answers. Unset: three quarters of ``max_engine_sessions``.
     max_listening_sessions: int | None = Field(None, ge=1)
-    #: The order in which waiting sessions get room (gateway/domain/scheduling.py):
-    #: ``fcfs`` (input complete first, then by arrival), ``lcas`` (last chunk
-    #: arrival), ``mcps`` (most computed prefix).
+    #: The order in which waiting listening sessions get room, after every
+    #: waiting answer (gateway/domain/scheduling.py): ``fcfs`` (by arrival),
+    #: ``lcas`` (last chunk arrival), ``mcps`` (most computed prefix).
     schedule_policy: SchedulePolicy = SchedulePolicy.FCFS
     #: A streaming session with no new input for this long is parked: its
     #: engine request is aborted (KV cache freed) and its next input resumes

@@ -8,7 +8,12 @@ and claims from the top while it has room.
 
 Whatever the policy, work whose input is complete (``generating``) goes
 first: it is the work a user is waiting on, and it frees its slot once the
-answer is done. Among the rest the policy decides:
+answer is done. Answers go in the order their input completed, oldest first:
+the engine's own queue order when input is buffered (``on_end_only``), so no
+answer waits longer than it would without streaming because a policy
+preferred another (ranking answers by a listening policy starved the first
+ones under overload: ``lcas`` put the newest answer first). Among sessions
+still listening the policy decides:
 
 - ``fcfs``: by arrival (the session's creation), oldest first;
 - ``lcas``: by last chunk arrival, newest first: fresh context is what the
@@ -55,12 +60,13 @@ def ranked(waiting: Iterable[WaitingWork], policy: SchedulePolicy) -> list[Waiti
     """``waiting`` in the order a replica should take it."""
 
     def key(work: WaitingWork) -> tuple[int, int, int]:
-        answers_first = 0 if work.answering else 1
+        if work.answering:  # the last input of an answer is its finish
+            return 0, work.last_input_ms, work.arrived_ms
         if policy is SchedulePolicy.LCAS:
-            return answers_first, -work.last_input_ms, work.arrived_ms
+            return 1, -work.last_input_ms, work.arrived_ms
         if policy is SchedulePolicy.MCPS:
-            return answers_first, -work.computed_tokens, work.arrived_ms
-        return answers_first, work.arrived_ms, 0
+            return 1, -work.computed_tokens, work.arrived_ms
+        return 1, work.arrived_ms, 0
 
     return sorted(waiting, key=key)
 

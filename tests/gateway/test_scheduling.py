@@ -53,15 +53,17 @@ WAITING = [
     work("fresh-listening", SessionState.STREAMING, arrived=3, last=90, computed=0),
     work("deep-listening", SessionState.STREAMING, arrived=2, last=10, computed=500),
     work("answer", SessionState.GENERATING, arrived=4, last=95, computed=0),
+    # A later session whose input completed earlier: its answer is due first.
+    work("earlier-answer", SessionState.GENERATING, arrived=5, last=60, computed=0),
 ]
 
 
 @pytest.mark.parametrize(("policy", "order"), [
-    (SchedulePolicy.FCFS, ["answer", "old-listening", "deep-listening", "fresh-listening"]),
-    (SchedulePolicy.LCAS, ["answer", "fresh-listening", "old-listening", "deep-listening"]),
-    (SchedulePolicy.MCPS, ["answer", "deep-listening", "old-listening", "fresh-listening"]),
+    (SchedulePolicy.FCFS, ["earlier-answer", "answer", "old-listening", "deep-listening", "fresh-listening"]),
+    (SchedulePolicy.LCAS, ["earlier-answer", "answer", "fresh-listening", "old-listening", "deep-listening"]),
+    (SchedulePolicy.MCPS, ["earlier-answer", "answer", "deep-listening", "old-listening", "fresh-listening"]),
 ])
-def test_each_policy_ranks_answers_first_then_by_its_own_key(policy: SchedulePolicy, order: list[str]) -> None:
+def test_answers_go_first_in_completion_order_then_listeners_by_the_policy(policy: SchedulePolicy, order: list[str]) -> None:
     assert [w.session_id for w in ranked(WAITING, policy)] == order
 
 
