@@ -29,14 +29,14 @@ ROOT = Path(__file__).resolve().parents[2]
 QUESTION = "What is the capital of France? Tell me in a few words please."
 
 
-def omni_gateway(*args: str, url: str | None = None, stdin: str | None = None,
-                 timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def omni_gateway(*args: str, url: str | None = None, stdin: str | None = None, timeout: float = 120,
+                 cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     env = os.environ | {"PYTHONPATH": str(ROOT)}
     env.pop("OMNI_GATEWAY_URL", None)
     if url:
         env["OMNI_GATEWAY_URL"] = url
     return subprocess.run([sys.executable, "-m", "gateway.cli", *args], env=env, input=stdin, text=True,
-                          capture_output=True, timeout=timeout, cwd=ROOT)
+                          capture_output=True, timeout=timeout, cwd=cwd)
 
 
 @pytest.fixture
