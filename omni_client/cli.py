@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -24,6 +25,8 @@ from omni_client.streaming import Printer, Timing, stream
 
 OK, USAGE, UNREACHABLE, REFUSED, FAILED, INTERRUPTED = 0, 2, 3, 4, 5, 130
 URL_ENV, KEY_ENV = "OMNI_GATEWAY_URL", "OMNI_GATEWAY_API_KEY"
+#: How long an interrupted run waits for its session's cancel before it exits anyway.
+CANCEL_SEC = 5.0
 
 DESCRIPTION = """\
 Stream a text file or a WAV file to omni-gateway in chunks, the way a live
@@ -55,7 +58,8 @@ exit codes:
   0  answered          2  usage, or an input file it cannot stream
   3  gateway unreachable (after retries)
   4  request refused (4xx: bad option, unknown session, rate limit, ...)
-  5  server error (5xx) or the answer failed    130  interrupted
+  5  server error (5xx) or the answer failed
+  130  interrupted (Ctrl-C cancels the session)
 """
 
 
@@ -94,6 +98,8 @@ def add_commands(commands: Any) -> None:
 
 
 def run_stream(args: argparse.Namespace) -> int:
+    if not args.url.startswith(("http://", "https://")):
+        return _fail(USAGE, f"--url must start with http:// or https://, not {args.url!r}")
     try:
         chunks, kind = load(args.file, chunk_ms=args.chunk_ms, words=args.words, chars=args.chars)
     except InputError as exc:
@@ -111,8 +117,15 @@ def run_stream(args: argparse.Namespace) -> int:
 
     async def main() -> int:
         async with AsyncClient(args.url, args.api_key, timeout=args.timeout) as client:
-            session, answer = await stream(client, body, chunks, realtime=args.realtime, progress=progress,
-                                     printer=Printer(sys.stdout), timing=timing, on_session=opened.append)
+            try:
+                session, answer = await stream(client, body, chunks, realtime=args.realtime, progress=progress,
+                                               printer=Printer(sys.stdout), timing=timing,
+                                               on_session=opened.append)
+            except asyncio.CancelledError:  # Ctrl-C: asyncio.run cancels us; stop the engine work too
+                if opened:
+                    with contextlib.suppress(OmniError, TimeoutError):
+                        await asyncio.wait_for(opened[0].cancel(), CANCEL_SEC)
+                raise
         sys.stdout.write("\n")
         sys.stdout.flush()
         print(f"session {session.id}", file=sys.stderr)
@@ -129,7 +142,7 @@ def run_stream(args: argparse.Namespace) -> int:
     try:
         return asyncio.run(main())
     except KeyboardInterrupt:
-        where = f" (session {opened[0].id})" if opened else ""
+        where = f" (session {opened[0].id} cancelled)" if opened else ""
         return _fail(INTERRUPTED, f"interrupted{where}")
     except OmniError as exc:
         return _fail(_exit_code(exc), _message(exc, args.url))

@@ -9,6 +9,7 @@ alike in both. Not for use from inside a running event loop: use
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from types import TracebackType
@@ -83,7 +84,10 @@ class Session:
                 except StopAsyncIteration:
                     return
         finally:
-            self._portal.call(stream.aclose)
+            # A loop left unfinished closes its stream; after Client.close the portal is gone,
+            # and so is the stream with it.
+            with contextlib.suppress(RuntimeError):
+                self._portal.call(stream.aclose)
 
     def text(self) -> str:
         return self._portal.call(self._session.text)
