@@ -7,6 +7,7 @@ Faults are what a load balancer in front of a cluster does to a client:
   client cannot know);
 - ``502_after``: the same, but answer 502 (the edge lost the reply);
 - ``502``: answer 502 without forwarding;
+- ``503``: answer 503 with ``Retry-After: 0`` without forwarding (an overloaded edge);
 - ``cut:N``: forward and relay the response, but close it after N
   server-sent events (an answer stream broken mid-answer).
 
@@ -29,6 +30,8 @@ Plan = Callable[[str, str, dict[str, str]], str]
 
 BAD_GATEWAY = (b"HTTP/1.1 502 Bad Gateway\r\nContent-Type: text/html\r\nContent-Length: 23\r\n"
                b"Connection: close\r\n\r\n<h1>502 Bad Gateway</h1>")
+UNAVAILABLE = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: 4\r\n"
+               b"Retry-After: 0\r\nConnection: close\r\n\r\nbusy")
 EVENT_END = re.compile(rb"\r\n\r\n|\n\n|\r\r")
 
 
@@ -87,8 +90,8 @@ class FaultProxy:
             named = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in headers)}
             fault = self.plan(method, path, named)
             self.log.append((method, path, fault))
-            if fault == "502":
-                client_out.write(BAD_GATEWAY)
+            if fault in ("502", "503"):
+                client_out.write(BAD_GATEWAY if fault == "502" else UNAVAILABLE)
                 return
             up_in, up_out = await asyncio.open_connection("127.0.0.1", self.upstream_port)
             try:

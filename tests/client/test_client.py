@@ -29,6 +29,7 @@ from omni_client import (
     Conflict,
     RateLimited,
     RetryPolicy,
+    ServerError,
     SessionFailed,
     SessionNotFound,
     TextDelta,
@@ -227,3 +228,18 @@ def test_audio_chunks_in_every_shape_callers_have(gateway: LiveGateway, tmp_path
     assert chunks[3].payload == chunks[4].payload == wav_path.read_bytes()
     with pytest.raises(ValueError, match="mono"):
         chunk_of(np.zeros((4, 2)))
+
+
+def test_create_is_repeated_only_when_it_surely_did_nothing(gateway: LiveGateway) -> None:
+    plan = iter(["503", "503", "pass", "502_after"])
+    proxy = FaultProxy(gateway.port, lambda method, path, headers: next(plan))
+    with proxy.running(), Client(proxy.url, retry=FAST_RETRY) as client:
+        session = client.create_session()  # two 503 refusals, then created
+        with pytest.raises(ServerError) as lost:  # made, but the answer was lost: not repeated
+            client.create_session()
+    assert lost.value.status == 502 and lost.value.code == "http_502"
+    assert [fault for *_, fault in proxy.log] == ["503", "503", "pass", "502_after"]
+    assert gateway.settings.redis_url is not None
+    with redis.Redis.from_url(gateway.settings.redis_url) as r:
+        made = {key.decode().split("{")[1].split("}")[0] for key in r.scan_iter("sis:{*}:meta")}
+    assert session.id in made and len(made) == 2  # one each: nothing created twice
