@@ -9,6 +9,7 @@ client works the same against one gateway or a cluster behind a load balancer.
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -58,6 +59,8 @@ class AsyncClient:
 
     def __init__(self, base_url: str = DEFAULT_URL, api_key: str | None = None, *, timeout: float = 30.0,
                  retry: RetryPolicy | None = None, http_client: httpx.AsyncClient | None = None) -> None:
+        """``http_client``: an httpx client of your own (a transport, proxies), used as is:
+        its base URL and headers, not ``base_url`` and ``api_key``."""
         self.retry = retry or RetryPolicy()
         self.timeout = timeout
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -84,6 +87,10 @@ class AsyncClient:
         """An existing session (e.g. made by another process); chunks continue after its last."""
         view = await AsyncSession(self, session_id).view()
         return AsyncSession(self, session_id, int(view["next_sequence_id"]))
+
+    def stream(self, method: str, path: str, **kwargs: Any) -> AbstractAsyncContextManager[httpx.Response]:
+        """One streamed response, no retries (the caller resumes it: see ``AsyncSession.answer``)."""
+        return self._http.stream(method, path, **kwargs)
 
     async def request(self, method: str, path: str, *, idempotent: bool = True,
                       **kwargs: Any) -> httpx.Response:
@@ -162,7 +169,7 @@ class AsyncSession:
             retry_after = None
             headers = {"Accept": "text/event-stream"} | ({"Last-Event-ID": last_event_id} if last_event_id else {})
             try:
-                async with self.client._http.stream(
+                async with self.client.stream(
                         "GET", f"{self._path}/events", headers=headers,
                         timeout=httpx.Timeout(self.client.timeout, read=STREAM_READ_TIMEOUT_SEC)) as response:
                     if response.status_code == 204:  # the final frame was the last one we saw
