@@ -60,5 +60,5 @@ def audio_chunks(data: bytes, name: str, chunk_ms: int) -> list[PacedChunk]:
     if not pcm:
         raise InputError(f"{name} holds no audio")
     step = max(2, rate * chunk_ms // 1000 * 2)
-    return [PacedChunk(Chunk("audio", pcm[i:i + step], "pcm16", rate), (i + step) / 2 / rate)
+    return [PacedChunk(Chunk("audio", pcm[i:i + step], "pcm16", rate), min(i + step, len(pcm)) / 2 / rate)
             for i in range(0, len(pcm), step)]
