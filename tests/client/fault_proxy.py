@@ -18,6 +18,7 @@ tests' own loop can use it alike.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import re
 import threading
 from collections.abc import Callable, Iterator
@@ -36,8 +37,11 @@ EVENT_END = re.compile(rb"\r\n\r\n|\n\n|\r\r")
 
 
 class FaultProxy:
-    def __init__(self, upstream_port: int, plan: Plan) -> None:
-        self.upstream_port = upstream_port
+    """``upstream_ports``: one gateway, or several taken in turn per connection (a round-robin
+    load balancer with no affinity)."""
+
+    def __init__(self, upstream_ports: int | list[int], plan: Plan) -> None:
+        self.upstream_ports = itertools.cycle([upstream_ports] if isinstance(upstream_ports, int) else upstream_ports)
         self.plan = plan
         self.port = free_port()
         #: (method, path, fault) of every request, in arrival order.
@@ -93,7 +97,7 @@ class FaultProxy:
             if fault in ("502", "503"):
                 client_out.write(BAD_GATEWAY if fault == "502" else UNAVAILABLE)
                 return
-            up_in, up_out = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+            up_in, up_out = await asyncio.open_connection("127.0.0.1", next(self.upstream_ports))
             try:
                 # One request per connection: the gateway closes after answering, so EOF ends it.
                 up_out.write("\r\n".join([lines[0], *headers, "Connection: close", "", ""]).encode("latin-1") + body)

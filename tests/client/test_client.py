@@ -243,3 +243,26 @@ def test_create_is_repeated_only_when_it_surely_did_nothing(gateway: LiveGateway
     with redis.Redis.from_url(gateway.settings.redis_url) as r:
         made = {key.decode().split("{")[1].split("}")[0] for key in r.scan_iter("sis:{*}:meta")}
     assert session.id in made and len(made) == 2  # one each: nothing created twice
+
+
+def test_behind_a_round_robin_balancer_every_call_may_land_on_another_replica(
+        settings: Settings, gateway: LiveGateway) -> None:
+    from gateway.app import create_app
+    from tests.gateway.client import live_server
+
+    other_engine = ScriptedEngine(Script(word_delay_sec=0.02))
+    with live_server(create_app(settings.model_copy(update={"replica_id": "other"}), engine=other_engine)) as other:
+        other_port = int(other.rsplit(":", 1)[1])
+        proxy = FaultProxy([gateway.port, other_port], Faults())
+        with proxy.running(), Client(proxy.url, retry=FAST_RETRY) as client:
+            session = client.create_session()
+            for word in WORDS:
+                session.send(word)
+            session.finish()
+            text = "".join(e.text for e in session.answer() if isinstance(e, TextDelta))
+            view = session.view()
+    assert text == f"echo: {TEXT}"
+    fed = [s for engine in (gateway.engine, other_engine) for s in engine.sessions if s.fed]
+    assert len(fed) == 1 and fed[0].input_text == TEXT  # one engine session got everything once
+    chunks = stored_chunks(gateway.settings, session.id)
+    assert sorted(chunks) == list(range(len(WORDS))) and view["received_chunks"] == len(WORDS)
