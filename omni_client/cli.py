@@ -121,7 +121,9 @@ def run_stream(args: argparse.Namespace) -> int:
                 session, answer = await stream(client, body, chunks, realtime=args.realtime, progress=progress,
                                                printer=Printer(sys.stdout), timing=timing,
                                                on_session=opened.append)
-            except asyncio.CancelledError:  # Ctrl-C: asyncio.run cancels us; stop the engine work too
+            except (asyncio.CancelledError, OmniError):
+                # Ctrl-C (asyncio.run cancels us) or a failure: the session would otherwise
+                # hold its slot until it times out; cancel it (a no-op if it already ended).
                 if opened:
                     with contextlib.suppress(OmniError, TimeoutError):
                         await asyncio.wait_for(opened[0].cancel(), CANCEL_SEC)

@@ -198,3 +198,15 @@ def test_ctrl_c_cancels_the_session_and_exits_130(gateway: LiveGateway, question
     assert gateway.engine.sessions[0].aborted
     with redis.Redis.from_url(gateway.settings.redis_url or "") as client:
         assert client.hget(session_keys(found[1]).meta, "state") == b"cancelled"
+
+
+def test_a_refused_chunk_exits_4_and_cancels_its_session(redis_url: str, question: Path) -> None:  # noqa: F811
+    from tests.gateway.client import make_settings
+
+    engine = ScriptedEngine()
+    with live_server(create_app(make_settings(redis_url=redis_url, max_chunk_bytes=16), engine=engine)) as url:
+        done = omni_gateway("stream", str(question), "--chars", "20", "--url", url)
+    assert done.returncode == 4 and "413 chunk_too_large" in done.stderr, done.stderr
+    with redis.Redis.from_url(redis_url) as client:
+        states = {client.hget(key, "state") for key in client.scan_iter("sis:{*}:meta")}
+    assert states == {b"cancelled"}  # not left open until it times out
