@@ -23,23 +23,12 @@ from omni_adapter.scripted import Script, ScriptedEngine
 from omni_adapter.talker import with_talker
 from omni_client import read_wav, wav_bytes
 from tests.client.conftest import LiveGateway
-from tests.client.test_client import stored_chunks
+from tests.client.helpers import ROOT, omni_gateway, stored_chunks
 from tests.gateway.client import live_server
 from tests.redis_server import free_port
 from tests.voice import SPEECH_RATE, recognize, speech
 
-ROOT = Path(__file__).resolve().parents[2]
 QUESTION = "What is the capital of France? Tell me in a few words please."
-
-
-def omni_gateway(*args: str, url: str | None = None, stdin: str | None = None, timeout: float = 120,
-                 cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
-    env = os.environ | {"PYTHONPATH": str(ROOT)}
-    env.pop("OMNI_GATEWAY_URL", None)
-    if url:
-        env["OMNI_GATEWAY_URL"] = url
-    return subprocess.run([sys.executable, "-m", "gateway.cli", *args], env=env, input=stdin, text=True,
-                          capture_output=True, timeout=timeout, cwd=cwd)
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ was stored is read back from Redis. The real vLLM engine's run is in
 
 from __future__ import annotations
 
-import itertools
 import time
 import wave
 from pathlib import Path
@@ -18,8 +17,6 @@ import pytest
 import redis
 
 from gateway.settings import Settings
-from gateway.store.keys import session_keys
-from gateway.store.records import ChunkRecord
 from omni_adapter.port import Capabilities
 from omni_adapter.scripted import Script, ScriptedEngine
 from omni_client import (
@@ -38,44 +35,12 @@ from omni_client import (
 from omni_client.chunks import chunk_of
 from tests.client.conftest import LiveGateway
 from tests.client.fault_proxy import FaultProxy
+from tests.client.helpers import FAST_RETRY, Faults, stored_chunks
 from tests.gateway.client import make_settings
 from tests.redis_server import free_port
 
-FAST_RETRY = RetryPolicy(attempts=6, backoff_sec=0.01, max_backoff_sec=0.05)
 WORDS = [f"word{i} " for i in range(30)]
 TEXT = "".join(WORDS)
-
-
-class Faults:
-    """Every fault in turn: the first try of chunk n meets pass / drop / 502 after / 502
-    before (n mod 4), a second try of a chunk meets a 502 once in three, later tries pass;
-    the first finish is dropped after it reached the gateway; the first two answer streams
-    are cut mid-answer."""
-
-    def __init__(self) -> None:
-        self._tries: dict[str, int] = {}
-        self._finishes = itertools.chain(["drop"], itertools.repeat("pass"))
-        self._streams = itertools.chain(["cut:4", "cut:6"], itertools.repeat("pass"))
-
-    def __call__(self, method: str, path: str, headers: dict[str, str]) -> str:
-        if path.endswith("/chunks"):
-            seq = headers["x-sequence-id"]
-            tries = self._tries[seq] = self._tries.get(seq, 0) + 1
-            if tries == 1:
-                return ["pass", "drop", "502_after", "502"][int(seq) % 4]
-            return "502" if tries == 2 and int(seq) % 3 == 0 else "pass"
-        if path.endswith("/finish"):
-            return next(self._finishes)
-        if "/events" in path:
-            return next(self._streams)
-        return "pass"
-
-
-def stored_chunks(settings: Settings, session_id: str) -> dict[int, ChunkRecord]:
-    assert settings.redis_url is not None
-    with redis.Redis.from_url(settings.redis_url) as client:
-        raw = client.hgetall(session_keys(session_id).chunks)
-    return {int(seq): ChunkRecord.from_blob(int(seq), blob) for seq, blob in raw.items()}
 
 
 def assert_no_duplicate_no_gap(gateway: LiveGateway, session_id: str, view: dict) -> None:

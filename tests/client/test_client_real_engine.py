@@ -9,7 +9,7 @@ import pytest
 from omni_adapter.port import Engine
 from omni_client import AsyncClient, TextDelta
 from tests.client.fault_proxy import FaultProxy
-from tests.client.test_client import FAST_RETRY, Faults, stored_chunks
+from tests.client.helpers import FAST_RETRY, Faults, stored_chunks
 from tests.gateway.client import live_app, make_settings
 
 pytestmark = pytest.mark.engine

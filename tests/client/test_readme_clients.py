@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from tests.client.conftest import LiveGateway
-from tests.client.test_cli import omni_gateway
+from tests.client.helpers import omni_gateway
 
 ROOT = Path(__file__).resolve().parents[2]
 SECTION = (ROOT / "README.md").read_text().split("## Clients", 1)[1].split("\n## ", 1)[0]
