@@ -1,10 +1,12 @@
-"""``omni-gateway serve``: run the service with uvicorn."""
+"""``omni-gateway serve``: run the service with uvicorn; the client's commands (``stream``) live in
+:mod:`omni_client.cli`."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import logging
+import sys
 from types import FrameType
 
 import uvicorn
@@ -56,7 +58,12 @@ def main(argv: list[str] | None = None) -> None:
     serve.add_argument("--host", default="0.0.0.0")
     serve.add_argument("--port", type=int, default=8080)
     serve.add_argument("--log-level", default="INFO")
+    from omni_client.cli import add_commands
+
+    add_commands(commands)
     args = parser.parse_args(argv)
+    if args.command != "serve":
+        sys.exit(args.run(args))
 
     from gateway.app import create_app
     from gateway.settings import Settings

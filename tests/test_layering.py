@@ -3,12 +3,16 @@
     routers (sessions/router, chat/router, ops)  ─►  services (sessions/service, chat/service)
       ─►  work/ (engine work)  ─►  output/  ─►  store/  ─►  domain/ (a leaf)
 
-``gateway`` never imports vLLM; ``omni_adapter`` never imports ``gateway``.
+``gateway`` never imports vLLM; ``omni_adapter`` never imports ``gateway``;
+the client ``omni_client`` imports nothing of the server (its users install no server).
 """
 
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -28,7 +32,11 @@ FORBIDDEN = {
     "gateway/output": (*ROUTERS_AND_SERVICES, "gateway.work"),
     "gateway/work": ROUTERS_AND_SERVICES,
     "omni_adapter": ("gateway",),
+    "omni_client": ("gateway", "omni_adapter", "vllm", "fastapi", "starlette", "uvicorn", "redis", "fakeredis",
+                    "sse_starlette", "pydantic"),
 }
+#: Modules a client process must not end up holding, directly or through a dependency.
+SERVER_MODULES = ("gateway", "omni_adapter", "vllm", "fastapi", "starlette", "redis", "uvicorn")
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -62,4 +70,12 @@ def test_the_domain_is_a_leaf_the_others_build_on() -> None:
 def test_the_gateway_never_imports_vllm() -> None:
     wrong = [f"{path.relative_to(ROOT)}: {module}" for path in sorted((ROOT / "gateway").rglob("*.py"))
              for module in imported_modules(path) if module.split(".")[0] in ("vllm", "vllm_omni", "torch")]
+    assert not wrong, wrong
+
+
+def test_the_client_loads_no_server_module() -> None:
+    probe = "import json, sys, omni_client; print(json.dumps(sorted(sys.modules)))"
+    loaded = json.loads(subprocess.run([sys.executable, "-c", probe], cwd=ROOT, check=True,
+                                       capture_output=True, text=True).stdout)
+    wrong = [m for m in loaded if m.split(".")[0] in SERVER_MODULES]
     assert not wrong, wrong

@@ -1,0 +1,69 @@
+"""When a call may be repeated, and how long to wait first (no I/O here).
+
+Appends and ``finish`` are safe to repeat: the gateway dedupes a chunk by
+its sequence id and bytes (a repeat is ``200 duplicate``, never a second
+copy) and ``finish`` is idempotent; reads and cancels change nothing twice.
+Creating a session is not: a repeat after the gateway got the request
+would leave a second session counting against the caller's caps, so it is
+repeated only when the request certainly did nothing (no connection, or a
+429/503 refusal).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import httpx
+
+#: Answers worth another try: overload, an edge that lost its replica, a replica going away.
+RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+#: The answers that say a request was refused before it did anything.
+REFUSED_STATUSES = frozenset({429, 503})
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    #: Tries in all, the first one included.
+    attempts: int = 6
+    #: The first pause; each next one doubles, up to ``max_backoff_sec``, with jitter.
+    backoff_sec: float = 0.2
+    max_backoff_sec: float = 5.0
+    #: The longest ``Retry-After`` honoured; a server asking for more gets the error instead.
+    max_retry_after_sec: float = 60.0
+
+    def delay(self, attempt: int, retry_after: float | None = None) -> float | None:
+        """Seconds before try ``attempt + 1`` (0-based), or ``None``: give up."""
+        if attempt + 1 >= self.attempts:
+            return None
+        if retry_after is not None:
+            return retry_after if retry_after <= self.max_retry_after_sec else None
+        pause = min(self.max_backoff_sec, self.backoff_sec * 2.0 ** attempt)
+        return pause * random.uniform(0.5, 1.0)  # jitter: clients that failed together retry apart
+
+
+def retryable_status(status: int, idempotent: bool) -> bool:
+    return status in (RETRY_STATUSES if idempotent else REFUSED_STATUSES)
+
+
+def retryable_error(error: httpx.TransportError, idempotent: bool) -> bool:
+    """Every transport error for a repeatable call; for the others, only a connection never made."""
+    return idempotent or isinstance(error, httpx.ConnectError | httpx.ConnectTimeout)
+
+
+def retry_after_of(response: httpx.Response) -> float | None:
+    """``Retry-After`` in seconds (the gateway sends seconds; an HTTP date is ignored)."""
+    try:
+        value = float(response.headers.get("retry-after", ""))
+    except ValueError:
+        return None
+    return max(0.0, value)
+
+
+def describe(error: httpx.TransportError) -> str:
+    """A one-line reason a shell user can act on."""
+    kind = {httpx.ConnectError: "cannot connect", httpx.ConnectTimeout: "connection timed out",
+            httpx.ReadTimeout: "no answer in time", httpx.WriteTimeout: "sending timed out",
+            httpx.PoolTimeout: "no free connection in time"}.get(type(error), "connection failed")
+    detail = str(error) or type(error).__name__
+    return f"{kind} ({detail})"
