@@ -10,6 +10,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
+from gateway.admission import Admission, AdmissionMiddleware
 from gateway.chat.router import router as chat_router
 from gateway.dependencies import Resources
 from gateway.draining import Draining
@@ -20,6 +21,7 @@ from gateway.metrics import Metrics
 from gateway.middleware import RequestIdMiddleware
 from gateway.ops import router as ops_router
 from gateway.realtime.router import router as realtime_router
+from gateway.sessions import lean
 from gateway.sessions.router import router as sessions_router
 from gateway.sessions.service import SessionService
 from gateway.settings import Settings
@@ -45,6 +47,7 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
     """
     settings = settings or Settings()
     draining = draining or Draining()
+    admission = Admission(settings.max_in_flight_requests, settings.max_loop_lag_sec)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Resources]]:
@@ -60,6 +63,8 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
                 engine_audio=settings.engine_audio))
             store = SessionStore(client, timeout_sec=settings.redis_timeout_sec)
             metrics = Metrics()
+            metrics.watch_admission(admission)
+            lag_watch = asyncio.create_task(admission.watch(), name="loop-lag")
             runners = RunnerPool(
                 lambda sid, lease: SessionRunner(sid, lease, store, active, metrics, settings.lease_ttl_sec,
                                                  settings.engine_progress_timeout_sec, settings.idle_park_sec),
@@ -81,7 +86,8 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
             finally:
                 draining.begin()
                 tender.cancel()
-                await asyncio.gather(tender, return_exceptions=True)
+                lag_watch.cancel()
+                await asyncio.gather(tender, lag_watch, return_exceptions=True)
                 await runners.aclose(settings.shutdown_grace_sec)
                 if own_engine:
                     await active.aclose()
@@ -91,17 +97,20 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
                               "`GET /v1/realtime` upgrades to a WebSocket that speaks the OpenAI Realtime "
                               "protocol (GA event names; `?session_id=&last_event_id=` resumes a broken "
                               "connection); WebSockets are outside what OpenAPI describes.")
-    # Last added runs first: request ids wrap everything, then bounded bodies.
+    # Last added runs first: request ids wrap everything, then load shedding
+    # (before any other work), then bounded bodies.
     app.add_middleware(BoundedBodyMiddleware, max_bytes=settings.max_request_bytes,
                        idle_timeout_sec=settings.body_idle_timeout_sec,
                        max_header_bytes=settings.max_header_bytes,
                        streamed_paths=frozenset({UPLOAD_PATH}), streamed_idle_sec=settings.session_timeout_sec)
+    app.add_middleware(AdmissionMiddleware, admission=admission)
     app.add_middleware(RequestIdMiddleware)
     app.include_router(sessions_router)
     app.include_router(upload_router)
     app.include_router(chat_router)
     app.include_router(realtime_router)
     app.include_router(ops_router)
+    lean.install(app)
     install_error_handlers(app)
     # FastAPI's documented way to customise the schema is to replace this method.
     app.openapi = lambda: _openapi_with_envelope(app)  # type: ignore[method-assign]

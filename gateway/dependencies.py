@@ -32,7 +32,10 @@ class Resources:
 
 
 def get_resources(request: Request) -> Resources:
-    resources: Resources = request.state.resources
+    # The lifespan's state as the server copied it into the scope: the same
+    # object ``request.state.resources`` returns, without building a State
+    # per request (every request asks for it).
+    resources: Resources = request.scope["state"]["resources"]
     return resources
 
 
