@@ -27,7 +27,8 @@ class Resources:
     metrics: Metrics
     identity: IdentityResolver
     draining: Draining
-    #: The background task that expires sessions and claims ownerless work.
+    #: The background task that expires sessions and claims ownerless work;
+    #: in an API worker (which does neither), the watch on its engine process.
     tender: asyncio.Task[None]
 
 

@@ -102,6 +102,12 @@ class Settings(BaseSettings):
     #: Redis Cluster (keys of one session share a hash tag) instead of one server.
     redis_cluster: bool = False
 
+    # Processes of a replica (gateway/processes.py)
+    #: API worker processes beside the engine process; unset: one per core but
+    #: one (at least one) with a real Redis; 0: one process does everything.
+    #: The in-process store is always one process.
+    api_workers: int | None = Field(None, ge=0)
+
     # Replicas (DESIGN section 5): who runs a session's engine work
     #: The lease a replica holds on each session it runs; renewed every third.
     #: A replica that dies loses its sessions to others after at most this.
