@@ -376,7 +376,8 @@ async def measure(config: OverheadConfig, results_dir: Path, log: Callable[[str]
 
         out["workers"] = []
         for workers in config.api_workers:
-            with server(["bench.servers", "stamp", "--port", str(gw_port), "--workers", str(workers)], port=gw_port,
+            shape_args = ["--workers", str(workers), "--engine-port", str(free_port())]
+            with server(["bench.servers", "stamp", "--port", str(gw_port), *shape_args], port=gw_port,
                         env=env, log=Path(tmp) / f"gateway-workers-{workers}.log", ready_path="/readyz") as proc:
                 base = f"http://127.0.0.1:{gw_port}"
                 shape: dict = {"api_workers": workers, "levels": []}

@@ -71,6 +71,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--workers", type=int, default=0,
                         help="stamp: API worker processes beside the engine process (0: one process)")
+    parser.add_argument("--engine-port", type=int, default=None, help="stamp with workers: the engine process's port")
     args = parser.parse_args(argv)
     if args.kind == "bare":
         uvicorn.run(bare_app, host="127.0.0.1", port=args.port, log_level="warning")  # type: ignore[arg-type]
@@ -79,7 +80,8 @@ def main(argv: list[str] | None = None) -> None:
     from gateway.settings import Settings
 
     # The same process model as ``omni-gateway serve``, the stamping engine in the engine process.
-    serve(Settings(api_workers=args.workers), "127.0.0.1", args.port, "WARNING", engine=stamp_engine())
+    serve(Settings(api_workers=args.workers), "127.0.0.1", args.port, "WARNING", engine=stamp_engine(),
+          engine_port=args.engine_port)
 
 
 if __name__ == "__main__":
