@@ -40,6 +40,8 @@ from tests.redis_server import free_port, redis_process
 
 #: The sampling profiler, from the ``bench`` extra (a binary beside the interpreter).
 PY_SPY = Path(sys.executable).parent / "py-spy"
+#: A flat-out client refused (503 overloaded) waits this long before sending again.
+REFUSED_PAUSE_SEC = 0.1
 CHUNK_TEXT = "The quick brown fox jumps over the lazy dog; " * 2  # 90 bytes
 #: Lift the per-identity limits: every simulated client shares one identity here.
 GATEWAY_ENV = {"OMNI_GATEWAY_MAX_SESSIONS_PER_IDENTITY": "0", "OMNI_GATEWAY_RATE_LIMIT_RPS": "0",
@@ -157,7 +159,11 @@ async def drive(client: SessionClient, next_seq: dict[str, int], seconds: float,
             try:
                 await client.append(sid, next_seq[sid], CHUNK_TEXT)
             except RuntimeError as exc:  # an error answer: counted, not timed, sent again
-                refused[str(exc).split(" {")[0]] += 1
+                refused[str(exc).split(" {")[0] + " " + _code(str(exc))] += 1
+                # At the next turn (paced), or after a pause as Retry-After asks: an
+                # immediate resend would turn every refusal into a retry storm.
+                await asyncio.sleep(pace_sec or REFUSED_PAUSE_SEC)
+                due = time.monotonic()
                 continue
             if started >= warmup_perf:
                 latencies.append((time.perf_counter() - started) * 1000)
