@@ -34,16 +34,22 @@ import redis.asyncio as aioredis
 
 from bench.client import SessionClient, http_session
 from bench.procs import rss_bytes, server
+from bench.servers import TOKEN_INTERVAL_SEC
 from bench.stats import summary
 from tests.redis_server import free_port, redis_process
 
 #: The sampling profiler, from the ``bench`` extra (a binary beside the interpreter).
 PY_SPY = Path(sys.executable).parent / "py-spy"
+#: A flat-out client refused (503 overloaded) waits this long before sending again.
+REFUSED_PAUSE_SEC = 0.1
 CHUNK_TEXT = "The quick brown fox jumps over the lazy dog; " * 2  # 90 bytes
 #: Lift the per-identity limits: every simulated client shares one identity here.
 GATEWAY_ENV = {"OMNI_GATEWAY_MAX_SESSIONS_PER_IDENTITY": "0", "OMNI_GATEWAY_RATE_LIMIT_RPS": "0",
                "OMNI_GATEWAY_MAX_OPEN_SESSIONS": "0", "OMNI_GATEWAY_MAX_ENGINE_SESSIONS": "5000",
-               "OMNI_GATEWAY_SHUTDOWN_GRACE_SEC": "0", "OMNI_GATEWAY_DRAIN_SEC": "0"}
+               "OMNI_GATEWAY_SHUTDOWN_GRACE_SEC": "0", "OMNI_GATEWAY_DRAIN_SEC": "0",
+               # One process unless a run says otherwise (``--workers``), so the
+               # engine benchmarks stay comparable with earlier runs.
+               "OMNI_GATEWAY_API_WORKERS": "0"}
 
 
 @dataclass(frozen=True)
@@ -59,6 +65,21 @@ class OverheadConfig:
     floor_samples: int = 2000
     #: Run py-spy on the gateway during this concurrency level (0: no profile).
     profile_at: int = 200
+    #: The replica's shapes compared (``--workers``: 0 is one process doing
+    #: everything; N is N API workers beside the engine process).
+    api_workers: tuple[int, ...] = (0, 1, 2)
+    #: Concurrency levels run for each shape.
+    workers_concurrency: tuple[int, ...] = (50, 200)
+    #: Overload: each shape is offered this multiple of its own flat-out rate.
+    overload_factor: float = 2.0
+    overload_sessions: int = 200
+    handoff_sessions: int = 20
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU time of a process and its children (a replica's API workers; they outlive no measurement)."""
+    children = [int(c) for task in Path(f"/proc/{pid}/task").glob("*/children") for c in task.read_text().split()]
+    return cpu_seconds(pid) + sum(cpu_seconds(child) for child in children)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -138,7 +159,11 @@ async def drive(client: SessionClient, next_seq: dict[str, int], seconds: float,
             try:
                 await client.append(sid, next_seq[sid], CHUNK_TEXT)
             except RuntimeError as exc:  # an error answer: counted, not timed, sent again
-                refused[str(exc).split(" {")[0]] += 1
+                refused[str(exc).split(" {")[0] + " " + _code(str(exc))] += 1
+                # At the next turn (paced), or after a pause as Retry-After asks: an
+                # immediate resend would turn every refusal into a retry storm.
+                await asyncio.sleep(pace_sec or REFUSED_PAUSE_SEC)
+                due = time.monotonic()
                 continue
             if started >= warmup_perf:
                 latencies.append((time.perf_counter() - started) * 1000)
@@ -147,7 +172,7 @@ async def drive(client: SessionClient, next_seq: dict[str, int], seconds: float,
 
     tasks = [asyncio.create_task(appender(sid)) for sid in next_seq]
     await asyncio.sleep(max(0.0, warmup_until - time.monotonic()))
-    cpu_before, count_before = cpu_seconds(pid), len(latencies)
+    cpu_before, count_before = tree_cpu_seconds(pid), len(latencies)
     profiler = None
     if profile_to is not None and PY_SPY.exists():
         profiler = await asyncio.create_subprocess_exec(
@@ -155,13 +180,97 @@ async def drive(client: SessionClient, next_seq: dict[str, int], seconds: float,
             "--format", "raw", "--output", str(profile_to), "--nonblocking", "--rate", "250",
             stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
     await asyncio.gather(*tasks)
-    cpu = cpu_seconds(pid) - cpu_before
+    cpu = tree_cpu_seconds(pid) - cpu_before
     if profiler is not None:
         await asyncio.wait_for(profiler.wait(), 60)
     stats = summary(latencies)
     return {"p50_ms": stats["p50"], "p99_ms": stats["p99"], "per_s": round(len(latencies) / seconds),
             "cpu_ms_each": round(cpu * 1000 / max(1, len(latencies) - count_before), 3),
             "refused": dict(refused)}
+
+
+async def overload(base_url: str, sessions: int, offered_per_s: float, seconds: float) -> dict:
+    """Open-loop appends at ``offered_per_s`` in all: the share refused and the latency of the accepted.
+
+    Each session sends at its own steady pace whatever the answers (one call
+    at a time: a session whose answer comes late sends its next chunk late,
+    never in a burst); a refused chunk is sent again (same sequence id) at
+    its next turn, as a client would.
+    """
+    pace = sessions / offered_per_s
+    latencies: list[float] = []
+    refused: Counter[str] = Counter()
+    async with http_session(sessions) as http:
+        client = SessionClient(http, base_url)
+        gate = asyncio.Semaphore(50)
+
+        async def create() -> str:
+            async with gate:
+                return await client.create(start_policy="on_end_only")
+
+        ids = await asyncio.gather(*(create() for _ in range(sessions)))
+        warmup_perf = time.perf_counter() + 1.0
+        stop_at = time.monotonic() + 1.0 + seconds
+
+        async def sender(sid: str) -> None:
+            seq, due = 0, time.monotonic() + random.uniform(0, pace)
+            while due < stop_at:
+                await asyncio.sleep(max(0.0, due - time.monotonic()))
+                due = max(due + pace, time.monotonic())
+                started = time.perf_counter()
+                try:
+                    await client.append(sid, seq, CHUNK_TEXT)
+                except RuntimeError as exc:
+                    if started >= warmup_perf:
+                        refused[str(exc).split(" {")[0] + " " + _code(str(exc))] += 1
+                    continue
+                seq += 1
+                if started >= warmup_perf:
+                    latencies.append((time.perf_counter() - started) * 1000)
+
+        await asyncio.gather(*(sender(sid) for sid in ids))
+        await asyncio.gather(*(client.delete(sid) for sid in ids))
+    answered = len(latencies) + sum(refused.values())
+    stats = summary(latencies)
+    return {"sessions": sessions, "offered_per_s": round(offered_per_s), "accepted_per_s": round(len(latencies) / seconds),
+            "refused": dict(refused), "refused_share": round(sum(refused.values()) / max(1, answered), 3),
+            "accepted_p50_ms": stats["p50"], "accepted_p99_ms": stats["p99"]}
+
+
+def _code(message: str) -> str:
+    """The envelope's code in a refusal the client reported."""
+    return message.split("'code': '")[1].split("'")[0] if "'code': '" in message else "?"
+
+
+async def handoff(base_url: str, sessions: int) -> list[float]:
+    """Client sends the chunk that starts the work -> the engine emits its first token, in ms.
+
+    Through API workers this includes the hand-off to the engine process
+    (the announcement, its tender's claim, the runner's start).
+    """
+    async with http_session(sessions * 2) as http:
+        client = SessionClient(http, base_url)
+
+        async def one() -> float:
+            sid = await client.create(start_policy="on_first_chunk", max_tokens=1)
+            first: list[int] = []
+
+            async def read() -> None:
+                async for _, text in client.content_deltas(sid):
+                    first.extend(int(stamp) for stamp in text.split())
+
+            reader = asyncio.create_task(read())
+            await asyncio.sleep(0.05)  # subscribed before the work starts
+            sent = time.time_ns()
+            await client.append(sid, 0, "go", end=True)
+            await reader
+            # The stamping engine waits one token interval before its first token.
+            return (first[0] - sent) / 1e6 - TOKEN_INTERVAL_SEC * 1000
+
+        lags = []
+        for _ in range(sessions):  # one at a time: the hand-off, not a queue
+            lags.append(await one())
+        return lags
 
 
 async def relay(base_url: str, sessions: int, tokens: int) -> list[float]:
@@ -270,6 +379,22 @@ async def measure(config: OverheadConfig, results_dir: Path, log: Callable[[str]
                 lags = await relay(base, sessions, config.relay_tokens)
                 out["relay"].append({"sessions": sessions, **summary(lags)})
                 log(f"relay x{sessions}: {out['relay'][-1]}")
+
+        out["workers"] = []
+        for workers in config.api_workers:
+            shape_args = ["--workers", str(workers), "--engine-port", str(free_port())]
+            with server(["bench.servers", "stamp", "--port", str(gw_port), *shape_args], port=gw_port,
+                        env=env, log=Path(tmp) / f"gateway-workers-{workers}.log", ready_path="/readyz") as proc:
+                base = f"http://127.0.0.1:{gw_port}"
+                shape: dict = {"api_workers": workers, "levels": []}
+                for concurrency in config.workers_concurrency:
+                    shape["levels"].append(await append_load(base, concurrency, config, proc.pid, None))
+                capacity = max(level["appends_per_s"] for level in shape["levels"])
+                shape["overload"] = await overload(base, config.overload_sessions,
+                                                   capacity * config.overload_factor, config.seconds_per_level)
+                shape["handoff_ms"] = summary(await handoff(base, config.handoff_sessions))
+                log(f"workers {workers}: {shape}")
+                out["workers"].append(shape)
 
         # A fresh gateway for memory: after the load above its allocator holds
         # freed memory that new sessions would reuse unseen.

@@ -27,7 +27,8 @@ def server(module_args: list[str], *, port: int, env: dict[str, str], log: Path,
         deadline = time.monotonic() + start_timeout_sec
         while True:
             if proc.poll() is not None:
-                raise RuntimeError(f"{module_args[0]} exited; see {log}")
+                tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
+                raise RuntimeError(f"{module_args[0]} exited; the end of {log}:\n{tail}")
             try:
                 if httpx.get(f"http://127.0.0.1:{port}{ready_path}", timeout=5).status_code == 200:
                     break

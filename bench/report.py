@@ -54,6 +54,7 @@ def summarize(ttft: dict, floor: dict, overhead: dict) -> dict:
         "append_p50_over_bare_http": round(overhead["overhead"][0]["flat_out_p50_ms"] / http_p50, 2),
         "append_p50_over_redis_rtt": round(overhead["overhead"][0]["flat_out_p50_ms"] / redis_p50, 2),
         "profile_top": overhead.get("profile_top", []),
+        "workers": overhead.get("workers", []),
         "targets": TARGETS,
     }
     result["met"] = {
@@ -168,6 +169,24 @@ def markdown(r: dict) -> str:
         f"- Idle session: {r['idle_session_bytes']} bytes; started: {r['started_session_bytes']} bytes "
         f"(target <= {t['idle_session_bytes_max']}): {yes(met['idle_session_bytes'])}",
     ]
+    if r["workers"]:
+        lines += ["", "## A replica's shapes: one process, API workers beside the engine process", "",
+                  "API workers 0 = one process does everything. CPU is the whole process tree's.", "",
+                  "| API workers | sessions | offered /s | append P50 ms | append P99 ms | flat-out appends/s "
+                  "| CPU ms/append | refused (paced / flat out) |",
+                  "|---|---|---|---|---|---|---|---|",
+                  *(f"| {w['api_workers']} | {o['concurrency']} | {o['paced_offered_per_s']} | {o['append_p50_ms']} | "
+                    f"{o['append_p99_ms']} | {o['appends_per_s']} | {o['gateway_cpu_ms_per_append']} | "
+                    f"{o['paced_refused'] or '-'} / {o['refused'] or '-'} |"
+                    for w in r["workers"] for o in w["levels"]),
+                  "", "Overload: open-loop appends at twice each shape's own flat-out rate.", "",
+                  "| API workers | offered /s | accepted /s | refused share | refused | accepted P50 ms "
+                  "| accepted P99 ms | send -> first token P50 / P99 ms |",
+                  "|---|---|---|---|---|---|---|---|",
+                  *(f"| {w['api_workers']} | {w['overload']['offered_per_s']} | {w['overload']['accepted_per_s']} | "
+                    f"{w['overload']['refused_share']} | {w['overload']['refused'] or '-'} | "
+                    f"{w['overload']['accepted_p50_ms']} | {w['overload']['accepted_p99_ms']} | "
+                    f"{w['handoff_ms']['p50']} / {w['handoff_ms']['p99']} |" for w in r["workers"])]
     if r["profile_top"]:
         lines += ["", "## Where the gateway's CPU goes (py-spy, flat-out appends, self time by package)", "",
                   "| package | % of samples |", "|---|---|",

@@ -69,16 +69,19 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("kind", choices=["stamp", "bare"])
     parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--workers", type=int, default=0,
+                        help="stamp: API worker processes beside the engine process (0: one process)")
+    parser.add_argument("--engine-port", type=int, default=None, help="stamp with workers: the engine process's port")
     args = parser.parse_args(argv)
     if args.kind == "bare":
-        app: object = bare_app
-    else:
-        from gateway.app import create_app
-        from gateway.settings import Settings
+        uvicorn.run(bare_app, host="127.0.0.1", port=args.port, log_level="warning")  # type: ignore[arg-type]
+        return
+    from gateway.processes import serve
+    from gateway.settings import Settings
 
-        app = create_app(Settings(), engine=stamp_engine())
-    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning",  # type: ignore[arg-type]
-                ws="websockets-sansio")
+    # The same process model as ``omni-gateway serve``, the stamping engine in the engine process.
+    serve(Settings(api_workers=args.workers), "127.0.0.1", args.port, "WARNING", engine=stamp_engine(),
+          engine_port=args.engine_port)
 
 
 if __name__ == "__main__":

@@ -6,10 +6,11 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import FastAPI
 
+from gateway.admission import Admission, AdmissionMiddleware
 from gateway.chat.router import router as chat_router
 from gateway.dependencies import Resources
 from gateway.draining import Draining
@@ -20,6 +21,7 @@ from gateway.metrics import Metrics
 from gateway.middleware import RequestIdMiddleware
 from gateway.ops import router as ops_router
 from gateway.realtime.router import router as realtime_router
+from gateway.sessions import lean
 from gateway.sessions.router import router as sessions_router
 from gateway.sessions.service import SessionService
 from gateway.settings import Settings
@@ -27,6 +29,7 @@ from gateway.store.connection import open_redis
 from gateway.store.redis_store import SessionStore
 from gateway.upload.router import UPLOAD_PATH
 from gateway.upload.router import router as upload_router
+from gateway.work.front import FrontEngine, publish_card
 from gateway.work.pool import RunnerPool
 from gateway.work.runner import SessionRunner
 from gateway.work.tender import Tender
@@ -36,8 +39,15 @@ from omni_adapter.port import Engine, RequestChecks
 logger = logging.getLogger(__name__)
 
 
+#: ``all``: one process does everything (the embedded default, tests);
+#: ``engine``: the engine process of a replica with API workers (it runs the
+#: engine, runners and tender, and publishes its engine card);
+#: ``api``: an API worker (HTTP only; the engine card says what to accept).
+Role = Literal["all", "engine", "api"]
+
+
 def create_app(settings: Settings | None = None, *, engine: Engine | None = None,
-               draining: Draining | None = None) -> FastAPI:
+               draining: Draining | None = None, role: Role = "all") -> FastAPI:
     """Build the app.
 
     Pass ``engine`` to share one already open (tests); it is then not closed
@@ -45,35 +55,50 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
     """
     settings = settings or Settings()
     draining = draining or Draining()
+    admission = Admission(settings.max_in_flight_requests, settings.max_loop_lag_sec)
+
+    async def open_active(store: SessionStore) -> Engine:
+        if role == "api":
+            return await FrontEngine.wait_for(store, settings.replica_id, settings.engine_start_timeout_sec)
+        return engine or await open_engine(EngineChoice(
+            kind=settings.engine, model=settings.model, served_model_name=settings.served_model_name,
+            dtype=settings.dtype, max_model_len=settings.max_model_len,
+            kv_cache_space_gib=settings.kv_cache_space_gib, max_num_seqs=settings.engine_max_num_seqs,
+            engine_url=settings.engine_url,
+            engine_timeout_sec=settings.engine_timeout_sec,
+            engine_start_timeout_sec=settings.engine_start_timeout_sec,
+            engine_audio=settings.engine_audio))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Resources]]:
         async with open_redis(settings.redis_url, settings.redis_timeout_sec, cluster=settings.redis_cluster) as client:
-            own_engine = engine is None
-            active = engine or await open_engine(EngineChoice(
-                kind=settings.engine, model=settings.model, served_model_name=settings.served_model_name,
-                dtype=settings.dtype, max_model_len=settings.max_model_len,
-                kv_cache_space_gib=settings.kv_cache_space_gib, max_num_seqs=settings.engine_max_num_seqs,
-                engine_url=settings.engine_url,
-                engine_timeout_sec=settings.engine_timeout_sec,
-                engine_start_timeout_sec=settings.engine_start_timeout_sec,
-                engine_audio=settings.engine_audio))
             store = SessionStore(client, timeout_sec=settings.redis_timeout_sec)
+            own_engine = engine is None and role != "api"
+            active = await open_active(store)
             metrics = Metrics()
+            metrics.watch_admission(admission)
+            background = [asyncio.create_task(admission.watch(), name="loop-lag")]
             runners = RunnerPool(
                 lambda sid, lease: SessionRunner(sid, lease, store, active, metrics, settings.lease_ttl_sec,
                                                  settings.engine_progress_timeout_sec, settings.idle_park_sec),
-                capacity=settings.max_engine_sessions, listening_cap=settings.listening_cap)
+                # An API worker takes no engine work: what its calls start waits for the engine process.
+                capacity=0 if role == "api" else settings.max_engine_sessions, listening_cap=settings.listening_cap)
             service = SessionService(settings, store, active.capabilities, runners, metrics, draining,
                                      active if isinstance(active, RequestChecks) else None)
-            tender = asyncio.create_task(
-                Tender(store, runners, metrics, draining, settings.replica_id,
-                       settings.schedule_policy).run(settings.tend_interval_sec),
-                name="tender")
+            if isinstance(active, FrontEngine):
+                tender = asyncio.create_task(active.watch(), name="engine-watch")
+            else:
+                tender = asyncio.create_task(
+                    Tender(store, runners, metrics, draining, settings.replica_id,
+                           settings.schedule_policy).run(settings.tend_interval_sec),
+                    name="tender")
+            if role == "engine":
+                background.append(asyncio.create_task(
+                    publish_card(store, settings.replica_id, active.capabilities), name="engine-card"))
             identity = IdentityResolver(settings.api_keys, settings.identity_header, settings.trusted_proxies)
             log_identity = logger.warning if identity.mode == "open" else logger.info
             log_identity("identity: %s", identity.describe())
-            logger.info("omni-gateway ready: replica %s, models %s", settings.replica_id,
+            logger.info("omni-gateway ready: replica %s (%s), models %s", settings.replica_id, role,
                         ", ".join(active.capabilities.model_names))
             try:
                 yield {"resources": Resources(settings, store, active, service, metrics, identity, draining,
@@ -81,7 +106,9 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
             finally:
                 draining.begin()
                 tender.cancel()
-                await asyncio.gather(tender, return_exceptions=True)
+                for task in background:
+                    task.cancel()
+                await asyncio.gather(tender, *background, return_exceptions=True)
                 await runners.aclose(settings.shutdown_grace_sec)
                 if own_engine:
                     await active.aclose()
@@ -91,17 +118,20 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
                               "`GET /v1/realtime` upgrades to a WebSocket that speaks the OpenAI Realtime "
                               "protocol (GA event names; `?session_id=&last_event_id=` resumes a broken "
                               "connection); WebSockets are outside what OpenAPI describes.")
-    # Last added runs first: request ids wrap everything, then bounded bodies.
+    # Last added runs first: request ids wrap everything, then load shedding
+    # (before any other work), then bounded bodies.
     app.add_middleware(BoundedBodyMiddleware, max_bytes=settings.max_request_bytes,
                        idle_timeout_sec=settings.body_idle_timeout_sec,
                        max_header_bytes=settings.max_header_bytes,
                        streamed_paths=frozenset({UPLOAD_PATH}), streamed_idle_sec=settings.session_timeout_sec)
+    app.add_middleware(AdmissionMiddleware, admission=admission)
     app.add_middleware(RequestIdMiddleware)
     app.include_router(sessions_router)
     app.include_router(upload_router)
     app.include_router(chat_router)
     app.include_router(realtime_router)
     app.include_router(ops_router)
+    lean.install(app)
     install_error_handlers(app)
     # FastAPI's documented way to customise the schema is to replace this method.
     app.openapi = lambda: _openapi_with_envelope(app)  # type: ignore[method-assign]

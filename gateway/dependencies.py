@@ -27,12 +27,16 @@ class Resources:
     metrics: Metrics
     identity: IdentityResolver
     draining: Draining
-    #: The background task that expires sessions and claims ownerless work.
+    #: The background task that expires sessions and claims ownerless work;
+    #: in an API worker (which does neither), the watch on its engine process.
     tender: asyncio.Task[None]
 
 
 def get_resources(request: Request) -> Resources:
-    resources: Resources = request.state.resources
+    # The lifespan's state as the server copied it into the scope: the same
+    # object ``request.state.resources`` returns, without building a State
+    # per request (every request asks for it).
+    resources: Resources = request.scope["state"]["resources"]
     return resources
 
 

@@ -38,6 +38,7 @@ the handler knows HTTP.
     │   ├── StreamingInputDisabled (503 streaming_input_disabled)
     │   ├── CapacityExhausted (503 capacity_exhausted)    Retry-After
     │   ├── StoreUnavailable (503 store_unavailable)
+    │   ├── Overloaded (503 overloaded)                   Retry-After  this replica sheds load
     │   └── EngineUnavailable (503 engine_unavailable)
     └── EngineTimeout (504 engine_timeout)  stored when an answer stops making progress
 """
@@ -239,6 +240,12 @@ class CapacityExhausted(ServiceUnavailable):
 
 class StoreUnavailable(ServiceUnavailable):
     code = "store_unavailable"
+
+
+class Overloaded(ServiceUnavailable):
+    """The replica is saturated and refused the call before doing anything (gateway/admission.py)."""
+
+    code = "overloaded"
 
 
 class EngineUnavailable(ServiceUnavailable):

@@ -78,8 +78,10 @@ class IdentityResolver:
     def _client_address(self, headers: Mapping[str, str], peer: str | None) -> str:
         """The peer, or the nearest address a trusted proxy saw (right to left)."""
         address = peer or "unknown"
+        if not self._proxies:  # nobody's X-Forwarded-For is trusted: skip parsing it on every request
+            return address[:64]
         hops = [h.strip() for h in headers.get("x-forwarded-for", "").split(",") if h.strip()]
-        while self._trusted(address) and hops:
+        while hops and self._trusted(address):
             address = hops.pop()
         return address[:64]
 

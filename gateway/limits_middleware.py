@@ -40,7 +40,12 @@ class BoundedBodyMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        header_bytes = sum(len(name) + len(value) for name, value in scope["headers"])
+        header_bytes = 0
+        declared = b""
+        for name, value in scope["headers"]:  # one pass: this runs on every request
+            header_bytes += len(name) + len(value)
+            if name == b"content-length":
+                declared = value
         if header_bytes > self.max_header_bytes:
             await render_error(errors.HeadersTooLarge(
                 f"request headers exceed {self.max_header_bytes} bytes"), send)
@@ -48,7 +53,6 @@ class BoundedBodyMiddleware:
         streamed = scope["path"] in self.streamed_paths
         max_bytes = 2**63 if streamed else self.max_bytes
         idle_sec = self.streamed_idle_sec if streamed else self.idle_timeout_sec
-        declared = dict(scope["headers"]).get(b"content-length", b"")
         if declared.isdigit() and int(declared) > max_bytes:
             await render_error(self._too_large(), send)
             return

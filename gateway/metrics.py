@@ -7,9 +7,14 @@ performed by exactly one replica (the one whose Lua script made it).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from gateway.domain.states import SessionState
+
+if TYPE_CHECKING:
+    from gateway.admission import Admission
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 SECONDS_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
@@ -56,6 +61,13 @@ class Metrics:
                                             buckets=(1, 5, 15, 60, 300, 900, 3600))
         self.realtime_events = Counter("omni_gateway_realtime_events", "Realtime events by direction and type",
                                        ["direction", "type"], registry=r)
+
+    def watch_admission(self, admission: Admission) -> None:
+        """Expose the load that sheds calls (read at scrape time, nothing per request)."""
+        Gauge("omni_gateway_requests_in_flight", "Session API calls this process is working on",
+              registry=self.registry).set_function(lambda: admission.in_flight)
+        Gauge("omni_gateway_event_loop_lag_seconds", "How late this process's event loop runs a timer",
+              registry=self.registry).set_function(lambda: admission.loop_lag_sec)
 
     def transition(self, before: SessionState | None, after: SessionState) -> None:
         if before == after:

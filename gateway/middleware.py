@@ -10,7 +10,6 @@ import contextvars
 import logging
 import secrets
 
-from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 request_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
@@ -24,16 +23,18 @@ class RequestIdMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        incoming = dict(scope["headers"]).get(b"x-request-id", b"").decode("latin-1")
+        # One pass over the header list, not a dict of it: this runs on every request.
+        incoming = next((v for k, v in scope["headers"] if k == b"x-request-id"), b"").decode("latin-1")
         # Accept a caller's id only if it is short and printable: it ends up in logs.
         # token_hex, not uuid4().hex: same 32 hex digits at a fraction of the CPU
         # (uuid4 showed up at 4% of the append path in py-spy).
         request_id = incoming if 0 < len(incoming) <= 128 and incoming.isprintable() else secrets.token_hex(16)
         token = request_id_var.set(request_id)
+        header = (b"x-request-id", request_id.encode("latin-1"))
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
-                MutableHeaders(scope=message).append("X-Request-Id", request_id)
+                message["headers"] = [*message.get("headers", ()), header]
             await send(message)
 
         try:

@@ -30,7 +30,8 @@ async def readyz(resources: Res) -> dict[str, str]:
         if resources.draining.active:
             raise errors.EngineUnavailable("this replica is shutting down")
         if resources.tender.done():
-            # Without its tender a replica neither expires sessions nor takes over work.
+            # Without its tender a replica neither expires sessions nor takes over work
+            # (an API worker: without its watch it cannot tell whether the engine lives).
             raise errors.ServiceUnavailable("this replica's tender is not running")
         await resources.store.ping()
         try:

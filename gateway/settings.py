@@ -66,6 +66,14 @@ class Settings(BaseSettings):
     #: Open sessions across all identities and replicas (0: no limit).
     max_open_sessions: int = Field(10_000, ge=0)
 
+    # Load shedding, per process (gateway/admission.py): past either bound new
+    # calls get 503 ``overloaded`` + Retry-After before any work.
+    #: Session API calls one process works on at once (0: no cap); at about
+    #: 0.5 ms of CPU each, 64 queued calls are ~30 ms of waiting.
+    max_in_flight_requests: int = Field(64, ge=0)
+    #: Refuse new calls while the event loop runs this late (0: never).
+    max_loop_lag_sec: float = Field(0.25, ge=0)
+
     #: Stop waiting for a request body that stalls this long (slow clients).
     body_idle_timeout_sec: float = Field(30.0, gt=0)
     max_header_bytes: int = Field(16 * 1024, ge=1024)
@@ -93,6 +101,12 @@ class Settings(BaseSettings):
     redis_timeout_sec: float = Field(2.0, gt=0)
     #: Redis Cluster (keys of one session share a hash tag) instead of one server.
     redis_cluster: bool = False
+
+    # Processes of a replica (gateway/processes.py)
+    #: API worker processes beside the engine process; unset: one per core but
+    #: one (at least one) with a real Redis; 0: one process does everything.
+    #: The in-process store is always one process.
+    api_workers: int | None = Field(None, ge=0)
 
     # Replicas (DESIGN section 5): who runs a session's engine work
     #: The lease a replica holds on each session it runs; renewed every third.

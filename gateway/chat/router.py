@@ -40,7 +40,7 @@ _ANSWER = {
                                                  errors.EmptyInput, errors.ModelNotFound, errors.ChunkTooLarge,
                                                  errors.Unauthorized, errors.TooManyRequests,
                                                  errors.TooManySessions, errors.SessionExpired,
-                                                 errors.SessionCancelled, errors.StoreUnavailable,
+                                                 errors.SessionCancelled, errors.StoreUnavailable, errors.Overloaded,
                                                  errors.StreamingInputDisabled, errors.CapacityExhausted,
                                                  errors.EngineUnavailable)})
 async def create_chat_completion(body: ChatCompletionRequest, request: Request, identity: Identity,
@@ -57,7 +57,8 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request, 
 
 
 @router.get("/models", response_model=ModelList,
-            responses=errors.error_responses(errors.Unauthorized, errors.TooManyRequests, errors.StoreUnavailable))
+            responses=errors.error_responses(errors.Unauthorized, errors.TooManyRequests, errors.StoreUnavailable,
+                                             errors.Overloaded))
 async def list_models(request: Request, identity: Identity) -> ModelList:
     # Like vLLM: the models exist from now on, as far as a client can tell.
     created = int(time.time())

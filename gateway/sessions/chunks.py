@@ -12,9 +12,14 @@ import io
 import wave
 from collections.abc import Mapping
 
+from pydantic import ValidationError
+from starlette.requests import Request
+
 from gateway import errors
 from gateway.sessions.models import ChunkIn
+from gateway.settings import Settings
 from gateway.store.records import ChunkRecord
+from gateway.validation import read_body_capped, validation_error
 from omni_adapter.port import Modality
 
 PCM16_DEFAULT_RATE = 16_000
@@ -24,6 +29,23 @@ RAW_MODALITIES: tuple[Modality, ...] = ("text", "audio", "image", "video")
 def _ascii_int(value: str) -> int | None:
     """A plain decimal number, or None: ``str.isdigit`` also takes "²" and "٣"."""
     return int(value) if value.isascii() and value.isdigit() and len(value) <= 18 else None
+
+
+async def read_chunk(request: Request, settings: Settings) -> ChunkRecord:
+    """The chunk in a request body: JSON, or raw bytes described by headers."""
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if content_type == "application/octet-stream":
+        body = await read_body_capped(request, settings.max_chunk_bytes)
+        return record_from_raw(request.headers, body, settings.max_chunk_bytes)
+    if content_type in ("application/json", ""):
+        body = await read_body_capped(request, settings.max_request_bytes)
+        try:
+            parsed = ChunkIn.model_validate_json(body)
+        except ValidationError as exc:
+            raise validation_error(exc.errors()) from exc
+        return record_from_json(parsed, settings.max_chunk_bytes)
+    raise errors.InvalidRequest("send chunks as application/json or application/octet-stream",
+                                param="Content-Type")
 
 
 def record_from_json(chunk: ChunkIn, max_chunk_bytes: int) -> ChunkRecord:

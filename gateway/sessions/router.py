@@ -6,16 +6,13 @@ import time
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response, status
-from pydantic import ValidationError
 from sse_starlette import EventSourceResponse
 
 from gateway import errors
 from gateway.dependencies import get_identity, get_service, get_settings
-from gateway.output.sse import SEND_TIMEOUT_SEC, parse_last_event_id
-from gateway.sessions.chunks import record_from_json, record_from_raw
+from gateway.sessions.chunks import read_chunk, record_from_json
 from gateway.sessions.models import (
     ChunkAccepted,
-    ChunkIn,
     ChunkReplaced,
     CreatedSession,
     CreateSessionRequest,
@@ -26,9 +23,7 @@ from gateway.sessions.models import (
 )
 from gateway.sessions.service import SessionService
 from gateway.settings import Settings
-from gateway.store.records import ChunkRecord
 from gateway.store.session_hash import SessionRecord
-from gateway.validation import read_body_capped, validation_error
 
 router = APIRouter(prefix="/v1/streaming_input/sessions", tags=["sessions"])
 
@@ -36,7 +31,12 @@ Service = Annotated[SessionService, Depends(get_service)]
 Identity = Annotated[str, Depends(get_identity)]
 
 _COMMON = (errors.Unauthorized, errors.TooManyRequests, errors.SessionNotFound, errors.SessionExpired,
-           errors.StoreUnavailable)
+           errors.StoreUnavailable, errors.Overloaded)
+#: The hot routes are declared below for the OpenAPI document and served by
+#: ``gateway.sessions.lean`` (``create_app`` installs it): reaching one of
+#: these bodies means the app was built without it.
+_SERVED_LEAN = "served by gateway.sessions.lean; create_app installs it"
+
 _INPUT = (*_COMMON, errors.InvalidJson, errors.ValidationFailed, errors.SessionClosed)
 
 
@@ -66,7 +66,7 @@ def session_view(record: SessionRecord) -> SessionView:
              responses=errors.error_responses(errors.InvalidJson, errors.ValidationFailed,
                                               errors.ModelNotFound, errors.ChunkTooLarge,
                                               errors.SequenceOutOfWindow, errors.SessionPayloadTooLarge,
-                                              errors.StoreUnavailable, errors.StreamingInputDisabled,
+                                              errors.StoreUnavailable, errors.Overloaded, errors.StreamingInputDisabled,
                                               errors.Unauthorized, errors.TooManySessions,
                                               errors.CapacityExhausted))
 async def create_session(body: CreateSessionRequest, service: Service, identity: Identity,
@@ -102,14 +102,9 @@ _CHUNK_BODY = {
                                                  errors.SessionPayloadTooLarge)})
 async def append_chunk(session_id: str, request: Request, response: Response, service: Service, identity: Identity,
                        settings: Annotated[Settings, Depends(get_settings)]) -> ChunkAccepted:
-    service.check_enabled()
-    chunk = await _read_chunk(request, settings)
-    outcome = await service.append(identity, session_id, chunk)
-    if outcome.duplicate:
-        response.status_code = status.HTTP_200_OK
-    return ChunkAccepted(session_id=session_id, sequence_id=chunk.sequence_id, state=outcome.state,
-                         duplicate=outcome.duplicate, started=outcome.started,
-                         next_sequence_id=outcome.next_sequence_id)
+    # Declared for the OpenAPI document (no docstring: it would become the
+    # operation's description); served by ``lean.append_chunk``.
+    raise NotImplementedError(_SERVED_LEAN)
 
 
 @router.put("/{session_id}/chunks/{sequence_id}", response_model=ChunkReplaced, openapi_extra=_CHUNK_BODY,
@@ -129,7 +124,7 @@ async def replace_chunk(session_id: str, sequence_id: int, request: Request, ser
     ``input_closed``. A chunk never received: 409 ``sequence_conflict``.
     """
     service.check_enabled()
-    chunk = await _read_chunk(request, settings)
+    chunk = await read_chunk(request, settings)
     if chunk.sequence_id != sequence_id:
         raise errors.ValidationFailed(
             f"the body's sequence_id {chunk.sequence_id} is not the path's {sequence_id}", param="sequence_id")
@@ -141,34 +136,13 @@ async def replace_chunk(session_id: str, sequence_id: int, request: Request, ser
                          input_tokens=replaced.input_tokens, next_sequence_id=replaced.outcome.next_sequence_id)
 
 
-async def _read_chunk(request: Request, settings: Settings) -> ChunkRecord:
-    """The chunk in a request body: JSON, or raw bytes described by headers."""
-    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if content_type == "application/octet-stream":
-        body = await read_body_capped(request, settings.max_chunk_bytes)
-        chunk = record_from_raw(request.headers, body, settings.max_chunk_bytes)
-    elif content_type in ("application/json", ""):
-        body = await read_body_capped(request, settings.max_request_bytes)
-        try:
-            parsed = ChunkIn.model_validate_json(body)
-        except ValidationError as exc:
-            raise validation_error(exc.errors()) from exc
-        chunk = record_from_json(parsed, settings.max_chunk_bytes)
-    else:
-        raise errors.InvalidRequest("send chunks as application/json or application/octet-stream",
-                                    param="Content-Type")
-    return chunk
-
-
 @router.post("/{session_id}/finish", status_code=status.HTTP_202_ACCEPTED, response_model=FinishAccepted,
              responses=errors.error_responses(*_INPUT, errors.InputClosed, errors.SequenceOutOfWindow,
                                               errors.EmptyInput))
 async def finish_session(session_id: str, service: Service, identity: Identity,
                          body: FinishRequest | None = None) -> FinishAccepted:
-    outcome = await service.finish(identity, session_id, body.final_sequence_id if body else None)
-    return FinishAccepted(session_id=session_id, state=outcome.state,
-                          next_sequence_id=outcome.next_sequence_id,
-                          missing_sequence_ids=outcome.missing_sequence_ids)
+    # Declared for the OpenAPI document; served by ``lean.finish_session``.
+    raise NotImplementedError(_SERVED_LEAN)
 
 
 @router.get("/{session_id}", response_model=SessionView, responses=errors.error_responses(*_COMMON))
@@ -186,12 +160,8 @@ async def get_session(session_id: str, service: Service, identity: Identity) -> 
 async def stream_events(session_id: str, service: Service, identity: Identity,
                         settings: Annotated[Settings, Depends(get_settings)],
                         last_event_id: Annotated[str | None, Header()] = None) -> Response:
-    events = await service.events(identity, session_id, parse_last_event_id(last_event_id))
-    if events is None:
-        return Response(status_code=status.HTTP_204_NO_CONTENT)
-    response: Response = EventSourceResponse(events, ping=settings.sse_ping_sec, send_timeout=SEND_TIMEOUT_SEC,
-                                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-    return response
+    # Declared for the OpenAPI document; served by ``lean.stream_events``.
+    raise NotImplementedError(_SERVED_LEAN)
 
 
 @router.get("/{session_id}/result", response_model=SessionResult,

@@ -18,6 +18,18 @@ PREFIX = "sis"
 SCHEDULE = f"{PREFIX}:schedule"
 
 
+#: Pub/sub channel: engine work was left waiting for an owner (an API worker,
+#: or a replica without room, started it). Tenders wake on it instead of
+#: waiting for their next round; the schedule stays the truth.
+WORK_WAITING = f"{PREFIX}:work-waiting"
+
+
+def engine_card(replica: str) -> str:
+    """String (JSON, with a TTL the engine process keeps renewing): what the
+    replica's engine takes and produces, for its API workers, which open none."""
+    return f"{PREFIX}:engine:{{{replica}}}"
+
+
 #: Sorted set of every open session (global cap), scored like identity_sessions.
 OPEN_SESSIONS = f"{PREFIX}:open-sessions"
 

@@ -29,7 +29,9 @@ from gateway.store.connection import translate_redis_errors
 from gateway.store.keys import (
     OPEN_SESSIONS,
     SCHEDULE,
+    WORK_WAITING,
     SessionKeys,
+    engine_card,
     identity_rate,
     identity_sessions,
     realtime_conversation,
@@ -303,6 +305,34 @@ class SessionStore:
             value: Any = await self._redis.get(realtime_conversation(conversation_id))
         return None if value is None else str(decoded(value))
 
+    # --- a replica's processes ---------------------------------------------
+
+    async def publish_engine_card(self, replica: str, card: str, ttl_sec: float) -> None:
+        async with self._call():
+            await self._redis.set(engine_card(replica), card, px=max(1, int(ttl_sec * 1000)))
+
+    async def engine_card(self, replica: str) -> str | None:
+        """The card the replica's engine process published, ``None`` once it stopped renewing it."""
+        async with self._call():
+            value: Any = await self._redis.get(engine_card(replica))
+        return None if value is None else str(decoded(value))
+
+    async def work_waiting(self) -> AsyncIterator[str]:
+        """Session ids whose engine work was left waiting for an owner, as they are announced.
+
+        Pub/sub: an announcement made while nobody listens is lost, which is
+        fine, since the schedule holds the work and the next tender round finds it.
+        """
+        with translate_redis_errors():
+            pubsub = self._redis.pubsub()
+            try:
+                await pubsub.subscribe(WORK_WAITING)
+                async for message in pubsub.listen():
+                    if message["type"] == "message":
+                        yield str(decoded(message["data"]))
+            finally:
+                await pubsub.aclose()  # type: ignore[no-untyped-call]
+
     # --- the schedule: expiry and ownership ------------------------------
 
     async def schedule(self, session_id: str, due_ms: int) -> None:
@@ -325,10 +355,22 @@ class SessionStore:
             return
         try:
             await self.schedule(session_id, DUE_NOW)
+            if outcome.lease is None:
+                await self._announce(session_id)
         except errors.StoreUnavailable:
             if outcome.lease is None:
                 raise
             logger.warning("session %s: could not schedule its started work; its runner will", session_id)
+
+    async def _announce(self, session_id: str) -> None:
+        """Tell the tenders that work waits for an owner, so an engine process with room
+        claims it now, not at its next round. Only a shortcut: the schedule has it already."""
+        try:
+            async with self._call():
+                await self._redis.publish(WORK_WAITING, session_id)
+        except errors.StoreUnavailable as exc:
+            logger.info("session %s: waiting work not announced (%s); the next tender round finds it",
+                        session_id, exc.message)
 
     async def tend(self, expired_json: str, incomplete_json: str, replica: str, room: Room,
                    policy: SchedulePolicy = SchedulePolicy.FCFS, limit: int = 200) -> TendRound:

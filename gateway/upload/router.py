@@ -47,7 +47,7 @@ _BODY = {"requestBody": {"required": True, "content": {"application/x-ndjson": {
              responses={200: {"content": {"text/event-stream": {"schema": {"type": "string"}}},
                               "description": "the session's SSE stream; its id is the X-Session-Id header"},
                         **errors.error_responses(errors.InvalidJson, errors.ValidationFailed, errors.EmptyInput,
-                                                 errors.RequestTooLarge, errors.StoreUnavailable,
+                                                 errors.RequestTooLarge, errors.StoreUnavailable, errors.Overloaded,
                                                  errors.Unauthorized, errors.TooManySessions,
                                                  errors.CapacityExhausted)})
 async def upload(request: Request, service: Annotated[SessionService, Depends(get_service)],

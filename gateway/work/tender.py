@@ -9,7 +9,6 @@ the schedule is only a hint of when to look.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 from gateway import errors
@@ -58,15 +57,26 @@ class Tender:
         self._metrics.engine_sessions.labels("answering").set(len(self._runners) - listening)
 
     async def run(self, interval_sec: float) -> None:
-        """Background task: tend every ``interval_sec``, and whenever a runner ends.
+        """Background task: tend every ``interval_sec``, whenever a runner ends,
+        and whenever another process announces work waiting for an owner.
 
         It must never die while the replica lives (expiry, claims and failover
         depend on it), so every failure is logged, counted and followed by a
         back-off; the next round starts afresh. ``/readyz`` fails if it ended.
         """
+        announced = asyncio.Event()
+        listener = asyncio.create_task(self._listen(announced), name="tender-listener")
+        try:
+            await self._rounds(interval_sec, announced)
+        finally:
+            listener.cancel()
+            await asyncio.gather(listener, return_exceptions=True)
+
+    async def _rounds(self, interval_sec: float, announced: asyncio.Event) -> None:
         failures = 0
         while True:
             self._runners.freed.clear()
+            announced.clear()
             try:
                 await self.tend()
             except Exception as exc:
@@ -82,8 +92,33 @@ class Tender:
             if failures:
                 logger.info("tender: tending again after %d failed rounds", failures)
                 failures = 0
-            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow the
-            # cancel that stops this task when the event fires at the same time.
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(interval_sec):
-                    await self._runners.freed.wait()
+            # asyncio.wait, not wait_for: on 3.11 wait_for can swallow the
+            # cancel that stops this task when an event fires at the same time.
+            waiters = [asyncio.ensure_future(self._runners.freed.wait()), asyncio.ensure_future(announced.wait())]
+            try:
+                await asyncio.wait(waiters, timeout=interval_sec, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for waiter in waiters:
+                    waiter.cancel()
+
+    async def _listen(self, announced: asyncio.Event) -> None:
+        """Set ``announced`` when any process announces work waiting for an owner.
+
+        Only a shortcut: a round every ``interval_sec`` finds the same work in
+        the schedule, so a broken subscription is retried after a back-off
+        and never fails the tender.
+        """
+        failures = 0
+        while True:
+            reason = "the subscription ended"
+            try:
+                async for _ in self._store.work_waiting():
+                    failures = 0
+                    if not self._draining.active:
+                        announced.set()
+            except Exception as exc:
+                reason = str(getattr(exc, "message", exc))
+            backoff = TENDER_BACKOFF_SEC[min(failures, len(TENDER_BACKOFF_SEC) - 1)]
+            failures += 1
+            logger.warning("tender: the work announcements stopped (%s); again in %.1f s", reason, backoff)
+            await asyncio.sleep(backoff)

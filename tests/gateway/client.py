@@ -32,10 +32,12 @@ def make_settings(**overrides: object) -> Settings:
     Redis calls get 10 s, not 2: on a starved 2-core CI machine (an engine
     generating beside the test) the event loop can stall past 2 s, and a
     test that is not about Redis timeouts must not see a 503 for it. The
-    tests of timeouts set their own.
+    tests of timeouts set their own. For the same reason load shedding is
+    off (a stalled loop would shed); the tests of shedding turn it on.
     """
     base: dict[str, object] = {"max_sessions_per_identity": 0, "rate_limit_rps": 0, "max_open_sessions": 0,
-                               "shutdown_grace_sec": 0, "redis_timeout_sec": 10.0}
+                               "shutdown_grace_sec": 0, "redis_timeout_sec": 10.0,
+                               "max_in_flight_requests": 0, "max_loop_lag_sec": 0}
     return Settings(**{**base, **overrides})
 
 

@@ -35,7 +35,9 @@ class Gateway:
         return self.workdir / f"{self.name}.log"
 
     def start(self) -> None:
-        env = os.environ | self.env | {"OMNI_GATEWAY_REPLICA_ID": self.name}
+        # One process per replica: these tests are about replicas; API workers
+        # beside an engine process have their own (test_api_workers.py).
+        env = os.environ | {"OMNI_GATEWAY_API_WORKERS": "0"} | self.env | {"OMNI_GATEWAY_REPLICA_ID": self.name}
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "gateway.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port)],

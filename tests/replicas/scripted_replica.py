@@ -1,0 +1,26 @@
+"""``python -m tests.replicas.scripted_replica --port N``: a replica in the shape
+``omni-gateway serve`` gives it (API workers beside the engine process), with
+the scripted engine in the engine process instead of vLLM, so the process
+tests need no model. Settings come from the environment, as for ``serve``.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from gateway.cli import configure_logging
+from gateway.processes import serve
+from gateway.settings import Settings
+from omni_adapter.scripted import ScriptedEngine
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, required=True)
+    args = parser.parse_args()
+    configure_logging("INFO")
+    serve(Settings(), "127.0.0.1", args.port, "INFO", engine=ScriptedEngine())
+
+
+if __name__ == "__main__":
+    main()

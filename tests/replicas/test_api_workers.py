@@ -1,0 +1,120 @@
+"""A replica on every core, for real: API worker processes beside the engine process.
+
+The replica runs as ``omni-gateway serve`` runs it (``gateway/processes.py``)
+with a scripted engine, against a real Redis. Calls reach the API workers on
+the public port; the engine work they start runs in the engine process,
+which learns of it at once from the announcement, not at its next tender
+round (set to 30 s here, so a missed hand-off would show).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.redis_server import free_port, redis_process
+from tests.replicas.gateways import wait_until
+
+BASE = "/v1/streaming_input/sessions"
+REPLICA = "workers-replica"
+
+
+class Replica:
+    def __init__(self, workdir: Path, redis_url: str, workers: int) -> None:
+        self.port = free_port()
+        self.log = workdir / "replica.log"
+        env = os.environ | {"OMNI_GATEWAY_REDIS_URL": redis_url, "OMNI_GATEWAY_REPLICA_ID": REPLICA,
+                            "OMNI_GATEWAY_API_WORKERS": str(workers), "OMNI_GATEWAY_TEND_INTERVAL_SEC": "30",
+                            "OMNI_GATEWAY_RATE_LIMIT_RPS": "0", "OMNI_GATEWAY_DRAIN_SEC": "0",
+                            "OMNI_GATEWAY_SHUTDOWN_GRACE_SEC": "0"}
+        with self.log.open("wb") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "tests.replicas.scripted_replica", "--port", str(self.port)],
+                env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def engine_url(self) -> str:
+        return f"http://127.0.0.1:{self.port + 1}"
+
+    def workers(self) -> list[int]:
+        # Replacements are started by another thread: its children are listed under its task.
+        tasks = Path(f"/proc/{self.proc.pid}/task").glob("*/children")
+        return sorted(int(pid) for task in tasks for pid in task.read_text().split())
+
+    def ready(self, url: str) -> bool:
+        assert self.proc.poll() is None, self.tail()
+        try:
+            return httpx.get(f"{url}/readyz", timeout=5).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    def tail(self) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-40:])
+
+
+@pytest.fixture
+def replica(tmp_path: Path) -> Iterator[Replica]:
+    with redis_process() as redis:
+        yield from _running(Replica(tmp_path, redis.url, workers=2))
+
+
+def _running(replica: Replica) -> Iterator[Replica]:
+    try:
+        wait_until(lambda: replica.ready(replica.url) and replica.ready(replica.engine_url), 60,
+                   "the replica's processes ready", replica.tail)
+        yield replica
+    finally:
+        if replica.proc.poll() is None:
+            os.killpg(replica.proc.pid, signal.SIGKILL)
+            replica.proc.wait(timeout=30)
+
+
+def test_api_workers_hand_started_work_to_the_engine_process_at_once(replica: Replica) -> None:
+    assert len(replica.workers()) == 2
+    with httpx.Client(base_url=replica.url, timeout=30) as client:
+        handoffs = []
+        for n in range(3):
+            sid = client.post(BASE, json={"start_policy": "on_first_chunk"}).json()["session_id"]
+            acked = client.post(f"{BASE}/{sid}/chunks", json={"sequence_id": 0, "text": f"hello {n}",
+                                                               "end_of_input": True})
+            # An API worker has no room for engine work: it starts it for nobody.
+            assert acked.status_code == 202 and acked.json()["started"], acked.text
+            started = time.monotonic()
+            result = client.get(f"{BASE}/{sid}/result", params={"wait": 20}).json()
+            handoffs.append(time.monotonic() - started)
+            assert result["state"] == "completed", result
+            assert result["completion"]["choices"][0]["message"]["content"] == f"echo: hello {n}"
+        # The tender's round is 30 s: only the announcement gets the work claimed this soon.
+        assert max(handoffs) < 3, handoffs
+    owners = httpx.get(f"{replica.engine_url}/metrics").text
+    assert 'omni_gateway_session_transitions_total{state="completed"} 3.0' in owners
+
+
+def test_the_workers_die_with_the_engine_process_and_a_worker_that_dies_alone_comes_back(
+        replica: Replica) -> None:
+    first, second = replica.workers()
+    os.kill(first, signal.SIGKILL)
+    wait_until(lambda: len(replica.workers()) == 2 and first not in replica.workers(), 20,
+               "a new worker in place of the killed one", replica.tail)
+    wait_until(lambda: replica.ready(replica.url), 30, "the public port serving again", replica.tail)
+    workers = replica.workers()
+    replica.proc.kill()  # SIGKILL of the engine process alone, not of its group
+    replica.proc.wait(timeout=30)
+
+    def gone() -> bool:
+        return not any(Path(f"/proc/{pid}").exists() and "zombie" not in Path(f"/proc/{pid}/status").read_text()
+                       for pid in workers)
+
+    wait_until(gone, 20, "the API workers gone with their engine process", replica.tail)
