@@ -11,6 +11,7 @@ from typing import Any
 from fastapi import FastAPI
 
 from gateway.chat.router import router as chat_router
+from gateway.demo.router import router as demo_router
 from gateway.dependencies import Resources
 from gateway.draining import Draining
 from gateway.error_handlers import install_error_handlers
@@ -102,6 +103,8 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
     app.include_router(chat_router)
     app.include_router(realtime_router)
     app.include_router(ops_router)
+    if settings.demo:
+        app.include_router(demo_router)
     install_error_handlers(app)
     # FastAPI's documented way to customise the schema is to replace this method.
     app.openapi = lambda: _openapi_with_envelope(app)  # type: ignore[method-assign]
