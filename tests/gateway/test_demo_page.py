@@ -217,6 +217,7 @@ async def test_hands_free_on_the_real_engine(redis_url: str, vllm_engine: Any, t
     async with live_app(make_settings(redis_url=redis_url, demo=True), engine) as url, \
             chromium(wav) as browser:
         page = await open_page(browser, url, errors)
+        await page.click("#settings summary")
         await page.fill("#max-tokens", "24")
         await page.check("input[name=mode][value=vad]")
         await page.locator("#talk").click()

@@ -35,6 +35,12 @@ function setState(name, status) {
   if (status) ui.status.textContent = status;
 }
 
+// The state between turns: waiting for a press, or (hands-free) for speech.
+function settle() {
+  if (state.handsFree && state.sending) setState("ready", "Listening for speech… (press to pause)");
+  else setState("ready", state.socket ? "Connected" : "Not connected");
+}
+
 function showError(message) {
   ui.error.textContent = message;
   ui.error.hidden = false;
@@ -216,7 +222,7 @@ function onEvent(event) {
       if (status === "cancelled") turn.meta.textContent += " (interrupted)";
       if (status === "failed") showError(`The answer failed: ${details && details.error ? details.error.message : "unknown error"}`);
       if (!state.handsFree) state.turn = null; // the next press starts a new turn
-      if (!state.audio || !state.audio.player.playing) setState("ready", "Connected");
+      if (!state.audio || !state.audio.player.playing) settle();
       break;
     }
     case "error":
@@ -258,7 +264,7 @@ async function openAudio() {
   source.connect(node).connect(mute).connect(context.destination);
   const resampler = new Resampler(context.sampleRate, RATE);
   const player = new Player(context);
-  player.onidle = () => { if (!state.responding && !state.sending) setState("ready", "Connected"); };
+  player.onidle = () => { if (!state.responding && !state.held) settle(); };
   node.port.onmessage = (message) => onSamples(resampler.push(message.data));
   state.audio = { context, stream, source, node, resampler, player };
   return state.audio;
@@ -366,7 +372,7 @@ async function toggleHandsFree() {
     return;
   }
   state.sending = true;
-  setState("ready", "Listening for speech… (press to pause)");
+  settle();
   ui.talk.textContent = "Pause";
 }
 
