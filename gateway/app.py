@@ -12,6 +12,7 @@ from fastapi import FastAPI
 
 from gateway.admission import Admission, AdmissionMiddleware
 from gateway.chat.router import router as chat_router
+from gateway.demo.router import router as demo_router
 from gateway.dependencies import Resources
 from gateway.draining import Draining
 from gateway.error_handlers import install_error_handlers
@@ -131,6 +132,8 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
     app.include_router(chat_router)
     app.include_router(realtime_router)
     app.include_router(ops_router)
+    if settings.demo:
+        app.include_router(demo_router)
     lean.install(app)
     install_error_handlers(app)
     # FastAPI's documented way to customise the schema is to replace this method.

@@ -170,4 +170,6 @@ class Settings(BaseSettings):
 
     # Output
     sse_ping_sec: int = Field(15, ge=1)
+    #: The voice page at /demo; off unless asked for (scripts/serve.sh asks, the Helm chart does not).
+    demo: bool = False
     replica_id: str = Field(default_factory=_default_replica_id)

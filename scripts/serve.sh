@@ -4,4 +4,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
+# The local default serves the voice page at /demo (production leaves it off).
+export OMNI_GATEWAY_DEMO="${OMNI_GATEWAY_DEMO:-true}"
 exec .venv/bin/omni-gateway serve "$@"

@@ -11,6 +11,9 @@ command -v redis-server >/dev/null || missing+=(redis-server)
 command -v espeak-ng >/dev/null || missing+=(espeak-ng)
 # The API-gateway edge of the local cluster and of tests/gateway/test_edge.py.
 command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || missing+=(nginx)
+# The voice page's tests drive a real Chromium (Playwright with Debian's
+# browser: Playwright's own browser download is never used).
+[ -x /usr/bin/chromium ] || missing+=(chromium)
 if [ ${#missing[@]} -gt 0 ]; then
   sudo=""; [ "$(id -u)" -ne 0 ] && sudo="sudo"
   $sudo apt-get update -qq

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-ROUTERS_AND_SERVICES = ("gateway.sessions", "gateway.chat", "gateway.realtime", "gateway.upload", "gateway.ops", "gateway.app",
+ROUTERS_AND_SERVICES = ("gateway.sessions", "gateway.chat", "gateway.realtime", "gateway.upload", "gateway.ops", "gateway.demo",
+                        "gateway.app",
                         "gateway.dependencies")
 
 #: Every gateway module or package but the domain itself.
