@@ -209,6 +209,7 @@ async def test_the_resampler_keeps_the_pitch(redis_url: str) -> None:
 
 
 @pytest.mark.engine
+@pytest.mark.timeout(600)  # a cold engine start (~100 s) may fall in this test, beside ~75 s in the browser
 async def test_hands_free_on_the_real_engine(redis_url: str, vllm_engine: Any, tmp_path: Path) -> None:
     """The issue's check: server turn detection, the real vLLM engine, Listener and Talker."""
     wav = spoken_question(tmp_path / "question.wav", before_sec=1.0, after_sec=4.0)
