@@ -34,7 +34,7 @@ from gateway.work.front import FrontEngine, publish_card
 from gateway.work.pool import RunnerPool
 from gateway.work.runner import SessionRunner
 from gateway.work.tender import Tender
-from omni_adapter.factory import EngineChoice, open_engine
+from omni_adapter.factory import EngineChoice, open_engine, open_request_checks
 from omni_adapter.port import Engine, RequestChecks
 
 logger = logging.getLogger(__name__)
@@ -58,17 +58,31 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
     draining = draining or Draining()
     admission = Admission(settings.max_in_flight_requests, settings.max_loop_lag_sec)
 
+    choice = EngineChoice(
+        kind=settings.engine, model=settings.model, served_model_name=settings.served_model_name,
+        dtype=settings.dtype, max_model_len=settings.max_model_len,
+        kv_cache_space_gib=settings.kv_cache_space_gib, max_num_seqs=settings.engine_max_num_seqs,
+        engine_url=settings.engine_url,
+        engine_timeout_sec=settings.engine_timeout_sec,
+        engine_start_timeout_sec=settings.engine_start_timeout_sec,
+        engine_audio=settings.engine_audio)
+
     async def open_active(store: SessionStore) -> Engine:
         if role == "api":
             return await FrontEngine.wait_for(store, settings.replica_id, settings.engine_start_timeout_sec)
-        return engine or await open_engine(EngineChoice(
-            kind=settings.engine, model=settings.model, served_model_name=settings.served_model_name,
-            dtype=settings.dtype, max_model_len=settings.max_model_len,
-            kv_cache_space_gib=settings.kv_cache_space_gib, max_num_seqs=settings.engine_max_num_seqs,
-            engine_url=settings.engine_url,
-            engine_timeout_sec=settings.engine_timeout_sec,
-            engine_start_timeout_sec=settings.engine_start_timeout_sec,
-            engine_audio=settings.engine_audio))
+        return engine or await open_engine(choice)
+
+    async def open_checks(active: Engine) -> RequestChecks | None:
+        if isinstance(active, RequestChecks):
+            return active
+        if role != "api":
+            return None
+        # An API worker checks what the engine process would, from the same tokenizer.
+        try:
+            return await open_request_checks(choice, active.capabilities)
+        except Exception as exc:
+            logger.warning("API worker: no tokenizer (%s); requests are checked when the engine runs them", exc)
+            return None
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Resources]]:
@@ -85,7 +99,7 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
                 # An API worker takes no engine work: what its calls start waits for the engine process.
                 capacity=0 if role == "api" else settings.max_engine_sessions, listening_cap=settings.listening_cap)
             service = SessionService(settings, store, active.capabilities, runners, metrics, draining,
-                                     active if isinstance(active, RequestChecks) else None)
+                                     await open_checks(active))
             if isinstance(active, FrontEngine):
                 tender = asyncio.create_task(active.watch(), name="engine-watch")
             else:

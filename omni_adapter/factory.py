@@ -6,7 +6,7 @@ import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 
-from omni_adapter.port import Engine
+from omni_adapter.port import Capabilities, Engine, RequestChecks
 
 DEFAULT_SERVED_NAME = "SmolLM2-135M-Instruct"
 
@@ -34,15 +34,7 @@ async def open_engine(choice: EngineChoice) -> Engine:
         return await _open_http(choice)
     if choice.kind not in ("vllm", "omni"):
         raise ValueError(f"unknown engine {choice.kind!r}")
-    if choice.model:
-        model, name = choice.model, choice.served_model_name or Path(choice.model).name
-    else:
-        from omni_adapter.model_bootstrap import ensure_default_model
-
-        # Downloading and converting the default takes a while the first time;
-        # keep the event loop free meanwhile.
-        model = str(await asyncio.to_thread(ensure_default_model))
-        name = choice.served_model_name or DEFAULT_SERVED_NAME
+    model, name = await _model(choice)
     if choice.kind == "omni":
         from omni_adapter.omni_engine import OmniEngineConfig, open_omni_engine
 
@@ -58,6 +50,29 @@ async def open_engine(choice: EngineChoice) -> Engine:
     # A text model hears through the CPU Listener (pocketsphinx) and speaks
     # through the CPU Talker (hibari), if installed; vLLM-Omni has its own stages.
     return with_talker(with_listener(thinker))
+
+
+async def open_request_checks(choice: EngineChoice, capabilities: Capabilities) -> RequestChecks | None:
+    """For a process that opens no engine (an API worker): the checks the engine would make, where
+    they need only its tokenizer (the in-process ``vllm`` engine); ``None`` for the others, which
+    check nothing before the engine runs the request either."""
+    if choice.kind != "vllm":
+        return None
+    from omni_adapter.vllm_engine import load_tokenizer_checks
+
+    model, _ = await _model(choice)
+    return await asyncio.to_thread(load_tokenizer_checks, model, choice.max_model_len, capabilities)
+
+
+async def _model(choice: EngineChoice) -> tuple[str, str]:
+    """The model folder and the name it is served under."""
+    if choice.model:
+        return choice.model, choice.served_model_name or Path(choice.model).name
+    from omni_adapter.model_bootstrap import ensure_default_model
+
+    # Downloading and converting the default takes a while the first time;
+    # keep the event loop free meanwhile.
+    return str(await asyncio.to_thread(ensure_default_model)), choice.served_model_name or DEFAULT_SERVED_NAME
 
 
 async def _open_http(choice: EngineChoice) -> Engine:

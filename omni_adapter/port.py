@@ -158,8 +158,10 @@ class RequestChecks(Protocol):
     later. An engine that cannot tell (a remote sidecar) does not implement it.
     """
 
-    #: The most prompt tokens a request may take (room left for one token).
-    max_input_tokens: int
+    @property
+    def max_input_tokens(self) -> int:
+        """The most prompt tokens a request may take (room left for one token)."""
+        ...
 
     def check_request(self, request: EngineRequest) -> int:
         """Raise EngineRejectedError if the engine would refuse it; else the

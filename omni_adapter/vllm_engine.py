@@ -129,21 +129,20 @@ async def open_vllm_engine(config: VllmEngineConfig) -> VllmEngine:
     return VllmEngine(llm, streaming, config.served_model_name)
 
 
-class VllmEngine:
-    """One ``AsyncLLM`` shared by every session of the process."""
+class TokenizerChecks:
+    """What the engine can check before anything is stored, from its tokenizer alone.
 
-    def __init__(self, llm: EngineClient, streaming: StreamingTokenizer, model_name: str) -> None:
-        self._llm = llm
+    The engine checks through these (the port's ``RequestChecks``); so does an
+    API worker, which opens no engine but loads the same tokenizer from the
+    same model folder (:func:`load_tokenizer_checks`), so a request over the
+    context or one the chat template cannot render is a 4xx at the call on
+    every process of a replica, and an update reports the tokens it kept.
+    """
+
+    def __init__(self, streaming: StreamingTokenizer, max_model_len: int, capabilities: Capabilities) -> None:
         self._streaming = streaming
-        self._max_model_len: int = llm.model_config.max_model_len
-        self._sessions: weakref.WeakSet[VllmSession] = weakref.WeakSet()
-        self._closed = False
-        self.capabilities = Capabilities(
-            input_modalities=TEXT_ONLY,
-            output_modalities=TEXT_ONLY,
-            incremental=streaming.incremental,
-            model_names=(model_name,),
-        )
+        self._max_model_len = max_model_len
+        self._capabilities = capabilities
 
     @property
     def max_input_tokens(self) -> int:
@@ -151,7 +150,7 @@ class VllmEngine:
 
     def check_request(self, request: EngineRequest) -> int:
         """Everything ``open_session`` would refuse, and the prompt tokens around the input."""
-        prefix, suffix = self._frame(request)
+        prefix, suffix = self.frame(request)
         stream = self._streaming.open(prefix, suffix)
         return len(stream.finish())
 
@@ -169,8 +168,9 @@ class VllmEngine:
                     min(len(before), len(after)))
         return kept, len(after)
 
-    def _frame(self, request: EngineRequest) -> tuple[Framed, Framed]:
-        check_servable(self.capabilities, request)
+    def frame(self, request: EngineRequest) -> tuple[Framed, Framed]:
+        """The chat template around the streamed input; raises for what the engine would refuse."""
+        check_servable(self._capabilities, request)
         try:
             prefix, suffix = self._streaming.chat_frame(request.messages)
         except Exception as exc:
@@ -180,10 +180,53 @@ class VllmEngine:
         sampling_params(request.sampling, max_tokens=1 if requested is None else requested)
         return prefix, suffix
 
+
+def load_tokenizer_checks(model: str, max_model_len: int, capabilities: Capabilities) -> TokenizerChecks:
+    """The engine's checks without the engine: its tokenizer, loaded from the model folder (blocking).
+
+    vLLM's own ``get_tokenizer`` loads the same ``AutoTokenizer`` (and only
+    caches it); ``capabilities`` are the engine's as it announced them (with
+    its Listener and Talker stages), so audio in or out passes here as there.
+    """
+    from transformers import AutoTokenizer
+
+    return TokenizerChecks(StreamingTokenizer(AutoTokenizer.from_pretrained(model)), max_model_len, capabilities)
+
+
+class VllmEngine:
+    """One ``AsyncLLM`` shared by every session of the process."""
+
+    def __init__(self, llm: EngineClient, streaming: StreamingTokenizer, model_name: str) -> None:
+        self._llm = llm
+        self._streaming = streaming
+        self._max_model_len: int = llm.model_config.max_model_len
+        self._sessions: weakref.WeakSet[VllmSession] = weakref.WeakSet()
+        self._closed = False
+        self.capabilities = Capabilities(
+            input_modalities=TEXT_ONLY,
+            output_modalities=TEXT_ONLY,
+            incremental=streaming.incremental,
+            model_names=(model_name,),
+        )
+        self._checks = TokenizerChecks(streaming, self._max_model_len, self.capabilities)
+
+    @property
+    def max_input_tokens(self) -> int:
+        return self._checks.max_input_tokens
+
+    def check_request(self, request: EngineRequest) -> int:
+        return self._checks.check_request(request)
+
+    def input_tokens_at_least(self, text: str) -> int:
+        return self._checks.input_tokens_at_least(text)
+
+    def common_prefix_tokens(self, old: str, new: str) -> tuple[int, int]:
+        return self._checks.common_prefix_tokens(old, new)
+
     def open_session(self, request: EngineRequest) -> VllmSession:
         if self._closed:
             raise EngineUnavailableError("the engine is closed")
-        prefix, suffix = self._frame(request)
+        prefix, suffix = self._checks.frame(request)
         tokens = self._streaming.open(prefix, suffix + client(request.assistant_prefix))
         # After a hand-off the answer so far is part of the prompt; it still
         # counts against max_tokens and in the usage as completion tokens.

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from transformers import AutoTokenizer
 
+from omni_adapter.factory import EngineChoice, open_request_checks
 from omni_adapter.model_bootstrap import ensure_default_model
 from omni_adapter.port import (
     EngineError,
@@ -170,3 +171,25 @@ def test_stop_strings_never_emit_part_of_a_stop(
     stops: tuple[str, ...], deltas: list[str], expected: tuple[str, bool]
 ) -> None:
     assert run_stops(stops, deltas) == expected
+
+
+@pytest.mark.engine
+async def test_a_process_without_the_engine_checks_as_the_engine_does(vllm_engine: VllmEngine) -> None:
+    """An API worker opens no engine; it loads the tokenizer and must answer every check alike."""
+    choice = EngineChoice(kind="vllm", max_model_len=vllm_engine.max_input_tokens + 1)
+    checks = await open_request_checks(choice, vllm_engine.capabilities)
+    assert checks is not None and checks.max_input_tokens == vllm_engine.max_input_tokens
+    long_history = (*HISTORY, {"role": "assistant", "content": "Noted. " * 40})
+    for req in (request(), request(history=long_history)):
+        assert checks.check_request(req) == vllm_engine.check_request(req) > 0
+    for text in ("What is the capital of France and why?", "  spaced  words ", "x"):
+        assert checks.input_tokens_at_least(text) == vllm_engine.input_tokens_at_least(text)
+    old, new = "The first page. The second page.", "The first page. A re-ranked page."
+    assert checks.common_prefix_tokens(old, new) == vllm_engine.common_prefix_tokens(old, new)
+    assert 0 < checks.common_prefix_tokens(old, new)[0] < checks.common_prefix_tokens(old, new)[1]
+    bad = EngineRequest("x", MODEL, (), SamplingOptions(top_p=7.0))
+    for refuses in (checks.check_request, vllm_engine.check_request):
+        with pytest.raises(EngineRejectedError):
+            refuses(bad)
+    # Only the in-process vLLM engine's checks live in its tokenizer.
+    assert await open_request_checks(EngineChoice(kind="openai-http"), vllm_engine.capabilities) is None
