@@ -125,6 +125,7 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
                     task.cancel()
                 await asyncio.gather(tender, *background, return_exceptions=True)
                 await runners.aclose(settings.shutdown_grace_sec)
+                await store.aclose()
                 if own_engine:
                     await active.aclose()
 

@@ -49,6 +49,11 @@ def realtime_conversation(conversation_id: str) -> str:
     return f"{PREFIX}:realtime:{{{conversation_id}}}"
 
 
+def reader_wake(reader_id: str) -> str:
+    """Stream: wake-up marks for one replica's stream reader (store/stream_reader.py)."""
+    return f"{PREFIX}:reader:{{{reader_id}}}:wake"
+
+
 class SessionKeys(NamedTuple):
     #: Hash: state, counters, settings and the stored result.
     meta: str

@@ -14,13 +14,15 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import secrets
 import time
 from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 
 from gateway import errors
 from gateway.domain.scheduling import Room, SchedulePolicy, WaitingWork, ranked
@@ -34,6 +36,7 @@ from gateway.store.keys import (
     engine_card,
     identity_rate,
     identity_sessions,
+    reader_wake,
     realtime_conversation,
     session_keys,
 )
@@ -41,6 +44,7 @@ from gateway.store.records import ChunkRecord, Frame, InputOutcome, Lease
 from gateway.store.replies import Reply, decoded
 from gateway.store.scripts import script_sources
 from gateway.store.session_hash import NewSession, SessionRecord
+from gateway.store.stream_reader import Entry, StreamReader, Subscription, entries_of
 
 logger = logging.getLogger(__name__)
 
@@ -132,13 +136,26 @@ def _error_for(reply: Reply, session_id: str, sequence_id: int | None = None) ->
     return errors.GatewayError(f"unexpected store reply {status!r}")
 
 
-def _entries(raw: Any) -> list[tuple[str, dict[str, str]]]:
-    """Stream entries as redis-py returns them (id, {field: value}), decoded."""
-    return [(decoded(entry_id), {decoded(k): decoded(v) for k, v in fields.items()}) for entry_id, fields in raw]
-
-
 def _frame(entry_id: str, fields: dict[str, str]) -> Frame:
     return Frame(entry_id, fields["e"], fields["d"], fields["t"] == "1")
+
+
+def _input_events(entries: list[Entry]) -> list[InputEvent]:
+    events: list[InputEvent] = []
+    for entry, fields in entries:
+        if "s" in fields:
+            events.append(InputEvent(entry, "chunk", int(fields["s"])))
+        elif "end" in fields:
+            events.append(InputEvent(entry, "end", value=fields["end"]))
+        elif "restart" in fields:
+            events.append(InputEvent(entry, "restart", value=fields["restart"]))
+        else:
+            events.append(InputEvent(entry, "abort", value=fields["abort"]))
+    return events
+
+
+def _frames(entries: list[Entry]) -> list[Frame]:
+    return [_frame(entry, fields) for entry, fields in entries]
 
 
 def _input_outcome(reply: Reply, replica: str) -> InputOutcome:
@@ -160,6 +177,14 @@ class SessionStore:
         self._redis = client
         self._timeout = timeout_sec
         self._scripts = {name: client.register_script(src) for name, src in script_sources().items()}
+        # One reader for every stream this replica waits on (runners' input, SSE
+        # subscribers' frames); on a Cluster each waiter reads its own (one slot per session).
+        self._reader = StreamReader(client, reader_wake(secrets.token_hex(8)), self._call,
+                                    multiplex=not isinstance(client, RedisCluster))
+
+    async def aclose(self) -> None:
+        """Stop the stream reader (the lifespan closes the client next)."""
+        await self._reader.aclose()
 
     @asynccontextmanager
     async def _call(self, extra_sec: float = 0.0) -> AsyncIterator[None]:
@@ -449,25 +474,19 @@ class SessionStore:
         fields = {decoded(flat[i]): decoded(flat[i + 1]) for i in range(0, len(flat), 2)}
         return SessionRecord.from_hash(session_id, fields, [int(v) for v in missing])
 
-    async def _xread(self, key: str, after: str, block_ms: int | None,
-                     count: int) -> list[tuple[str, dict[str, str]]]:
+    async def _xread(self, key: str, after: str, block_ms: int | None, count: int) -> list[Entry]:
         """Entries of one stream after ``after``, waiting up to ``block_ms`` for the first (``None``: no wait)."""
         async with self._call((block_ms or 0) / 1000):
             reply: Any = await self._redis.xread({key: after}, block=block_ms, count=count)
-        return [entry for _, entries in reply or () for entry in _entries(entries)]
+        return [entry for _, entries in reply or () for entry in entries_of(entries)]
 
     async def read_input(self, session_id: str, after: str, block_ms: int) -> list[InputEvent]:
-        events: list[InputEvent] = []
-        for entry, fields in await self._xread(session_keys(session_id).input, after, block_ms, 512):
-            if "s" in fields:
-                events.append(InputEvent(entry, "chunk", int(fields["s"])))
-            elif "end" in fields:
-                events.append(InputEvent(entry, "end", value=fields["end"]))
-            elif "restart" in fields:
-                events.append(InputEvent(entry, "restart", value=fields["restart"]))
-            else:
-                events.append(InputEvent(entry, "abort", value=fields["abort"]))
-        return events
+        """One read of the input stream on a connection of its own (the runner follows it: ``input_stream``)."""
+        return _input_events(await self._xread(session_keys(session_id).input, after, block_ms, 512))
+
+    def input_stream(self, session_id: str, after: str) -> AbstractAsyncContextManager[Subscription[InputEvent]]:
+        """Follow the session's input after ``after`` through the replica's shared reader."""
+        return self._reader.subscribe(session_keys(session_id).input, after, _input_events)
 
     async def load_chunks(self, session_id: str, sequence_ids: Sequence[int]) -> list[ChunkRecord]:
         async with self._call():
@@ -518,16 +537,19 @@ class SessionStore:
         """Every frame written so far (a new owner picks up from them)."""
         async with self._call():
             entries: Any = await self._redis.xrange(session_keys(session_id).output)
-        return [_frame(entry, fields) for entry, fields in _entries(entries)]
+        return _frames(entries_of(entries))
 
     async def read_frames(self, session_id: str, after: str, block_ms: int | None) -> list[Frame]:
-        entries = await self._xread(session_keys(session_id).output, after, block_ms, 256)
-        return [_frame(entry, fields) for entry, fields in entries]
+        return _frames(await self._xread(session_keys(session_id).output, after, block_ms, 256))
+
+    def output_stream(self, session_id: str, after: str) -> AbstractAsyncContextManager[Subscription[Frame]]:
+        """Follow the session's frames after ``after`` through the replica's shared reader."""
+        return self._reader.subscribe(session_keys(session_id).output, after, _frames)
 
     async def last_frame(self, session_id: str) -> Frame | None:
         async with self._call():
             entries: Any = await self._redis.xrevrange(session_keys(session_id).output, count=1)
-        return next((_frame(entry, fields) for entry, fields in _entries(entries)), None)
+        return next((_frame(entry, fields) for entry, fields in entries_of(entries)), None)
 
     async def last_frame_id(self, session_id: str) -> str:
         frame = await self.last_frame(session_id)

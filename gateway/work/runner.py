@@ -46,6 +46,7 @@ from gateway.output.frames import DONE, TRANSCRIPT_EVENT, FrameBuilder, content_
 from gateway.store.records import Frame, Lease
 from gateway.store.redis_store import InputEvent, SessionStore
 from gateway.store.session_hash import SessionRecord
+from gateway.store.stream_reader import Subscription
 from omni_adapter.port import (
     AudioDelta,
     Engine,
@@ -61,7 +62,7 @@ from omni_adapter.port import (
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
-#: How long one blocking read of the input stream waits before looking again.
+#: How long one wait for input lasts before looking again (idle parking, park requests).
 INPUT_POLL_MS = 5_000
 #: Waits between retries of a store call while Redis is unreachable.
 RETRY_DELAYS_SEC = (0.05, 0.1, 0.2, 0.5, 1.0)
@@ -281,27 +282,29 @@ class SessionRunner:
         """``replaced``: the session's count of replaced chunks when this engine request
         opened; restart marks up to it are already in the input this request reads."""
         after = "0-0"
-        while True:
-            events = await self._next_input(after)
-            if events is None:
-                reason = "room" if self._park_asked.is_set() else "idle"
-                self._park_asked.clear()
-                if await self._retrying(lambda: self._store.park(self.session_id, self.lease, after)):  # noqa: B023
-                    self._metrics.parks.labels(reason).inc()
-                    return _Stop.PARKED
-                continue  # input arrived meanwhile: read it
-            if not events:
-                continue
-            after = events[-1].id
-            if any(e.kind == "restart" and int(e.value) > replaced for e in events):
-                return _Stop.RESTART
-            await self._apply(session, events, timing)
-            if events[-1].kind == "abort":
-                return None
+        # Followed through the replica's one stream reader: no connection of our own.
+        async with self._store.input_stream(self.session_id, after) as stream:
+            while True:
+                events = await self._next_input(stream)
+                if events is None:
+                    reason = "room" if self._park_asked.is_set() else "idle"
+                    self._park_asked.clear()
+                    if await self._retrying(lambda: self._store.park(self.session_id, self.lease, after)):  # noqa: B023
+                        self._metrics.parks.labels(reason).inc()
+                        return _Stop.PARKED
+                    continue  # input arrived meanwhile: read it
+                if not events:
+                    continue
+                after = events[-1].id
+                if any(e.kind == "restart" and int(e.value) > replaced for e in events):
+                    return _Stop.RESTART
+                await self._apply(session, events, timing)
+                if events[-1].kind == "abort":
+                    return None
 
-    async def _next_input(self, after: str) -> list[InputEvent] | None:
-        """The input after ``after`` (empty when none came in a while); ``None``:
-        park now (idle too long, or an answer needs the slot)."""
+    async def _next_input(self, stream: Subscription[InputEvent]) -> list[InputEvent] | None:
+        """The input after what ``stream`` gave last (empty when none came in a while);
+        ``None``: park now (idle too long, or an answer needs the slot)."""
         wait_ms = INPUT_POLL_MS
         if self.listening and self._idle_park_sec > 0:
             idle_left = self.last_input_at + self._idle_park_sec - time.monotonic()
@@ -310,8 +313,7 @@ class SessionRunner:
             wait_ms = min(wait_ms, max(1, int(idle_left * 1000)))
         if self.listening and self._park_asked.is_set():
             return None
-        read = asyncio.ensure_future(self._retrying(
-            lambda: self._store.read_input(self.session_id, after, wait_ms)))
+        read = asyncio.ensure_future(self._retrying(lambda: stream.read(wait_ms)))
         if not self.listening:
             return await read
         asked = asyncio.ensure_future(self._park_asked.wait())
@@ -320,7 +322,7 @@ class SessionRunner:
         finally:
             asked.cancel()
             if not read.done():
-                read.cancel()  # nothing is lost: the next read starts from ``after`` again
+                read.cancel()  # nothing is lost: what arrives stays in the subscription
                 await asyncio.gather(read, return_exceptions=True)
         return None if read.cancelled() else read.result()
 
