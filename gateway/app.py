@@ -95,7 +95,8 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
             background = [asyncio.create_task(admission.watch(), name="loop-lag")]
             runners = RunnerPool(
                 lambda sid, lease: SessionRunner(sid, lease, store, active, metrics, settings.lease_ttl_sec,
-                                                 settings.engine_progress_timeout_sec, settings.idle_park_sec),
+                                                 settings.engine_progress_timeout_sec, settings.idle_park_sec,
+                                                 settings.output_coalesce_ms / 1000),
                 # An API worker takes no engine work: what its calls start waits for the engine process.
                 capacity=0 if role == "api" else settings.max_engine_sessions, listening_cap=settings.listening_cap)
             service = SessionService(settings, store, active.capabilities, runners, metrics, draining,

@@ -126,6 +126,10 @@ class Settings(BaseSettings):
     #: engine request is aborted (KV cache freed) and its next input resumes
     #: it from Redis. 0: never park for idleness (room for answers still parks).
     idle_park_sec: float = Field(10.0, ge=0)
+    #: Output deltas of a session are published together over this window
+    #: (one Redis call for all of them, gateway/work/batcher.py); it adds at
+    #: most this to the relay. 0: no wait, only what piles up during a call.
+    output_coalesce_ms: float = Field(2.0, ge=0, le=1000)
     #: How often the tender expires idle sessions and claims ownerless work.
     tend_interval_sec: float = Field(0.25, gt=0)
     #: On SIGTERM: how long /readyz reports 503 while still serving, so load

@@ -47,6 +47,7 @@ from gateway.store.records import Frame, Lease
 from gateway.store.redis_store import InputEvent, SessionStore
 from gateway.store.session_hash import SessionRecord
 from gateway.store.stream_reader import Subscription
+from gateway.work.batcher import OutputBatcher
 from omni_adapter.port import (
     AudioDelta,
     Engine,
@@ -112,7 +113,7 @@ class _Timing:
 class SessionRunner:
     def __init__(self, session_id: str, lease: Lease, store: SessionStore, engine: Engine,
                  metrics: Metrics, lease_ttl_sec: float, progress_timeout_sec: float = 120.0,
-                 idle_park_sec: float = 0.0) -> None:
+                 idle_park_sec: float = 0.0, coalesce_sec: float = 0.0) -> None:
         self.session_id = session_id
         self.lease = lease
         self._store = store
@@ -121,6 +122,7 @@ class SessionRunner:
         self._lease_ttl_sec = lease_ttl_sec
         self._progress_timeout_sec = progress_timeout_sec
         self._idle_park_sec = idle_park_sec
+        self._coalesce_sec = coalesce_sec
         #: True until the input is known to be complete: a runner that has not
         #: read its session yet counts against the listening cap.
         self.listening = True
@@ -353,7 +355,7 @@ class SessionRunner:
         audio = AudioOutput(frames, ttl_sec=record.result_ttl_ms / 1000)
         audio.replay(progress.frame_data)
         pieces: list[str] = [progress.text] if progress.text else []
-        written = len(progress.frame_data)
+        written = emitted = len(progress.frame_data)
 
         async def publish(out: list[tuple[str, str, bool]], completion: dict[str, Any] | None = None) -> bool:
             nonlocal written
@@ -363,39 +365,53 @@ class SessionRunner:
             written = first + len(out)
             return ids is not None
 
-        def opening() -> list[tuple[str, str, bool]]:
-            return [("", frames.role(), False)] if written == 0 else []
+        # Deltas go out in batches (one Redis call each); the end waits for them.
+        batcher = OutputBatcher(publish, self._coalesce_sec)
 
-        async for event in session.events():
-            timing.progress_at = time.monotonic()
-            if isinstance(event, TextDelta):
-                if not pieces and timing.input_done_ms is not None:
-                    self._metrics.ttft.observe(max(0.0, time.time() - timing.input_done_ms / 1000))
-                pieces.append(event.text)
-                if not await publish([*opening(), ("", frames.content(event.text), False)]):
+        def emit(frame: tuple[str, str, bool]) -> None:
+            nonlocal emitted
+            out = [("", frames.role(), False), frame] if emitted == 0 else [frame]
+            emitted += len(out)
+            batcher.add(out)
+
+        try:
+            async for event in session.events():
+                timing.progress_at = time.monotonic()
+                if isinstance(event, TextDelta):
+                    if not pieces and timing.input_done_ms is not None:
+                        self._metrics.ttft.observe(max(0.0, time.time() - timing.input_done_ms / 1000))
+                    pieces.append(event.text)
+                    emit(("", frames.content(event.text), False))
+                elif isinstance(event, AudioDelta):
+                    emit(("", audio.frame(event), False))
+                elif isinstance(event, InputTranscript):
+                    if progress.transcript.startswith(event.text):
+                        continue  # told already, before a hand-off
+                    progress.transcript = event.text
+                    emit((TRANSCRIPT_EVENT, frames.transcript(event.text), False))
+                elif isinstance(event, Finished):
+                    if not await batcher.close():
+                        return
+                    out = [("", frames.role(), False)] if emitted == 0 else []
+                    out.append(("", frames.finish(event.finish_reason), False))
+                    if record.request.include_usage:
+                        out.append(("", frames.usage(event.usage), False))
+                    out.append(("", DONE, True))
+                    completion = audio.complete(frames.completion("".join(pieces), event.finish_reason, event.usage))
+                    if await publish(out, completion):
+                        self._metrics.transition(SessionState.GENERATING, SessionState.COMPLETED)
+                    return
+                elif isinstance(event, EngineError):
+                    if await batcher.close():  # what came before the error, as before
+                        self._metrics.engine_errors.labels(event.code).inc()
+                        await self._fail(errors.GatewayError(event.message), code=event.code)
+                    return
+                if not batcher.ok:
+                    await batcher.close()  # raises what a publish raised
                     return  # cancelled, expired or taken over; the caller aborts the engine
-            elif isinstance(event, AudioDelta):
-                if not await publish([*opening(), ("", audio.frame(event), False)]):
-                    return
-            elif isinstance(event, InputTranscript):
-                if progress.transcript.startswith(event.text):
-                    continue  # told already, before a hand-off
-                progress.transcript = event.text
-                if not await publish([*opening(), (TRANSCRIPT_EVENT, frames.transcript(event.text), False)]):
-                    return
-            elif isinstance(event, Finished):
-                out = [*opening(), ("", frames.finish(event.finish_reason), False)]
-                if record.request.include_usage:
-                    out.append(("", frames.usage(event.usage), False))
-                out.append(("", DONE, True))
-                completion = audio.complete(frames.completion("".join(pieces), event.finish_reason, event.usage))
-                if await publish(out, completion):
-                    self._metrics.transition(SessionState.GENERATING, SessionState.COMPLETED)
-                return
-            elif isinstance(event, EngineError):
-                self._metrics.engine_errors.labels(event.code).inc()
-                await self._fail(errors.GatewayError(event.message), code=event.code)
-                return
+            await batcher.close()  # the engine stopped without an end (aborted): what it said still counts
+        finally:
+            batcher.cancel()
 
     async def _fail(self, error: errors.GatewayError, code: str | None = None) -> None:
         envelope = error.envelope()
