@@ -3,6 +3,7 @@
     python -m bench               # everything: TTFT, the engine floor, overhead (~25 min here)
     python -m bench --quick       # a few queries and short levels: checks the plumbing (~4 min)
     python -m bench overhead      # one part; then ``python -m bench report`` rebuilds latest.*
+    python -m bench relay         # only overhead's relay and memory parts (issue #17), to relay.json
 
 Results go to ``bench/results/`` (or ``--results DIR``): one JSON per part,
 then ``latest.json``, ``latest.md`` and ``ttft_ccdf.png``.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import tempfile
 from pathlib import Path
@@ -40,7 +42,7 @@ def run_ttft(config: ttft.TtftConfig) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("part", nargs="?", default="all", choices=["all", "ttft", "floor", "overhead", "report"])
+    parser.add_argument("part", nargs="?", default="all", choices=["all", "ttft", "floor", "overhead", "relay", "report"])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--results", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
@@ -53,6 +55,9 @@ def main(argv: list[str] | None = None) -> None:
 
     if args.part in ("all", "overhead"):
         save("overhead", asyncio.run(overhead.measure(overhead_config, args.results)))
+    if args.part == "relay":
+        relay_config = dataclasses.replace(overhead_config, concurrency=(), profile_at=0, api_workers=())
+        save("relay", asyncio.run(overhead.measure(relay_config, args.results)))
     if args.part in ("all", "ttft"):
         save("ttft", run_ttft(ttft_config))
     if args.part in ("all", "floor"):

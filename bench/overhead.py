@@ -9,10 +9,14 @@ stamping engine of :mod:`bench.servers` (no inference), with a real
   latency a client sees at that load), then back to back (the most appends
   per second the replica takes, and its CPU time per append).
 - Relay: from the engine emitting a token (the stamp in its text) to the SSE
-  client reading it, for 1 and for 20 sessions streaming at once.
+  client reading it, for 1, 20 and 200 sessions streaming at once (100
+  tokens/s each), and the Redis commands each token cost (``INFO
+  commandstats`` before and after: publishing, reading, and the sessions'
+  own calls spread over their tokens).
 - Memory per idle session: gateway RSS and Redis ``used_memory`` growth per
   session, minus the payload, for buffered (not started) sessions and for
-  started ones (an engine session and its runner waiting for input).
+  started ones (an engine session and its runner waiting for input), and the
+  Redis client connections each kind adds.
 - Floors, in the same run: a bare Redis round trip (PING) and a bare HTTP
   request to the smallest ASGI app under the same uvicorn and client.
 """
@@ -58,7 +62,7 @@ class OverheadConfig:
     seconds_per_level: float = 8.0
     #: Latency is measured with each session appending once per this period.
     pace_sec: float = 0.25
-    relay_sessions: tuple[int, ...] = (1, 20)
+    relay_sessions: tuple[int, ...] = (1, 20, 200)
     relay_tokens: int = 100
     idle_sessions: int = 1000
     started_sessions: int = 500
@@ -273,6 +277,31 @@ async def handoff(base_url: str, sessions: int) -> list[float]:
         return lags
 
 
+async def command_calls(rdb: aioredis.Redis) -> Counter[str]:
+    """Redis's count of calls per command since it started."""
+    stats = await rdb.info("commandstats")
+    return Counter({name.removeprefix("cmdstat_"): int(value["calls"]) for name, value in stats.items()})
+
+
+async def relay_with_calls(base_url: str, redis_url: str, sessions: int, tokens: int) -> dict:
+    """The relay's lags, and the Redis commands per token it took (all of them, and the top few)."""
+    rdb = aioredis.Redis.from_url(redis_url)
+    try:
+        before = await command_calls(rdb)
+        lags = await relay(base_url, sessions, tokens)
+        calls = await command_calls(rdb) - before
+    finally:
+        await rdb.aclose()
+    calls["info"] -= 1  # our own look at the counts
+    tokens = max(1, len(lags))
+    # Commands run inside scripts count too (hget, xadd, ...): the calls the
+    # gateway makes are the script calls (publish.lua among them) and the reads.
+    return {"sessions": sessions, **summary(lags), "tokens": len(lags),
+            "script_calls_per_token": round(calls["evalsha"] / tokens, 3),
+            "xread_per_token": round(calls["xread"] / tokens, 3),
+            "commands_per_token": {name: round(n / tokens, 3) for name, n in calls.most_common() if n > 0}}
+
+
 async def relay(base_url: str, sessions: int, tokens: int) -> list[float]:
     """Engine stamp -> SSE client read, in ms, for every token of ``sessions`` streaming at once."""
     async with http_session(sessions * 2) as http:
@@ -317,17 +346,21 @@ async def memory_per_session(base_url: str, redis_url: str, pid: int, counts: di
         async def used_memory() -> int:
             return (await rdb.info("memory"))["used_memory"]
 
+        async def connections() -> int:
+            return int((await rdb.info("clients"))["connected_clients"])
+
         warmup = await asyncio.gather(*(one(p) for p in counts for _ in range(20)))
         await asyncio.gather(*(client.delete(sid) for sid in warmup))
         for policy, sessions in counts.items():
             await asyncio.sleep(2)  # runners settle into their blocking reads
-            rss_before, redis_before = rss_bytes(pid), await used_memory()
+            rss_before, redis_before, clients_before = rss_bytes(pid), await used_memory(), await connections()
             ids += await asyncio.gather(*(one(policy) for _ in range(sessions)))
             await asyncio.sleep(2)
-            rss_after, redis_after = rss_bytes(pid), await used_memory()
+            rss_after, redis_after, clients_after = rss_bytes(pid), await used_memory(), await connections()
             results.append({"policy": policy, "sessions": sessions, "payload_bytes": len(CHUNK_TEXT),
                             "gateway_bytes": round((rss_after - rss_before) / sessions),
-                            "redis_bytes": round((redis_after - redis_before) / sessions - len(CHUNK_TEXT))})
+                            "redis_bytes": round((redis_after - redis_before) / sessions - len(CHUNK_TEXT)),
+                            "redis_connections_added": clients_after - clients_before})
         await asyncio.gather(*(client.delete(sid) for sid in ids))
     await rdb.aclose()
     return results
@@ -376,8 +409,7 @@ async def measure(config: OverheadConfig, results_dir: Path, log: Callable[[str]
                     out["profile_top"] = time_by_package(profile)
             out["relay"] = []
             for sessions in config.relay_sessions:
-                lags = await relay(base, sessions, config.relay_tokens)
-                out["relay"].append({"sessions": sessions, **summary(lags)})
+                out["relay"].append(await relay_with_calls(base, redis.url, sessions, config.relay_tokens))
                 log(f"relay x{sessions}: {out['relay'][-1]}")
 
         out["workers"] = []
