@@ -228,7 +228,9 @@ class SessionService:
             remaining = deadline - time.monotonic()
             if record.state.is_terminal or remaining <= 0:
                 return record
-            await self._store.read_frames(session_id, last, block_ms=max(1, int(remaining * 1000)))
+            # Through the replica's one stream reader: a long poll holds no connection of its own.
+            async with self._store.output_stream(session_id, last) as frames:
+                await frames.read(max(1, int(remaining * 1000)))
 
     # --- helpers ---------------------------------------------------------------
 
