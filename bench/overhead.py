@@ -283,20 +283,23 @@ async def command_calls(rdb: aioredis.Redis) -> Counter[str]:
     return Counter({name.removeprefix("cmdstat_"): int(value["calls"]) for name, value in stats.items()})
 
 
-async def relay_with_calls(base_url: str, redis_url: str, sessions: int, tokens: int) -> dict:
-    """The relay's lags, and the Redis commands per token it took (all of them, and the top few)."""
+async def relay_with_calls(base_url: str, redis_url: str, pid: int, sessions: int, tokens: int) -> dict:
+    """The relay's lags, the Redis commands per token it took, and the gateway's CPU per token."""
     rdb = aioredis.Redis.from_url(redis_url)
     try:
-        before = await command_calls(rdb)
+        before, cpu_before = await command_calls(rdb), cpu_seconds(pid)
+        started = time.monotonic()
         lags = await relay(base_url, sessions, tokens)
-        calls = await command_calls(rdb) - before
+        calls, cpu = await command_calls(rdb) - before, cpu_seconds(pid) - cpu_before
+        took = time.monotonic() - started
     finally:
         await rdb.aclose()
     calls["info"] -= 1  # our own look at the counts
     tokens = max(1, len(lags))
     # Commands run inside scripts count too (hget, xadd, ...): the calls the
     # gateway makes are the script calls (publish.lua among them) and the reads.
-    return {"sessions": sessions, **summary(lags), "tokens": len(lags),
+    return {"sessions": sessions, **summary(lags), "tokens": len(lags), "seconds": round(took, 2),
+            "gateway_cpu_ms_per_token": round(cpu * 1000 / tokens, 3),
             "script_calls_per_token": round(calls["evalsha"] / tokens, 3),
             "xread_per_token": round(calls["xread"] / tokens, 3),
             "commands_per_token": {name: round(n / tokens, 3) for name, n in calls.most_common() if n > 0}}
@@ -349,7 +352,9 @@ async def memory_per_session(base_url: str, redis_url: str, pid: int, counts: di
         async def connections() -> int:
             return int((await rdb.info("clients"))["connected_clients"])
 
-        warmup = await asyncio.gather(*(one(p) for p in counts for _ in range(20)))
+        # As many at once as the measured rounds open (the gate), so the Redis
+        # connection pool has grown to that concurrency before anything is measured.
+        warmup = await asyncio.gather(*(one(p) for p in counts for _ in range(100)))
         await asyncio.gather(*(client.delete(sid) for sid in warmup))
         for policy, sessions in counts.items():
             await asyncio.sleep(2)  # runners settle into their blocking reads
@@ -409,7 +414,8 @@ async def measure(config: OverheadConfig, results_dir: Path, log: Callable[[str]
                     out["profile_top"] = time_by_package(profile)
             out["relay"] = []
             for sessions in config.relay_sessions:
-                out["relay"].append(await relay_with_calls(base, redis.url, sessions, config.relay_tokens))
+                out["relay"].append(await relay_with_calls(base, redis.url, proc.pid, sessions,
+                                                             config.relay_tokens))
                 log(f"relay x{sessions}: {out['relay'][-1]}")
 
         out["workers"] = []
