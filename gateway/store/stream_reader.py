@@ -82,7 +82,9 @@ class Subscription(Generic[T]):
         self._parse = parse
         self._reader = reader
         self._buffer: list[Entry] = []
-        self._ready = asyncio.Event()
+        #: The read waiting for entries, if one is: a bare future, made only while
+        #: waiting (an idle follower holds no Event, no task, no timer).
+        self._waiter: asyncio.Future[None] | None = None
 
     @property
     def full(self) -> bool:
@@ -95,25 +97,31 @@ class Subscription(Generic[T]):
         if new:
             self._buffer += new
             self.position = new[-1][0]
-            self._ready.set()
+            self.interrupt()
+
+    def interrupt(self) -> None:
+        """End the read in progress now (with what is buffered, perhaps nothing)."""
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
 
     async def read(self, block_ms: int | None) -> list[T]:
         """What arrived since the last read, waiting up to ``block_ms`` for the first (``None``: no wait)."""
         if not self._buffer and block_ms:
+            self._waiter = asyncio.get_running_loop().create_future()
             try:
                 async with asyncio.timeout(block_ms / 1000):
-                    await self._ready.wait()
+                    await self._waiter
             except TimeoutError:
                 pass
+            finally:
+                self._waiter = None
         was_full = self.full
         entries, self._buffer = self._buffer, []
-        self._ready.clear()
         if was_full and self._reader is not None:
             try:
                 await self._reader.rejoin(self)  # the reader left this stream out for us: read it again
             except asyncio.CancelledError:
                 self._buffer = entries + self._buffer  # not read after all: keep them for the next read
-                self._ready.set()
                 raise
         return self._parse(entries)
 
@@ -128,12 +136,26 @@ class SoloSubscription(Subscription[T]):
         self._guard = guard
 
     async def read(self, block_ms: int | None) -> list[T]:
-        async with self._guard((block_ms or 0) / 1000):
-            reply: Any = await self._client.xread({self.key: self.position}, block=block_ms, count=COUNT)
-        entries = [entry for _, raw in reply or () for entry in entries_of(raw)]
+        xread = asyncio.ensure_future(self._xread(block_ms))
+        self._waiter = waiter = asyncio.get_running_loop().create_future()
+        try:
+            await asyncio.wait([xread, waiter], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            self._waiter = None
+            if not xread.done():
+                xread.cancel()  # interrupted: nothing is lost, the next read starts from ``position``
+                await asyncio.gather(xread, return_exceptions=True)
+        if xread.cancelled():
+            return []
+        entries = xread.result()
         if entries:
             self.position = entries[-1][0]
         return self._parse(entries)
+
+    async def _xread(self, block_ms: int | None) -> list[Entry]:
+        async with self._guard((block_ms or 0) / 1000):
+            reply: Any = await self._client.xread({self.key: self.position}, block=block_ms, count=COUNT)
+        return [entry for _, raw in reply or () for entry in entries_of(raw)]
 
 
 class StreamReader:

@@ -34,8 +34,9 @@ class OutputBatcher:
         self._window_sec = window_sec
         self._queued: list[OutFrame] = []
         self._flush: asyncio.Task[None] | None = None
-        #: Set to end the window early (the answer is complete).
-        self._now = asyncio.Event()
+        #: Ends the window early (the answer is complete); made only while a window runs.
+        self._window: asyncio.Future[None] | None = None
+        self._closing = False
         self._refused = False
         self._error: BaseException | None = None
         #: Publish calls made (the benchmark counts Redis calls per token).
@@ -55,7 +56,9 @@ class OutputBatcher:
 
     async def close(self) -> bool:
         """Publish what is queued now; True if everything was written. Raises what a flush raised."""
-        self._now.set()
+        self._closing = True  # a flush not started yet skips its window
+        if self._window is not None and not self._window.done():
+            self._window.set_result(None)
         if self._flush is not None:
             await asyncio.gather(self._flush, return_exceptions=True)
         if self._error is not None:
@@ -68,12 +71,15 @@ class OutputBatcher:
 
     async def _flush_after_window(self) -> None:
         try:
-            if self._window_sec > 0:
+            if self._window_sec > 0 and not self._closing:
+                self._window = asyncio.get_running_loop().create_future()
                 try:
                     async with asyncio.timeout(self._window_sec):
-                        await self._now.wait()
+                        await self._window
                 except TimeoutError:
                     pass
+                finally:
+                    self._window = None
             while self._queued and self.ok:
                 batch, self._queued = self._queued, []
                 self.calls += 1

@@ -128,15 +128,20 @@ class SessionRunner:
         self.listening = True
         #: When input last arrived (monotonic): the pool parks the longest idle first.
         self.last_input_at = time.monotonic()
-        self._park_asked = asyncio.Event()
+        #: An answer needs this slot: park at the next chance.
+        self._park_asked = False
+        #: The input this runner follows now (``park_soon`` cuts its wait short).
+        self._stream: Subscription[InputEvent] | None = None
 
     @property
     def parking(self) -> bool:
-        return self._park_asked.is_set()
+        return self._park_asked
 
     def park_soon(self) -> None:
         """Park at once if still listening, idle or not: an answer needs this slot."""
-        self._park_asked.set()
+        self._park_asked = True
+        if self._stream is not None:
+            self._stream.interrupt()
 
     async def run(self) -> None:
         attempt = 0
@@ -283,26 +288,34 @@ class SessionRunner:
     async def _feed_until_abort(self, session: EngineSession, timing: _Timing, replaced: int) -> _Stop | None:
         """``replaced``: the session's count of replaced chunks when this engine request
         opened; restart marks up to it are already in the input this request reads."""
-        after = "0-0"
         # Followed through the replica's one stream reader: no connection of our own.
-        async with self._store.input_stream(self.session_id, after) as stream:
-            while True:
-                events = await self._next_input(stream)
-                if events is None:
-                    reason = "room" if self._park_asked.is_set() else "idle"
-                    self._park_asked.clear()
-                    if await self._retrying(lambda: self._store.park(self.session_id, self.lease, after)):  # noqa: B023
-                        self._metrics.parks.labels(reason).inc()
-                        return _Stop.PARKED
-                    continue  # input arrived meanwhile: read it
-                if not events:
-                    continue
-                after = events[-1].id
-                if any(e.kind == "restart" and int(e.value) > replaced for e in events):
-                    return _Stop.RESTART
-                await self._apply(session, events, timing)
-                if events[-1].kind == "abort":
-                    return None
+        async with self._store.input_stream(self.session_id, "0-0") as stream:
+            self._stream = stream
+            try:
+                return await self._feed_from(stream, session, timing, replaced)
+            finally:
+                self._stream = None
+
+    async def _feed_from(self, stream: Subscription[InputEvent], session: EngineSession, timing: _Timing,
+                         replaced: int) -> _Stop | None:
+        after = "0-0"
+        while True:
+            events = await self._next_input(stream)
+            if events is None:
+                reason = "room" if self._park_asked else "idle"
+                self._park_asked = False
+                if await self._retrying(lambda: self._store.park(self.session_id, self.lease, after)):  # noqa: B023
+                    self._metrics.parks.labels(reason).inc()
+                    return _Stop.PARKED
+                continue  # input arrived meanwhile: read it
+            if not events:
+                continue
+            after = events[-1].id
+            if any(e.kind == "restart" and int(e.value) > replaced for e in events):
+                return _Stop.RESTART
+            await self._apply(session, events, timing)
+            if events[-1].kind == "abort":
+                return None
 
     async def _next_input(self, stream: Subscription[InputEvent]) -> list[InputEvent] | None:
         """The input after what ``stream`` gave last (empty when none came in a while);
@@ -313,20 +326,11 @@ class SessionRunner:
             if idle_left <= 0:
                 return None
             wait_ms = min(wait_ms, max(1, int(idle_left * 1000)))
-        if self.listening and self._park_asked.is_set():
+        if self.listening and self._park_asked:
             return None
-        read = asyncio.ensure_future(self._retrying(lambda: stream.read(wait_ms)))
-        if not self.listening:
-            return await read
-        asked = asyncio.ensure_future(self._park_asked.wait())
-        try:
-            await asyncio.wait({read, asked}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            asked.cancel()
-            if not read.done():
-                read.cancel()  # nothing is lost: what arrives stays in the subscription
-                await asyncio.gather(read, return_exceptions=True)
-        return None if read.cancelled() else read.result()
+        # One plain await: no task or event per wait (a started session must cost
+        # little while it listens); ``park_soon`` interrupts the wait.
+        return await self._retrying(lambda: stream.read(wait_ms))
 
     async def _apply(self, session: EngineSession, events: list[InputEvent], timing: _Timing) -> None:
         pending = [e.sequence_id for e in events if e.kind == "chunk"]
