@@ -169,6 +169,10 @@ class ListeningSession:
         self._heard_audio = False
         #: Set when words were settled: ``events`` tells the transcript so far.
         self._heard_words = asyncio.Event()
+        #: One decoder call at a time: an abort (the runner's feed was cancelled,
+        #: its worker thread still decoding) must not end the utterance or hand
+        #: the decoder to another session under a running decode (a segfault).
+        self._decoding = threading.Lock()
 
     @property
     def input_transcript(self) -> str:
@@ -196,7 +200,7 @@ class ListeningSession:
         words = await asyncio.to_thread(self._end_utterance)
         if words:
             await self._thinker.feed([self._as_text(-1, " ".join(words))])
-        self._give_back()
+        await asyncio.to_thread(self._give_back)
         if self._heard_audio and not self._text_so_far.strip():
             raise EngineRejectedError("no speech was recognized in the audio input")
         await self._thinker.end_input()
@@ -231,7 +235,7 @@ class ListeningSession:
             yield event
 
     async def abort(self) -> None:
-        self._give_back()
+        await asyncio.to_thread(self._give_back)  # waits for a decode in flight, off the loop
         await self._thinker.abort()
 
     # -- internals (worker thread) ----------------------------------------------------
@@ -240,14 +244,17 @@ class ListeningSession:
         pcm, rate = pcm16_of(chunk)
         if rate <= 0:
             raise EngineRejectedError("audio needs a sample rate above 0")
-        if self._recognizer is None:
-            self._decoder = self._pool.take()
-            self._recognizer = Recognizer(self._decoder)
-        self._heard_audio = True
-        return self._recognizer.hear(resample(pcm, rate, LISTEN_RATE))
+        samples = resample(pcm, rate, LISTEN_RATE)
+        with self._decoding:
+            if self._recognizer is None:
+                self._decoder = self._pool.take()
+                self._recognizer = Recognizer(self._decoder)
+            self._heard_audio = True
+            return self._recognizer.hear(samples)
 
     def _end_utterance(self) -> list[str]:
-        return self._recognizer.end_utterance() if self._recognizer else []
+        with self._decoding:
+            return self._recognizer.end_utterance() if self._recognizer else []
 
     def _as_text(self, sequence_id: int, words: str) -> InputChunk:
         # Words join what came before with a space, as they were spoken.
@@ -256,6 +263,10 @@ class ListeningSession:
         return InputChunk(sequence_id, "text", text.encode())
 
     def _give_back(self) -> None:
+        with self._decoding:
+            self._give_back_now()
+
+    def _give_back_now(self) -> None:
         if self._decoder is not None:
             if self._recognizer is not None and self._recognizer._in_utterance:
                 self._decoder.end_utt()
