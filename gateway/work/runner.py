@@ -372,11 +372,11 @@ class SessionRunner:
         # Deltas go out in batches (one Redis call each); the end waits for them.
         batcher = OutputBatcher(publish, self._coalesce_sec)
 
-        def emit(frame: tuple[str, str, bool]) -> None:
+        async def emit(frame: tuple[str, str, bool]) -> None:
             nonlocal emitted
             out = [("", frames.role(), False), frame] if emitted == 0 else [frame]
             emitted += len(out)
-            batcher.add(out)
+            await batcher.add(out)
 
         try:
             async for event in session.events():
@@ -385,14 +385,14 @@ class SessionRunner:
                     if not pieces and timing.input_done_ms is not None:
                         self._metrics.ttft.observe(max(0.0, time.time() - timing.input_done_ms / 1000))
                     pieces.append(event.text)
-                    emit(("", frames.content(event.text), False))
+                    await emit(("", frames.content(event.text), False))
                 elif isinstance(event, AudioDelta):
-                    emit(("", audio.frame(event), False))
+                    await emit(("", audio.frame(event), False))
                 elif isinstance(event, InputTranscript):
                     if progress.transcript.startswith(event.text):
                         continue  # told already, before a hand-off
                     progress.transcript = event.text
-                    emit((TRANSCRIPT_EVENT, frames.transcript(event.text), False))
+                    await emit((TRANSCRIPT_EVENT, frames.transcript(event.text), False))
                 elif isinstance(event, Finished):
                     if not await batcher.close():
                         return

@@ -37,7 +37,7 @@ async def test_frames_within_the_window_go_out_in_one_call_in_order() -> None:
     batcher = OutputBatcher(publish, window_sec=0.05)
     started = time.monotonic()
     for n in range(5):
-        batcher.add([frame(n)])
+        await batcher.add([frame(n)])
         await asyncio.sleep(0.001)
     await asyncio.sleep(0.2)
     assert [frames for _, frames in publish.calls] == [[frame(n) for n in range(5)]]
@@ -46,21 +46,31 @@ async def test_frames_within_the_window_go_out_in_one_call_in_order() -> None:
     assert await batcher.close()
 
 
-async def test_without_a_window_frames_wait_only_for_the_call_in_flight() -> None:
+async def test_frames_added_while_a_call_is_in_flight_go_in_the_next_call() -> None:
     publish = Recorder(delay_sec=0.05)
-    batcher = OutputBatcher(publish, window_sec=0)
-    batcher.add([frame(0)])
-    await asyncio.sleep(0.01)  # the first call is in flight
+    batcher = OutputBatcher(publish, window_sec=0.001)
+    await batcher.add([frame(0)])
+    await asyncio.sleep(0.02)  # the first call is in flight
     for n in range(1, 4):
-        batcher.add([frame(n)])
+        await batcher.add([frame(n)])
     assert await batcher.close()
     assert [frames for _, frames in publish.calls] == [[frame(0)], [frame(1), frame(2), frame(3)]]
+
+
+async def test_without_a_window_the_caller_publishes_at_once() -> None:
+    publish = Recorder()
+    batcher = OutputBatcher(publish, window_sec=0)
+    await batcher.add([frame(0)])
+    assert [frames for _, frames in publish.calls] == [[frame(0)]]  # before add returned: no task, no wait
+    await batcher.add([frame(1), frame(2)])
+    assert [frames for _, frames in publish.calls] == [[frame(0)], [frame(1), frame(2)]]
+    assert await batcher.close()
 
 
 async def test_close_publishes_at_once_what_the_window_holds() -> None:
     publish = Recorder()
     batcher = OutputBatcher(publish, window_sec=10)
-    batcher.add([frame(0), frame(1)])
+    await batcher.add([frame(0), frame(1)])
     started = time.monotonic()
     assert await batcher.close()
     assert time.monotonic() - started < 1
@@ -70,10 +80,9 @@ async def test_close_publishes_at_once_what_the_window_holds() -> None:
 async def test_a_refused_publish_stops_the_batcher() -> None:
     publish = Recorder(answer=False)
     batcher = OutputBatcher(publish, window_sec=0)
-    batcher.add([frame(0)])
-    await asyncio.sleep(0.01)
+    await batcher.add([frame(0)])
     assert not batcher.ok
-    batcher.add([frame(1)])  # dropped: the session no longer takes frames
+    await batcher.add([frame(1)])  # dropped: the session no longer takes frames
     assert not await batcher.close()
     assert len(publish.calls) == 1
 
@@ -83,8 +92,7 @@ async def test_an_error_in_a_publish_is_raised_by_close() -> None:
         raise RuntimeError("a bug")
 
     batcher = OutputBatcher(broken, window_sec=0)
-    batcher.add([frame(0)])
-    await asyncio.sleep(0.01)
+    await batcher.add([frame(0)])
     assert not batcher.ok
     with pytest.raises(RuntimeError, match="a bug"):
         await batcher.close()
