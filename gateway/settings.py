@@ -128,9 +128,9 @@ class Settings(BaseSettings):
     idle_park_sec: float = Field(10.0, ge=0)
     #: Output deltas of a session are published together over this window
     #: (one Redis call for all of them, gateway/work/batcher.py); it adds at
-    #: most this to the relay. 0: no wait, only what piles up during a call
-    #: (bench/README.md section 2: at 100 tokens/s a session's deltas are 10 ms
-    #: apart, so a few ms buys latency and no fewer calls until the replica is busy).
+    #: most this to the relay. 0: each delta is published at once (bench/README.md
+    #: section 2: at 100 tokens/s a session's deltas are 10 ms apart, so a few ms
+    #: adds latency and saves calls only once the replica is busy).
     output_coalesce_ms: float = Field(0.0, ge=0, le=1000)
     #: How often the tender expires idle sessions and claims ownerless work.
     tend_interval_sec: float = Field(0.25, gt=0)
