@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import random
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -10,27 +12,38 @@ from typing import Any
 import aiohttp
 
 SESSIONS = "/v1/streaming_input/sessions"
+OVERLOADED_TRIES = 50
 
 
 class SessionClient:
-    def __init__(self, http: aiohttp.ClientSession, base_url: str) -> None:
+    def __init__(self, http: aiohttp.ClientSession, base_url: str, *, patient: bool = False) -> None:
+        """``patient``: appends refused with ``503 overloaded`` are sent again (creates always are);
+        the append benchmarks count refusals themselves, the relay and memory parts just need the chunk in."""
         self._http = http
         self._base = base_url + SESSIONS
+        self._patient = patient
 
     async def create(self, **body: Any) -> str:
-        async with self._http.post(self._base, json=body) as response:
-            payload = await response.json()
-            if response.status != 201:
-                raise RuntimeError(f"create: {response.status} {payload}")
-            return payload["session_id"]
+        # A burst of creates (hundreds of sessions at once) can be refused with
+        # 503 overloaded, which did nothing: it is sent again, as a client should.
+        payload = await self._post(self._base, body, (201,), "create", patient=True)
+        return payload["session_id"]
 
     async def append(self, session_id: str, sequence_id: int, text: str, *, end: bool = False) -> dict:
         chunk = {"sequence_id": sequence_id, "text": text, "end_of_input": end}
-        async with self._http.post(f"{self._base}/{session_id}/chunks", json=chunk) as response:
-            payload = await response.json()
-            if response.status not in (200, 202):
-                raise RuntimeError(f"append: {response.status} {payload}")
-            return payload
+        return await self._post(f"{self._base}/{session_id}/chunks", chunk, (200, 202), "append", patient=self._patient)
+
+    async def _post(self, url: str, body: dict, ok: tuple[int, ...], what: str, *, patient: bool) -> dict:
+        for _ in range(OVERLOADED_TRIES if patient else 1):
+            async with self._http.post(url, json=body) as response:
+                payload = await response.json()
+                if response.status in ok:
+                    return payload
+                if not patient or response.status != 503 or payload["error"]["code"] != "overloaded":
+                    raise RuntimeError(f"{what}: {response.status} {payload}")
+                # Spread the retries of a burst over the Retry-After the gateway asked for.
+                await asyncio.sleep(min(float(response.headers.get("Retry-After", 1)), 1.0) * random.random())
+        raise RuntimeError(f"{what}: still overloaded after {OVERLOADED_TRIES} tries")
 
     async def delete(self, session_id: str) -> None:
         async with self._http.delete(f"{self._base}/{session_id}"):

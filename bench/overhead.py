@@ -55,6 +55,9 @@ GATEWAY_ENV = {"OMNI_GATEWAY_MAX_SESSIONS_PER_IDENTITY": "0", "OMNI_GATEWAY_RATE
                # engine benchmarks stay comparable with earlier runs.
                "OMNI_GATEWAY_API_WORKERS": "0"}
 
+#: Admission off (``gateway/admission.py``), for the parts that measure something else.
+NO_SHEDDING = {"OMNI_GATEWAY_MAX_IN_FLIGHT_REQUESTS": "0", "OMNI_GATEWAY_MAX_LOOP_LAG_SEC": "0"}
+
 
 @dataclass(frozen=True)
 class OverheadConfig:
@@ -308,7 +311,7 @@ async def relay_with_calls(base_url: str, redis_url: str, pid: int, sessions: in
 async def relay(base_url: str, sessions: int, tokens: int) -> list[float]:
     """Engine stamp -> SSE client read, in ms, for every token of ``sessions`` streaming at once."""
     async with http_session(sessions * 2) as http:
-        client = SessionClient(http, base_url)
+        client = SessionClient(http, base_url, patient=True)
 
         async def one() -> list[float]:
             sid = await client.create(start_policy="on_first_chunk", max_tokens=tokens)
@@ -337,7 +340,7 @@ async def memory_per_session(base_url: str, redis_url: str, pid: int, counts: di
     rdb = aioredis.Redis.from_url(redis_url)
     results, ids = [], []
     async with http_session(50) as http:
-        client = SessionClient(http, base_url)
+        client = SessionClient(http, base_url, patient=True)
         gate = asyncio.Semaphore(50)
 
         async def one(policy: str) -> str:
@@ -412,6 +415,12 @@ async def measure(config: OverheadConfig, results_dir: Path, log: Callable[[str]
                 if profile is not None and profile.exists():
                     out["profile_at"] = concurrency
                     out["profile_top"] = time_by_package(profile)
+        # The relay is measured on a gateway that sheds nothing: 200 sessions at
+        # 100 tokens/s are more than this machine serves, and refused streams
+        # would measure the shedding (the overload part below does that).
+        with server(["bench.servers", "stamp", "--port", str(gw_port)], port=gw_port, env=env | NO_SHEDDING,
+                    log=Path(tmp) / "gateway-relay.log", ready_path="/readyz") as proc:
+            base = f"http://127.0.0.1:{gw_port}"
             out["relay"] = []
             for sessions in config.relay_sessions:
                 out["relay"].append(await relay_with_calls(base, redis.url, proc.pid, sessions,
