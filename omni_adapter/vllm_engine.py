@@ -208,7 +208,12 @@ class VllmEngine:
             incremental=streaming.incremental,
             model_names=(model_name,),
         )
-        self._checks = TokenizerChecks(streaming, self._max_model_len, self.capabilities)
+
+    @property
+    def _checks(self) -> TokenizerChecks:
+        # Built per call, not once: the vLLM-Omni adapter widens ``capabilities``
+        # (audio) after this constructor, and the checks must see what it serves.
+        return TokenizerChecks(self._streaming, self._max_model_len, self.capabilities)
 
     @property
     def max_input_tokens(self) -> int:
