@@ -119,6 +119,21 @@ async def test_failure_before_generation_is_one_error_event(client: httpx.AsyncC
     assert events[0].json()["error"]["code"] == "session_cancelled"
 
 
+async def cancel_as_a_client_would(client: httpx.AsyncClient, sid: str) -> httpx.Response:
+    """DELETE, sent again after a 503 ``store_unavailable`` (what its envelope asks of a client).
+
+    Once in a full CI run on 2 starved cores (2026-11-25) every Redis call of the
+    process stalled past its 10 s deadline while the sidecar generated; this test
+    is about the engine's abort, not that stall (an open question in the notes).
+    """
+    for _ in range(3):
+        response = await client.delete(f"{BASE}/{sid}")
+        if response.status_code != 503 or response.json()["error"]["code"] != "store_unavailable":
+            break
+        await asyncio.sleep(float(response.headers.get("Retry-After", 1)))
+    return response
+
+
 async def test_cancel_mid_generation_aborts_the_engine(client: httpx.AsyncClient) -> None:
     response = await client.post(BASE, json={
         "temperature": 0, "max_tokens": 200,
@@ -131,7 +146,7 @@ async def test_cancel_mid_generation_aborts_the_engine(client: httpx.AsyncClient
             break
         await asyncio.sleep(0.05)
     await asyncio.sleep(0.5)
-    assert (await client.delete(f"{BASE}/{sid}")).status_code == 204
+    assert (await cancel_as_a_client_would(client, sid)).status_code == 204
     events = parse_sse((await client.get(f"{BASE}/{sid}/events")).text)
     assert events[-1].event == "error" and events[-1].json()["error"]["code"] == "session_cancelled"
     tokens_at_cancel = len(events)
