@@ -35,7 +35,16 @@ _COMMON = (errors.Unauthorized, errors.TooManyRequests, errors.SessionNotFound, 
 #: The hot routes are declared below for the OpenAPI document and served by
 #: ``gateway.sessions.lean`` (``create_app`` installs it): reaching one of
 #: these bodies means the app was built without it.
-_SERVED_LEAN = "served by gateway.sessions.lean; create_app installs it"
+def _declared_only(operation: str) -> RuntimeError:
+    """The error of a hot route's declaration if it were ever called.
+
+    Append, finish and the SSE stream are declared here for the OpenAPI
+    document and validation of the docs, and served by the plain ASGI handlers
+    of ``gateway.sessions.lean``: ``create_app`` swaps each declared route's
+    app for its handler (``lean.install``) and refuses to start if one is
+    missing, so these bodies never run.
+    """
+    return RuntimeError(f"{operation} is served by gateway.sessions.lean; lean.install(app) was not called")
 
 _INPUT = (*_COMMON, errors.InvalidJson, errors.ValidationFailed, errors.SessionClosed)
 
@@ -102,9 +111,8 @@ _CHUNK_BODY = {
                                                  errors.SessionPayloadTooLarge)})
 async def append_chunk(session_id: str, request: Request, response: Response, service: Service, identity: Identity,
                        settings: Annotated[Settings, Depends(get_settings)]) -> ChunkAccepted:
-    # Declared for the OpenAPI document (no docstring: it would become the
-    # operation's description); served by ``lean.append_chunk``.
-    raise NotImplementedError(_SERVED_LEAN)
+    # No docstring: it would become the operation's description.
+    raise _declared_only("append")
 
 
 @router.put("/{session_id}/chunks/{sequence_id}", response_model=ChunkReplaced, openapi_extra=_CHUNK_BODY,
@@ -141,8 +149,7 @@ async def replace_chunk(session_id: str, sequence_id: int, request: Request, ser
                                               errors.EmptyInput))
 async def finish_session(session_id: str, service: Service, identity: Identity,
                          body: FinishRequest | None = None) -> FinishAccepted:
-    # Declared for the OpenAPI document; served by ``lean.finish_session``.
-    raise NotImplementedError(_SERVED_LEAN)
+    raise _declared_only("finish")
 
 
 @router.get("/{session_id}", response_model=SessionView, responses=errors.error_responses(*_COMMON))
@@ -160,8 +167,7 @@ async def get_session(session_id: str, service: Service, identity: Identity) -> 
 async def stream_events(session_id: str, service: Service, identity: Identity,
                         settings: Annotated[Settings, Depends(get_settings)],
                         last_event_id: Annotated[str | None, Header()] = None) -> Response:
-    # Declared for the OpenAPI document; served by ``lean.stream_events``.
-    raise NotImplementedError(_SERVED_LEAN)
+    raise _declared_only("events")
 
 
 @router.get("/{session_id}/result", response_model=SessionResult,
