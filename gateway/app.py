@@ -75,7 +75,7 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
     async def open_checks(active: Engine) -> RequestChecks | None:
         if isinstance(active, RequestChecks):
             return active
-        if role != "api":
+        if not isinstance(active, FrontEngine) or not active.checks_requests:
             return None
         # An API worker checks what the engine process would, from the same tokenizer.
         try:
@@ -110,7 +110,8 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
                     name="tender")
             if role == "engine":
                 background.append(asyncio.create_task(
-                    publish_card(store, settings.replica_id, active.capabilities), name="engine-card"))
+                    publish_card(store, settings.replica_id, active.capabilities,
+                                 checks_requests=isinstance(active, RequestChecks)), name="engine-card"))
             identity = IdentityResolver(settings.api_keys, settings.identity_header, settings.trusted_proxies)
             log_identity = logger.warning if identity.mode == "open" else logger.info
             log_identity("identity: %s", identity.describe())

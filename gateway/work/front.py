@@ -33,27 +33,33 @@ CARD_TTL_SEC = 10.0
 CARD_RENEW_SEC = 2.0
 
 
-def card_json(capabilities: Capabilities) -> str:
+def card_json(capabilities: Capabilities, checks_requests: bool) -> str:
+    """``checks_requests``: the engine checks requests before running them (token counts), so the
+    API workers must too; an engine that checks nothing (a sidecar, a scripted engine) must not be
+    fronted by workers that refuse what it would take."""
     return json.dumps({"input_modalities": sorted(capabilities.input_modalities),
                        "output_modalities": sorted(capabilities.output_modalities),
                        "incremental": capabilities.incremental,
-                       "model_names": list(capabilities.model_names)})
+                       "model_names": list(capabilities.model_names),
+                       "checks_requests": checks_requests})
 
 
-def card_capabilities(card: str) -> Capabilities:
+def read_card(card: str) -> tuple[Capabilities, bool]:
+    """The engine's capabilities and whether it checks requests."""
     fields = json.loads(card)
-    return Capabilities(input_modalities=frozenset(fields["input_modalities"]),
-                        output_modalities=frozenset(fields["output_modalities"]),
-                        incremental=bool(fields["incremental"]), model_names=tuple(fields["model_names"]))
+    return (Capabilities(input_modalities=frozenset(fields["input_modalities"]),
+                         output_modalities=frozenset(fields["output_modalities"]),
+                         incremental=bool(fields["incremental"]), model_names=tuple(fields["model_names"])),
+            bool(fields.get("checks_requests", True)))
 
 
-async def publish_card(store: SessionStore, replica: str, capabilities: Capabilities) -> None:
+async def publish_card(store: SessionStore, replica: str, capabilities: Capabilities, checks_requests: bool) -> None:
     """Background task of the engine process: keep the card fresh while it lives.
 
     Supervised: a failed renewal is logged and tried again; a card that
     lapses meanwhile only makes the API workers report not ready.
     """
-    card = card_json(capabilities)
+    card = card_json(capabilities, checks_requests)
     while True:
         try:
             await store.publish_engine_card(replica, card, CARD_TTL_SEC)
@@ -65,10 +71,13 @@ async def publish_card(store: SessionStore, replica: str, capabilities: Capabili
 class FrontEngine:
     """An API worker's view of its replica's engine: capabilities, health, no sessions."""
 
-    def __init__(self, store: SessionStore, replica: str, capabilities: Capabilities) -> None:
+    def __init__(self, store: SessionStore, replica: str, capabilities: Capabilities,
+                 checks_requests: bool) -> None:
         self._store = store
         self._replica = replica
         self.capabilities = capabilities
+        #: The engine checks requests itself: this worker checks them the same way.
+        self.checks_requests = checks_requests
         self._fresh = True
 
     @classmethod
@@ -84,7 +93,7 @@ class FrontEngine:
             else:
                 reason = "not published yet"
             if card is not None:
-                return cls(store, replica, card_capabilities(card))
+                return cls(store, replica, *read_card(card))
             if time.monotonic() > deadline:
                 raise EngineUnavailableError(f"replica {replica}: no engine process after {timeout_sec:g} s")
             if not logged:

@@ -102,6 +102,17 @@ def test_api_workers_hand_started_work_to_the_engine_process_at_once(replica: Re
     assert 'omni_gateway_session_transitions_total{state="completed"} 3.0' in owners
 
 
+def test_the_workers_check_requests_only_as_their_engine_does(replica: Replica) -> None:
+    # The scripted engine counts no tokens, so nothing is too long for it: a one-process
+    # replica takes this input, and the workers must too. (They used to check it against
+    # the default model's tokenizer and context of 4,096 tokens, and refused it with 413.)
+    long_text = "many words " * 4000
+    with httpx.Client(base_url=replica.url, timeout=30) as client:
+        sid = client.post(BASE, json={"start_policy": "on_end_only"}).json()["session_id"]
+        acked = client.post(f"{BASE}/{sid}/chunks", json={"sequence_id": 0, "text": long_text})
+        assert acked.status_code == 202, acked.text
+
+
 def test_the_workers_die_with_the_engine_process_and_a_worker_that_dies_alone_comes_back(
         replica: Replica) -> None:
     first, second = replica.workers()
