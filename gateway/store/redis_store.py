@@ -42,7 +42,7 @@ from gateway.store.keys import (
 )
 from gateway.store.records import ChunkRecord, Frame, InputOutcome, Lease
 from gateway.store.replies import Reply, decoded
-from gateway.store.scripts import script_sources
+from gateway.store.scripts import LuaScripts
 from gateway.store.session_hash import NewSession, SessionRecord
 from gateway.store.stream_reader import Entry, StreamReader, Subscription, entries_of
 
@@ -176,7 +176,7 @@ class SessionStore:
     def __init__(self, client: aioredis.Redis, *, timeout_sec: float) -> None:
         self._redis = client
         self._timeout = timeout_sec
-        self._scripts = {name: client.register_script(src) for name, src in script_sources().items()}
+        self._scripts = LuaScripts(client)
         # One reader for every stream this replica waits on (runners' input, SSE
         # subscribers' frames); on a Cluster each waiter reads its own (one slot per session).
         self._reader = StreamReader(client, reader_wake(secrets.token_hex(8)), self._call,
@@ -198,7 +198,7 @@ class SessionStore:
 
     async def _run(self, name: str, keys: SessionKeys, args: Sequence[Any]) -> Reply:
         async with self._call():
-            raw = await self._scripts[name](keys=list(keys), args=list(args))
+            raw = await self._scripts.run(name, keys, args)
         return Reply.parse(name, raw)
 
     # --- health ---------------------------------------------------------
@@ -289,10 +289,10 @@ class SessionStore:
         """
         now = now_ms()
         async with self._call():
-            if not await self._scripts["admit"](keys=[OPEN_SESSIONS], args=[now, overall, session_id, until_ms]):
+            if not await self._scripts.run("admit", [OPEN_SESSIONS], [now, overall, session_id, until_ms]):
                 raise errors.CapacityExhausted("the service is at its session capacity; retry later")
-            admitted = await self._scripts["admit"](
-                keys=[identity_sessions(identity)], args=[now, per_identity, session_id, until_ms])
+            admitted = await self._scripts.run(
+                "admit", [identity_sessions(identity)], [now, per_identity, session_id, until_ms])
             if not admitted:
                 await self._redis.zrem(OPEN_SESSIONS, session_id)
         if not admitted:
@@ -313,7 +313,7 @@ class SessionStore:
     async def take_token(self, identity: str, rate: float, burst: int) -> None:
         """One request's worth of the identity's token bucket, or 429."""
         async with self._call():
-            wait_ms = await self._scripts["rate"](keys=[identity_rate(identity)], args=[now_ms(), rate, burst])
+            wait_ms = await self._scripts.run("rate", [identity_rate(identity)], [now_ms(), rate, burst])
         if int(wait_ms) > 0:
             raise errors.TooManyRequests("too many requests for this identity; slow down",
                                          retry_after=max(1, -(-int(wait_ms) // 1000)))
@@ -418,7 +418,7 @@ class SessionStore:
             session_id = decoded(raw)
             reply = await self._run("tend", session_keys(session_id), [now, expired_json, incomplete_json])
             async with self._call():
-                await self._scripts["rescore"](keys=[SCHEDULE], args=[
+                await self._scripts.run("rescore", [SCHEDULE], [
                     session_id, seen, reply.number("look_again_at") if reply.has("look_again_at") else ""])
             if reply.status in ("expired", "failed"):
                 await self._free_slots(session_id, reply.text("identity"))
@@ -467,7 +467,7 @@ class SessionStore:
     async def view(self, session_id: str, caller: str = "") -> SessionRecord:
         # Not a status reply: the hash itself (see view.lua), so not through Reply.
         async with self._call():
-            raw = await self._scripts["view"](keys=list(session_keys(session_id)), args=[caller])
+            raw = await self._scripts.run("view", session_keys(session_id), [caller])
         if not raw:
             raise errors.SessionNotFound(f"no session {session_id!r}")
         flat, missing = raw

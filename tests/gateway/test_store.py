@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 import pytest
+import redis.asyncio as aioredis
 
 from gateway import errors
 from gateway.domain.policies import StartPolicy, StartThresholds
@@ -60,6 +61,16 @@ async def test_out_of_order_chunks_reach_the_input_stream_in_order(store: Sessio
     assert await input_events(store) == [("chunk", 0), ("chunk", 1), ("chunk", 2)]
     chunks = await store.load_chunks("s1", [0, 1, 2])
     assert [c.payload for c in chunks] == [b"c0", b"c1", b"c2"]
+
+
+async def test_scripts_flushed_from_redis_are_loaded_again(store: SessionStore,
+                                                           redis_client: aioredis.Redis) -> None:
+    # A restarted or failed-over Redis has lost its script cache: the next call loads the script.
+    await new_session(store, start=None)
+    await redis_client.script_flush()
+    outcome = await store.append("s1", text(0, "c0"), "r1", TOO_LARGE)
+    assert outcome.next_sequence_id == 1 and not outcome.duplicate
+    assert await input_events(store) == [("chunk", 0)]
 
 
 async def test_duplicate_is_idempotent_and_conflict_changes_nothing(store: SessionStore) -> None:
