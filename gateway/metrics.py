@@ -3,13 +3,24 @@
 Gauges count the live sessions this replica moved into each state; summed
 over replicas they give the cluster's view, because each transition is
 performed by exactly one replica (the one whose Lua script made it).
+
+A replica with API workers is several processes (``gateway/processes.py``),
+and a scrape of its port reaches any one of them. There the processes keep
+their values in prometheus_client's multiprocess files (``SHARED_DIR_ENV``,
+set by ``serve`` before any metric exists) and every process renders the
+replica's sum: counters and histograms add up, a gauge moved by several
+processes adds up (``sum``), a gauge of live things counts live processes
+only (``livesum``). The loop's own gauges (calls in flight, loop lag) are the
+answering process's, as they are about that process.
 """
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
 
 from gateway.domain.states import SessionState
 
@@ -19,13 +30,20 @@ if TYPE_CHECKING:
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 SECONDS_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 LIVE_STATES = (SessionState.OPEN, SessionState.STREAMING, SessionState.GENERATING)
+#: prometheus_client's own switch: where a replica's processes keep their values.
+SHARED_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        #: Gauges read from this process at scrape time (never shared between processes).
+        self._own = CollectorRegistry()
+        self._shared_dir = os.environ.get(SHARED_DIR_ENV)
         r = self.registry
-        self.sessions = Gauge("omni_gateway_sessions", "Live sessions by state", ["state"], registry=r)
+        # A worker moves a session into a state and the engine process moves it on: the sum is the count.
+        self.sessions = Gauge("omni_gateway_sessions", "Live sessions by state", ["state"], registry=r,
+                              multiprocess_mode="sum")
         self.transitions = Counter("omni_gateway_session_transitions", "Sessions entering a state",
                                    ["state"], registry=r)
         self.chunks = Counter("omni_gateway_chunks", "Chunks received", ["modality", "outcome"], registry=r)
@@ -48,12 +66,13 @@ class Metrics:
                              "aborted to free its KV cache", ["reason"], registry=r)
         self.replaced_chunks = Counter("omni_gateway_chunks_replaced", "Chunks replaced (update mode)", registry=r)
         self.engine_sessions = Gauge("omni_gateway_engine_sessions", "Engine sessions this replica runs, by "
-                                     "whether their input is still arriving", ["phase"], registry=r)
+                                     "whether their input is still arriving", ["phase"], registry=r,
+                                     multiprocess_mode="livesum")
         self.answers_waiting = Gauge("omni_gateway_answers_waiting", "Input-complete sessions the last tender "
-                                     "round found waiting for room", registry=r)
+                                     "round found waiting for room", registry=r, multiprocess_mode="livesum")
 
         self.connections = Gauge("omni_gateway_realtime_connections_open", "Open Realtime WebSocket connections",
-                                 registry=r)
+                                 registry=r, multiprocess_mode="livesum")
         self.connections_total = Counter("omni_gateway_realtime_connections", "Realtime connections accepted (_total)",
                                          registry=r)
         self.connection_seconds = Histogram("omni_gateway_realtime_connection_seconds",
@@ -65,9 +84,9 @@ class Metrics:
     def watch_admission(self, admission: Admission) -> None:
         """Expose the load that sheds calls (read at scrape time, nothing per request)."""
         Gauge("omni_gateway_requests_in_flight", "Session API calls this process is working on",
-              registry=self.registry).set_function(lambda: admission.in_flight)
+              registry=self._own).set_function(lambda: admission.in_flight)
         Gauge("omni_gateway_event_loop_lag_seconds", "How late this process's event loop runs a timer",
-              registry=self.registry).set_function(lambda: admission.loop_lag_sec)
+              registry=self._own).set_function(lambda: admission.loop_lag_sec)
 
     def transition(self, before: SessionState | None, after: SessionState) -> None:
         if before == after:
@@ -79,4 +98,9 @@ class Metrics:
         self.transitions.labels(after.value).inc()
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        """The replica's metrics (all its processes'), then this process's own gauges."""
+        if self._shared_dir:
+            replica = CollectorRegistry()
+            MultiProcessCollector(replica, path=self._shared_dir)  # type: ignore[no-untyped-call]
+            return generate_latest(replica) + generate_latest(self._own)
+        return generate_latest(self.registry) + generate_latest(self._own)

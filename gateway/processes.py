@@ -26,10 +26,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -37,8 +39,10 @@ from pathlib import Path
 from types import FrameType
 
 import uvicorn
+from prometheus_client.multiprocess import mark_process_dead
 
 from gateway.draining import Draining
+from gateway.metrics import SHARED_DIR_ENV
 from gateway.settings import Settings
 from omni_adapter.port import Engine
 from omni_adapter.process_lifetime import CHILD_LAUNCHER
@@ -114,9 +118,10 @@ def serve(settings: Settings, host: str, port: int, log_level: str, *, engine_po
         app = create_app(settings, engine=engine, draining=draining)
         DrainingServer(uvicorn_config(app, host=host, port=port), draining, settings.drain_sec).run()
         return
+    shared_metrics = share_metrics()
     listener = socket.create_server((host, port), backlog=BACKLOG, reuse_port=False)
     listener.set_inheritable(True)
-    pool = WorkerPool(listener, workers, settings.replica_id, log_level)
+    pool = WorkerPool(listener, workers, settings.replica_id, log_level, shared_metrics)
     pool.start()
     logger.info("replica %s: %d API workers on %s:%d, the engine process on 127.0.0.1:%d", settings.replica_id,
                 workers, host, port, engine_port or port + 1)
@@ -127,6 +132,23 @@ def serve(settings: Settings, host: str, port: int, log_level: str, *, engine_po
     finally:
         pool.stop()
         listener.close()
+        shutil.rmtree(shared_metrics, ignore_errors=True)
+
+
+def share_metrics() -> str:
+    """A folder where this process and its workers keep their metrics, so a scrape of the
+    public port, answered by any worker, gives the replica's (``gateway/metrics.py``).
+
+    Set before any metric exists: the workers inherit it, and this process's
+    metrics are made after this, by ``create_app``'s lifespan.
+    """
+    folder = tempfile.mkdtemp(prefix="omni-gateway-metrics-")
+    os.environ[SHARED_DIR_ENV] = folder
+    # prometheus_client picks how values are kept when it is first imported.
+    values = sys.modules.get("prometheus_client.values")
+    if values is not None:
+        values.ValueClass = values.get_value_class()  # type: ignore[attr-defined]
+    return folder
 
 
 def serve_api_worker(settings: Settings, fd: int) -> None:
@@ -141,8 +163,10 @@ def serve_api_worker(settings: Settings, fd: int) -> None:
 class WorkerPool:
     """The API workers: started, restarted when one dies alone, stopped with the replica."""
 
-    def __init__(self, listener: socket.socket, count: int, replica_id: str, log_level: str) -> None:
+    def __init__(self, listener: socket.socket, count: int, replica_id: str, log_level: str,
+                 shared_metrics: str) -> None:
         self._listener = listener
+        self._shared_metrics = shared_metrics
         self._count = count
         self._replica_id = replica_id
         self._log_level = log_level
@@ -178,6 +202,8 @@ class WorkerPool:
             for index, process in enumerate(self.processes):
                 if process.poll() is not None and not self._stopping.is_set():
                     logger.warning("API worker %d exited with %s; starting another", process.pid, process.returncode)
+                    # Its counters still count; what it had live (connections) no longer does.
+                    mark_process_dead(process.pid, self._shared_metrics)  # type: ignore[no-untyped-call]
                     self.processes[index] = self._spawn()
 
     def signal(self, sig: int) -> None:

@@ -17,9 +17,10 @@ from omni_adapter.scripted import ScriptedEngine
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--engine-port", type=int, default=None)
     args = parser.parse_args()
     configure_logging("INFO")
-    serve(Settings(), "127.0.0.1", args.port, "INFO", engine=ScriptedEngine())
+    serve(Settings(), "127.0.0.1", args.port, "INFO", engine=ScriptedEngine(), engine_port=args.engine_port)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,8 @@ REPLICA = "workers-replica"
 class Replica:
     def __init__(self, workdir: Path, redis_url: str, workers: int) -> None:
         self.port = free_port()
+        # Its own free port: port + 1 (serve's default) may be taken by another test's server.
+        self.engine_port = free_port()
         self.log = workdir / "replica.log"
         env = os.environ | {"OMNI_GATEWAY_REDIS_URL": redis_url, "OMNI_GATEWAY_REPLICA_ID": REPLICA,
                             "OMNI_GATEWAY_API_WORKERS": str(workers), "OMNI_GATEWAY_TEND_INTERVAL_SEC": "30",
@@ -37,7 +39,8 @@ class Replica:
                             "OMNI_GATEWAY_SHUTDOWN_GRACE_SEC": "0"}
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "tests.replicas.scripted_replica", "--port", str(self.port)],
+                [sys.executable, "-m", "tests.replicas.scripted_replica", "--port", str(self.port),
+                 "--engine-port", str(self.engine_port)],
                 env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
 
     @property
@@ -46,7 +49,7 @@ class Replica:
 
     @property
     def engine_url(self) -> str:
-        return f"http://127.0.0.1:{self.port + 1}"
+        return f"http://127.0.0.1:{self.engine_port}"
 
     def workers(self) -> list[int]:
         # Replacements are started by another thread: its children are listed under its task.
@@ -100,6 +103,14 @@ def test_api_workers_hand_started_work_to_the_engine_process_at_once(replica: Re
         assert max(handoffs) < 3, handoffs
     owners = httpx.get(f"{replica.engine_url}/metrics").text
     assert 'omni_gateway_session_transitions_total{state="completed"} 3.0' in owners
+    # A scrape of the public port reaches either worker, and each answers for the whole
+    # replica: the chunks both workers took, the sessions the engine process completed.
+    for _ in range(8):
+        with httpx.Client(base_url=replica.url, timeout=10) as fresh_connection:
+            scraped = fresh_connection.get("/metrics").text
+        assert 'omni_gateway_chunks_total{modality="text",outcome="accepted"} 3.0' in scraped, scraped
+        assert 'omni_gateway_session_transitions_total{state="completed"} 3.0' in scraped, scraped
+        assert "omni_gateway_requests_in_flight" in scraped  # the answering process's own
 
 
 def test_the_workers_check_requests_only_as_their_engine_does(replica: Replica) -> None:
