@@ -67,6 +67,11 @@ class OverheadConfig:
     pace_sec: float = 0.25
     relay_sessions: tuple[int, ...] = (1, 20, 200)
     relay_tokens: int = 100
+    #: The relay at ``relay_rate_sessions`` sessions, each streaming at these
+    #: tokens/s for ``relay_rate_seconds``: where the relay's P99 holds on this machine.
+    relay_rates: tuple[int, ...] = (100, 50, 25, 10)
+    relay_rate_sessions: int = 200
+    relay_rate_seconds: float = 3.0
     idle_sessions: int = 1000
     started_sessions: int = 500
     floor_samples: int = 2000
@@ -394,7 +399,8 @@ def time_by_package(raw_profile: Path) -> list[tuple[str, float]]:
 
 async def measure(config: OverheadConfig, results_dir: Path, log: Callable[[str], object] = print) -> dict:
     out: dict = {"config": config.__dict__ | {"concurrency": list(config.concurrency),
-                                              "relay_sessions": list(config.relay_sessions)}}
+                                              "relay_sessions": list(config.relay_sessions),
+                                              "relay_rates": list(config.relay_rates)}}
     with redis_process() as redis, tempfile.TemporaryDirectory() as tmp:
         bare_port, gw_port = free_port(), free_port()
         with server(["bench.servers", "bare", "--port", str(bare_port)], port=bare_port, env={},
@@ -426,6 +432,19 @@ async def measure(config: OverheadConfig, results_dir: Path, log: Callable[[str]
                 out["relay"].append(await relay_with_calls(base, redis.url, proc.pid, sessions,
                                                              config.relay_tokens))
                 log(f"relay x{sessions}: {out['relay'][-1]}")
+
+        out["relay_rates"] = []
+        for rate in config.relay_rates:
+            interval = ["--token-interval", str(1 / rate)]
+            with server(["bench.servers", "stamp", "--port", str(gw_port), *interval], port=gw_port,
+                        env=env | NO_SHEDDING, log=Path(tmp) / f"gateway-relay-{rate}.log",
+                        ready_path="/readyz") as proc:
+                level = await relay_with_calls(f"http://127.0.0.1:{gw_port}", redis.url, proc.pid,
+                                               config.relay_rate_sessions, round(rate * config.relay_rate_seconds))
+                level = {"tokens_per_s_each": rate, "offered_tokens_per_s": rate * config.relay_rate_sessions,
+                         "delivered_tokens_per_s": round(level["tokens"] / level["seconds"]), **level}
+                out["relay_rates"].append(level)
+                log(f"relay x{config.relay_rate_sessions} at {rate} tokens/s: {level}")
 
         out["workers"] = []
         for workers in config.api_workers:

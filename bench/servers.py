@@ -44,10 +44,10 @@ def stamps(request: EngineRequest, _input: str) -> Stamps:
     return Stamps(request.sampling.max_tokens or 16)
 
 
-def stamp_engine() -> ScriptedEngine:
+def stamp_engine(token_interval_sec: float = TOKEN_INTERVAL_SEC) -> ScriptedEngine:
     """Stamped tokens at a decode pace, up to ``max_tokens``; keeps nothing per session
     (the benchmark measures the gateway's memory per session)."""
-    script = Script(answer=stamps, word_delay_sec=TOKEN_INTERVAL_SEC, end="length")
+    script = Script(answer=stamps, word_delay_sec=token_interval_sec, end="length")
     return ScriptedEngine(script, capabilities=text_capabilities("stamp"), record=False)
 
 
@@ -72,6 +72,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workers", type=int, default=0,
                         help="stamp: API worker processes beside the engine process (0: one process)")
     parser.add_argument("--engine-port", type=int, default=None, help="stamp with workers: the engine process's port")
+    parser.add_argument("--token-interval", type=float, default=TOKEN_INTERVAL_SEC,
+                        help="stamp: seconds between a session's tokens")
     args = parser.parse_args(argv)
     if args.kind == "bare":
         uvicorn.run(bare_app, host="127.0.0.1", port=args.port, log_level="warning")  # type: ignore[arg-type]
@@ -80,7 +82,7 @@ def main(argv: list[str] | None = None) -> None:
     from gateway.settings import Settings
 
     # The same process model as ``omni-gateway serve``, the stamping engine in the engine process.
-    serve(Settings(api_workers=args.workers), "127.0.0.1", args.port, "WARNING", engine=stamp_engine(),
+    serve(Settings(api_workers=args.workers), "127.0.0.1", args.port, "WARNING", engine=stamp_engine(args.token_interval),
           engine_port=args.engine_port)
 
 
