@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -118,7 +119,7 @@ def serve(settings: Settings, host: str, port: int, log_level: str, *, engine_po
         app = create_app(settings, engine=engine, draining=draining)
         DrainingServer(uvicorn_config(app, host=host, port=port), draining, settings.drain_sec).run()
         return
-    shared_metrics = share_metrics()
+    shared_metrics = share_metrics(settings.replica_id)
     listener = socket.create_server((host, port), backlog=BACKLOG, reuse_port=False)
     listener.set_inheritable(True)
     pool = WorkerPool(listener, workers, settings.replica_id, log_level, shared_metrics)
@@ -135,20 +136,25 @@ def serve(settings: Settings, host: str, port: int, log_level: str, *, engine_po
         shutil.rmtree(shared_metrics, ignore_errors=True)
 
 
-def share_metrics() -> str:
+def share_metrics(replica_id: str) -> str:
     """A folder where this process and its workers keep their metrics, so a scrape of the
     public port, answered by any worker, gives the replica's (``gateway/metrics.py``).
 
-    Set before any metric exists: the workers inherit it, and this process's
-    metrics are made after this, by ``create_app``'s lifespan.
+    Named after the replica and emptied first: a replica started again after
+    a kill (in a pod, ``/tmp`` outlives the container) starts from zero, as a
+    single process does, and leaves no folder behind per restart. Set before
+    any metric exists: the workers inherit it, and this process's metrics are
+    made after this, by ``create_app``'s lifespan.
     """
-    folder = tempfile.mkdtemp(prefix="omni-gateway-metrics-")
-    os.environ[SHARED_DIR_ENV] = folder
+    folder = Path(tempfile.gettempdir()) / ("omni-gateway-metrics-" + re.sub(r"[^A-Za-z0-9._-]", "_", replica_id))
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    os.environ[SHARED_DIR_ENV] = str(folder)
     # prometheus_client picks how values are kept when it is first imported.
     values = sys.modules.get("prometheus_client.values")
     if values is not None:
         values.ValueClass = values.get_value_class()  # type: ignore[attr-defined]
-    return folder
+    return str(folder)
 
 
 def serve_api_worker(settings: Settings, fd: int) -> None:
