@@ -13,6 +13,11 @@ from gateway.errors import StoreUnavailable
 
 logger = logging.getLogger(__name__)
 
+# New connections skip naming the client library (driver_info=None):
+# redis-py otherwise sends CLIENT SETINFO (twice) on each new connection, a
+# third of a millisecond of CPU each here, and a burst of calls (a replica
+# claiming many sessions at once) opens hundreds of connections.
+
 
 @asynccontextmanager
 async def open_redis(url: str | None, timeout_sec: float, *, cluster: bool = False) -> AsyncIterator[aioredis.Redis]:
@@ -33,6 +38,7 @@ async def open_redis(url: str | None, timeout_sec: float, *, cluster: bool = Fal
             socket_timeout=None,  # blocking reads set their own; see the store
             socket_connect_timeout=timeout_sec,
             max_connections=10_000,
+            driver_info=None,  # no CLIENT SETINFO (above)
         )
     elif url:
         client = aioredis.Redis.from_url(
@@ -41,6 +47,7 @@ async def open_redis(url: str | None, timeout_sec: float, *, cluster: bool = Fal
             socket_connect_timeout=timeout_sec,
             health_check_interval=30,
             max_connections=10_000,
+            driver_info=None,  # no CLIENT SETINFO (above)
         )
     else:
         import fakeredis

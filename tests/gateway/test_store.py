@@ -361,13 +361,16 @@ async def test_the_tender_never_overwrites_a_newer_due_now(store: SessionStore, 
     from gateway.store.keys import SCHEDULE
 
     await redis_client.zadd(SCHEDULE, {"s9": 1000})
-    rescore = store._scripts["rescore"]
+
+    async def rescore(*args: object) -> int:
+        return await store._scripts.run("rescore", [SCHEDULE], args)
+
     await redis_client.zadd(SCHEDULE, {"s9": 0})  # an append made it due now after the tender read 1000
-    assert await rescore(keys=[SCHEDULE], args=["s9", 1000, 99_999]) == 0
+    assert await rescore("s9", 1000, 99_999) == 0
     assert await redis_client.zscore(SCHEDULE, "s9") == 0
-    assert await rescore(keys=[SCHEDULE], args=["s9", 0, 99_999]) == 1
+    assert await rescore("s9", 0, 99_999) == 1
     assert await redis_client.zscore(SCHEDULE, "s9") == 99_999
-    assert await rescore(keys=[SCHEDULE], args=["s9", 99_999, ""]) == 1
+    assert await rescore("s9", 99_999, "") == 1
     assert await redis_client.zscore(SCHEDULE, "s9") is None
 
 
