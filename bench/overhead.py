@@ -69,9 +69,9 @@ class OverheadConfig:
     relay_tokens: int = 100
     #: The relay at ``relay_rate_sessions`` sessions, each streaming at these
     #: tokens/s for ``relay_rate_seconds``: where the relay's P99 holds on this machine.
-    relay_rates: tuple[int, ...] = (100, 50, 25, 10)
+    relay_rates: tuple[int, ...] = (100, 50, 25, 15, 10, 5)
     relay_rate_sessions: int = 200
-    relay_rate_seconds: float = 3.0
+    relay_rate_seconds: float = 5.0
     idle_sessions: int = 1000
     started_sessions: int = 500
     floor_samples: int = 2000
@@ -292,21 +292,25 @@ async def command_calls(rdb: aioredis.Redis) -> Counter[str]:
 
 
 async def relay_with_calls(base_url: str, redis_url: str, pid: int, sessions: int, tokens: int) -> dict:
-    """The relay's lags, the Redis commands per token it took, and the gateway's CPU per token."""
+    """The relay's lags, the Redis commands per token it took, and the gateway's CPU per token;
+    ``all_streaming``: the lags while every session streamed at once (``once_all_streaming``)."""
     rdb = aioredis.Redis.from_url(redis_url)
     try:
         before, cpu_before = await command_calls(rdb), cpu_seconds(pid)
         started = time.monotonic()
-        lags = await relay(base_url, sessions, tokens)
+        streams = await stamped_relay(base_url, sessions, tokens)
         calls, cpu = await command_calls(rdb) - before, cpu_seconds(pid) - cpu_before
         took = time.monotonic() - started
     finally:
         await rdb.aclose()
     calls["info"] -= 1  # our own look at the counts
+    lags = [lag for stream in streams for _, lag in stream]
+    steady = once_all_streaming(streams)
     tokens = max(1, len(lags))
     # Commands run inside scripts count too (hget, xadd, ...): the calls the
     # gateway makes are the script calls (publish.lua among them) and the reads.
     return {"sessions": sessions, **summary(lags), "tokens": len(lags), "seconds": round(took, 2),
+            "all_streaming": summary(steady) if steady else None,
             "gateway_cpu_ms_per_token": round(cpu * 1000 / tokens, 3),
             "script_calls_per_token": round(calls["evalsha"] / tokens, 3),
             "xread_per_token": round(calls["xread"] / tokens, 3),
@@ -315,24 +319,37 @@ async def relay_with_calls(base_url: str, redis_url: str, pid: int, sessions: in
 
 async def relay(base_url: str, sessions: int, tokens: int) -> list[float]:
     """Engine stamp -> SSE client read, in ms, for every token of ``sessions`` streaming at once."""
+    return [lag for stream in await stamped_relay(base_url, sessions, tokens) for _, lag in stream]
+
+
+async def stamped_relay(base_url: str, sessions: int, tokens: int) -> list[list[tuple[int, float]]]:
+    """Per session, each token's (engine stamp in ns, stamp -> SSE client read in ms)."""
     async with http_session(sessions * 2) as http:
         client = SessionClient(http, base_url, patient=True)
 
-        async def one() -> list[float]:
+        async def one() -> list[tuple[int, float]]:
             sid = await client.create(start_policy="on_first_chunk", max_tokens=tokens)
 
-            async def read() -> list[float]:
+            async def read() -> list[tuple[int, float]]:
                 lags = []
                 async for _, text in client.content_deltas(sid):
                     now = time.time_ns()
-                    lags.extend((now - int(stamp)) / 1e6 for stamp in text.split())
+                    lags.extend((int(stamp), (now - int(stamp)) / 1e6) for stamp in text.split())
                 return lags
 
             reader = asyncio.create_task(read())
             await client.append(sid, 0, "go", end=True)
             return await reader
 
-        return [lag for lags in await asyncio.gather(*(one() for _ in range(sessions))) for lag in lags]
+        return list(await asyncio.gather(*(one() for _ in range(sessions))))
+
+
+def once_all_streaming(streams: list[list[tuple[int, float]]]) -> list[float]:
+    """The lags of tokens emitted once every session had emitted its first (and before the first
+    ended): all of them streaming at once, without the burst of session starts."""
+    started = max(stream[0][0] for stream in streams if stream)
+    ending = min(stream[-1][0] for stream in streams if stream)
+    return [lag for stream in streams for stamp, lag in stream if started < stamp <= ending]
 
 
 async def memory_per_session(base_url: str, redis_url: str, pid: int, counts: dict[str, int]) -> list[dict]:

@@ -45,6 +45,7 @@ def summarize(ttft: dict, floor: dict, overhead: dict) -> dict:
         "overhead": overhead["overhead"],
         "relay_p99_ms": relay_one["p99"],
         "relay": overhead["relay"],
+        "relay_rates": overhead.get("relay_rates", []),
         "idle_session_bytes": idle["gateway_bytes"] + idle["redis_bytes"],
         "started_session_bytes": started["gateway_bytes"] + started["redis_bytes"],
         "memory": overhead["memory"],
@@ -162,6 +163,15 @@ def markdown(r: dict) -> str:
         "",
         f"- Relay P99 (1 session) <= {t['relay_p99_ms_max']} ms: {yes(met['relay_p99'])}",
         "",
+        *(["Relay by token rate (every session streaming at once; delivered = tokens over the whole run, "
+           "session set-up included):", "",
+           "| sessions | tokens/s each | offered tokens/s | delivered tokens/s | relay P50 / P99 ms, every token "
+           "| P50 / P99 ms while all stream | gateway CPU ms/token |",
+           "|---|---|---|---|---|---|---|",
+           *(f"| {x['sessions']} | {x['tokens_per_s_each']} | {x['offered_tokens_per_s']} | "
+             f"{x['delivered_tokens_per_s']} | {x['p50']} / {x['p99']} | "
+             f"{_p50_p99(x['all_streaming'])} | {x['gateway_cpu_ms_per_token']} |"
+             for x in r["relay_rates"]), ""] if r["relay_rates"] else []),
         "| sessions | kind | gateway bytes each | Redis bytes each (beyond payload) |",
         "|---|---|---|---|",
         *(f"| {m['sessions']} | {m['policy']} | {m['gateway_bytes']} | {m['redis_bytes']} |" for m in r["memory"]),
@@ -192,6 +202,10 @@ def markdown(r: dict) -> str:
                   "| package | % of samples |", "|---|---|",
                   *(f"| `{package}` | {pct} |" for package, pct in r["profile_top"])]
     return "\n".join(lines) + "\n"
+
+
+def _p50_p99(stats: dict | None) -> str:
+    return f"{stats['p50']} / {stats['p99']}" if stats else "-"
 
 
 def write(results_dir: Path) -> dict:
