@@ -1,10 +1,10 @@
 """The server processes the overhead benchmark measures, on loopback.
 
-``stamp``: the real gateway (real Redis, real HTTP stack, real runner) on the
-scripted engine (:mod:`omni_adapter.scripted`, no inference): it answers each
-finished input with tokens that carry the wall-clock time they were emitted,
-so the client can time the relay (engine -> Redis -> SSE). Input it merely
-accepts.
+``stamp``: the real gateway (real Redis, real HTTP stack, real runner) on a
+stamping engine (no inference, ``PacedStampEngine``): it answers each finished
+input with tokens on a decode clock, each carrying the wall-clock time it was
+due, so the client can time the relay (engine -> Redis -> SSE). Input it
+merely accepts.
 
 ``bare``: the smallest ASGI app under the same uvicorn: the floor of an HTTP
 round trip on this machine.
@@ -15,40 +15,72 @@ Run: ``python -m bench.servers stamp|bare --port N`` (the benchmark does).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 import uvicorn
 
-from omni_adapter.port import EngineRequest
-from omni_adapter.scripted import Script, ScriptedEngine, text_capabilities
+from omni_adapter.port import EngineRequest, Finished, OutputEvent, TextDelta, Usage
+from omni_adapter.scripted import ScriptedEngine, ScriptedSession, text_capabilities
 
 #: Time between stamped tokens: a fast GPU's decode pace.
 TOKEN_INTERVAL_SEC = 0.01
 
 
-class Stamps:
-    """``count`` deltas, each the wall-clock time (ns) at which it is read: when it is emitted."""
+@dataclass
+class PacedStampSession(ScriptedSession):
+    """An answer on a GPU's decode clock: token i is due ``interval_sec`` x (i + 1) after the
+    input ended, whether or not the relay keeps up, and carries that due time (ns) as its text.
 
-    def __init__(self, count: int) -> None:
-        self._count = count
+    Tokens that fell due while the relay was busy come as one delta, as vLLM's
+    ``RequestOutputCollector`` merges the DELTA outputs its consumer has not
+    taken yet. Each token keeps its own stamp, so the client times every
+    token from when the engine made it, queueing included. (The scripted
+    engine's own delay paces tokens by the consumer instead: a slow relay
+    slowed the engine down, and its stamps left that wait out; the earlier
+    relay results in bench/README.md were measured that way.)
+    """
 
-    def __len__(self) -> int:
-        return self._count
+    interval_sec: float = TOKEN_INTERVAL_SEC
 
-    def __getitem__(self, index: int) -> str:
-        return f"{time.time_ns()} "
+    async def events(self) -> AsyncIterator[OutputEvent]:
+        await self._wake.wait()
+        count = self.request.sampling.max_tokens or 16
+        start_ns, step_ns = time.time_ns(), int(self.interval_sec * 1e9)
+        sent = 0
+        while sent < count and not self.aborted:
+            wait_sec = (start_ns + (sent + 1) * step_ns - time.time_ns()) / 1e9
+            # The relay waited for this token: it is made now. The event loop's
+            # timers wake up to a millisecond late, and a real engine's output
+            # wakes its consumer by I/O, so that slack is not the relay's.
+            made_ns = 0
+            if wait_sec > 0:
+                await asyncio.sleep(wait_sec)
+                made_ns = time.time_ns()
+            due = min(count, (time.time_ns() - start_ns) // step_ns)
+            yield TextDelta("".join(f"{max(made_ns, start_ns + (i + 1) * step_ns)} " for i in range(sent, due)))
+            sent = due
+        if not self.aborted:
+            yield Finished("length", Usage(prompt_tokens=0, completion_tokens=count))
 
 
-def stamps(request: EngineRequest, _input: str) -> Stamps:
-    return Stamps(request.sampling.max_tokens or 16)
+@dataclass
+class PacedStampEngine(ScriptedEngine):
+    """Sessions answering on a decode clock (``PacedStampSession``); keeps nothing per
+    session (the benchmark measures the gateway's memory per session)."""
+
+    interval_sec: float = TOKEN_INTERVAL_SEC
+
+    def open_session(self, request: EngineRequest) -> ScriptedSession:
+        return PacedStampSession(request, accepts=self.capabilities.input_modalities, record=False,
+                                 interval_sec=self.interval_sec)
 
 
 def stamp_engine(token_interval_sec: float = TOKEN_INTERVAL_SEC) -> ScriptedEngine:
-    """Stamped tokens at a decode pace, up to ``max_tokens``; keeps nothing per session
-    (the benchmark measures the gateway's memory per session)."""
-    script = Script(answer=stamps, word_delay_sec=token_interval_sec, end="length")
-    return ScriptedEngine(script, capabilities=text_capabilities("stamp"), record=False)
+    return PacedStampEngine(capabilities=text_capabilities("stamp"), record=False, interval_sec=token_interval_sec)
 
 
 async def bare_app(scope: dict, receive: object, send: object) -> None:
