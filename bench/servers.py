@@ -32,8 +32,9 @@ TOKEN_INTERVAL_SEC = 0.01
 
 @dataclass
 class PacedStampSession(ScriptedSession):
-    """An answer on a GPU's decode clock: token i is due ``interval_sec`` x (i + 1) after the
-    input ended, whether or not the relay keeps up, and carries that due time (ns) as its text.
+    """An answer on a GPU's decode clock: token i is due i + 1 ticks of ``interval_sec`` after
+    the input ended, whether or not the relay keeps up, and carries that due time (ns) as its
+    text. The ticks are the same for every session, as an engine steps all its requests at once.
 
     Tokens that fell due while the relay was busy come as one delta, as vLLM's
     ``RequestOutputCollector`` merges the DELTA outputs its consumer has not
@@ -49,7 +50,10 @@ class PacedStampSession(ScriptedSession):
     async def events(self) -> AsyncIterator[OutputEvent]:
         await self._wake.wait()
         count = self.request.sampling.max_tokens or 16
-        start_ns, step_ns = time.time_ns(), int(self.interval_sec * 1e9)
+        step_ns = int(self.interval_sec * 1e9)
+        # One clock for every session, as an engine steps every running request at once:
+        # each session's tokens fall due on the same ticks as everyone else's.
+        start_ns = time.time_ns() // step_ns * step_ns
         sent = 0
         while sent < count and not self.aborted:
             wait_sec = (start_ns + (sent + 1) * step_ns - time.time_ns()) / 1e9
