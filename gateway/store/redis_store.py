@@ -42,6 +42,7 @@ from gateway.store.keys import (
 )
 from gateway.store.records import ChunkRecord, Frame, InputOutcome, Lease
 from gateway.store.replies import Reply, decoded
+from gateway.store.script_pipe import ScriptPipe
 from gateway.store.scripts import LuaScripts
 from gateway.store.session_hash import NewSession, SessionRecord
 from gateway.store.stream_reader import Entry, StreamReader, Subscription, entries_of
@@ -177,6 +178,10 @@ class SessionStore:
         self._redis = client
         self._timeout = timeout_sec
         self._scripts = LuaScripts(client)
+        #: The per-token call (publish) goes through here: one round trip for many sessions.
+        #: Redis Cluster refuses scripts in a pipeline (redis-py blocks them): one call each there.
+        self._pipe: ScriptPipe | LuaScripts = (
+            self._scripts if isinstance(client, RedisCluster) else ScriptPipe(client, self._scripts, timeout_sec))
         # One reader for every stream this replica waits on (runners' input, SSE
         # subscribers' frames); on a Cluster each waiter reads its own (one slot per session).
         self._reader = StreamReader(client, reader_wake(secrets.token_hex(8)), self._call,
@@ -196,9 +201,9 @@ class SessionStore:
             except TimeoutError as exc:
                 raise errors.StoreUnavailable("the session store did not answer in time") from exc
 
-    async def _run(self, name: str, keys: SessionKeys, args: Sequence[Any]) -> Reply:
+    async def _run(self, name: str, keys: SessionKeys, args: Sequence[Any], *, piped: bool = False) -> Reply:
         async with self._call():
-            raw = await self._scripts.run(name, keys, args)
+            raw = await (self._pipe if piped else self._scripts).run(name, keys, args)
         return Reply.parse(name, raw)
 
     # --- health ---------------------------------------------------------
@@ -514,7 +519,7 @@ class SessionStore:
                            "completed" if completion else "", json.dumps(completion or "")]
         for event, data, last in frames:
             args += [event, data, int(last)]
-        reply = await self._run("publish", session_keys(session_id), args)
+        reply = await self._run("publish", session_keys(session_id), args, piped=True)
         if reply.status != "ok":
             return None
         if completion:

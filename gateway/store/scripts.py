@@ -65,6 +65,9 @@ class LuaScripts:
         self._sources = script_sources()
         self._shas = {name: hashlib.sha1(source.encode()).hexdigest() for name, source in self._sources.items()}
 
+    def sha(self, name: str) -> str:
+        return self._shas[name]
+
     async def run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         try:
             return await self._client.evalsha(self._shas[name], len(keys), *keys, *args)

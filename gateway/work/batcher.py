@@ -18,6 +18,8 @@ machine), and while the relay waits for Redis the engine's own output queue
 gathers the next deltas (vLLM merges DELTA outputs a consumer has not taken).
 Frames stay one per delta, so the SSE events, their ids (one Redis entry
 each) and the replay after ``Last-Event-ID`` are exactly what they were.
+Across sessions, the store sends the publishes that runners make at the same
+moment (an engine step) in one round trip (``gateway/store/script_pipe.py``).
 """
 
 from __future__ import annotations

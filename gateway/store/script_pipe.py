@@ -1,0 +1,95 @@
+"""Script calls made at the same moment, sent to Redis in one round trip.
+
+An engine steps every running request at once (vLLM decodes a token for each
+per step), so every runner of a replica publishes a frame at about the same
+moment. One EVALSHA each is one round trip and about 70 µs of redis-py per
+call here; in one pipeline a call costs about 12 µs (bench/README.md,
+section 2). ``run`` queues the call; a flush task sends everything queued
+when it runs (the calls made in this turn of the event loop), and calls made
+while a pipeline is in flight go in the next one:
+
+    publish ─► run() ─┐                      ┌─ queued meanwhile
+    publish ─► run() ─┼──► one pipeline ──►──┴─► the next pipeline
+    publish ─► run() ─┘    (one alone: a plain EVALSHA)
+
+A call alone waits one turn of the event loop more than a direct call.
+Calls in a pipeline are independent (no MULTI): each gets its own reply or
+error, and one failing does not fail the others. A round trip that fails or
+times out fails every call in it, as each would have failed on its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import NoScriptError
+
+from gateway.store.scripts import LuaScripts
+
+#: A queued call: script name, keys, args, and where its reply goes.
+_Call = tuple[str, Sequence[str], Sequence[Any], "asyncio.Future[Any]"]
+
+
+class ScriptPipe:
+    def __init__(self, client: aioredis.Redis, scripts: LuaScripts, timeout_sec: float) -> None:
+        self._client = client
+        self._scripts = scripts
+        self._timeout_sec = timeout_sec
+        self._queued: list[_Call] = []
+        self._flush: asyncio.Task[None] | None = None
+        #: Round trips made and calls sent (the benchmark counts calls per round trip).
+        self.round_trips = 0
+        self.calls = 0
+
+    async def run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._queued.append((name, keys, args, future))
+        if self._flush is None:
+            self._flush = asyncio.create_task(self._flush_queued(), name="script-pipe")
+        return await future
+
+    async def _flush_queued(self) -> None:
+        batch: list[_Call] = []
+        try:
+            while self._queued:
+                batch, self._queued = self._queued, []
+                batch = [call for call in batch if not call[3].done()]  # callers that gave up
+                if not batch:
+                    continue
+                try:
+                    async with asyncio.timeout(self._timeout_sec):
+                        replies = await self._send(batch)
+                except Exception as exc:  # the round trip failed: so did every call in it
+                    replies = [exc] * len(batch)
+                for (*_, future), reply in zip(batch, replies, strict=True):
+                    if future.done():
+                        continue
+                    if isinstance(reply, Exception):
+                        future.set_exception(reply)
+                    else:
+                        future.set_result(reply)
+        finally:
+            self._flush = None
+            # Cancelled (the loop is closing): nobody is left waiting on nothing.
+            for *_, future in batch + self._queued:
+                future.cancel()
+            self._queued = []
+
+    async def _send(self, batch: list[_Call]) -> list[Any]:
+        self.round_trips += 1
+        self.calls += len(batch)
+        if len(batch) == 1:
+            name, keys, args, _ = batch[0]
+            return [await self._scripts.run(name, keys, args)]
+        pipe = self._client.pipeline(transaction=False)
+        for name, keys, args, _ in batch:
+            pipe.evalsha(self._scripts.sha(name), len(keys), *keys, *args)
+        replies: list[Any] = await pipe.execute(raise_on_error=False)
+        for index, reply in enumerate(replies):
+            if isinstance(reply, NoScriptError):  # Redis lost its scripts: this call loads it again
+                name, keys, args, _ = batch[index]
+                replies[index] = await self._scripts.run(name, keys, args)
+        return replies
