@@ -23,7 +23,7 @@ logger = logging.getLogger(__name__)
 #: Redis stream ids: "<ms>-<seq>", each part an unsigned 64-bit number.
 EVENT_ID = re.compile(r"^[0-9]{1,20}-[0-9]{1,20}$")
 _MAX_ID_PART = 2**64 - 1
-#: One blocking read waits this long before checking the session still exists.
+#: A wait for frames lasts this long before checking the session still exists.
 READ_BLOCK_MS = 5_000
 #: A subscriber that takes no frame for this long is dropped (it stopped reading).
 SEND_TIMEOUT_SEC = 30.0
@@ -41,23 +41,23 @@ def parse_last_event_id(value: str | None) -> str:
 
 async def session_events(store: SessionStore, session_id: str, after: str) -> AsyncIterator[ServerSentEvent]:
     try:
-        # A blocking read of its own, not the replica's stream reader: through the
-        # reader, a token took one more event-loop hop and the relay P50 at 20
-        # sessions went from 1.0 to 5.0 ms (bench/README.md section 2).
-        while True:
-            frames = await store.read_frames(session_id, after, READ_BLOCK_MS)
-            for frame in frames:
-                yield ServerSentEvent(data=frame.data, event=frame.event or None, id=frame.id)
-                after = frame.id
-                if frame.last:
-                    return
-            if not frames and (await store.view(session_id)).state.is_terminal:
-                # Frames are written only while the engine work runs: a terminal session
-                # gets none after this read, so end rather than wait for its
-                # keys to expire (the read may have raced the final frame).
-                for frame in await store.read_frames(session_id, after, block_ms=None):
+        # Followed through the replica's one stream reader: no Redis connection per
+        # subscriber, and one read for every session's frames of an engine step.
+        async with store.output_stream(session_id, after) as stream:
+            while True:
+                frames = await stream.read(READ_BLOCK_MS)
+                for frame in frames:
                     yield ServerSentEvent(data=frame.data, event=frame.event or None, id=frame.id)
-                return
+                    after = frame.id
+                    if frame.last:
+                        return
+                if not frames and (await store.view(session_id)).state.is_terminal:
+                    # Frames are written only while the engine work runs: a terminal session
+                    # gets none after this read, so end rather than wait for its
+                    # keys to expire (the read may have raced the final frame).
+                    for frame in await store.read_frames(session_id, after, block_ms=None):
+                        yield ServerSentEvent(data=frame.data, event=frame.event or None, id=frame.id)
+                    return
     except errors.GatewayError as exc:
         logger.warning("session %s: stream ended early: %s", session_id, exc.code)
         yield ServerSentEvent(data=json.dumps(exc.envelope()), event="error")
