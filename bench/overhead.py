@@ -84,6 +84,9 @@ class OverheadConfig:
     api_workers: tuple[int, ...] = (0, 1, 2)
     #: Concurrency levels run for each shape.
     workers_concurrency: tuple[int, ...] = (50, 200)
+    #: The relay through each shape: these many sessions streaming at once (100 tokens/s each).
+    workers_relay_sessions: tuple[int, ...] = (20, 200)
+    workers_relay_tokens: int = 300
     #: Overload: each shape is offered this multiple of its own flat-out rate.
     overload_factor: float = 2.0
     overload_sessions: int = 200
@@ -299,10 +302,10 @@ async def relay_with_calls(base_url: str, redis_url: str, pid: int, sessions: in
     ``all_streaming``: the lags while every session streamed at once (``once_all_streaming``)."""
     rdb = aioredis.Redis.from_url(redis_url)
     try:
-        before, cpu_before = await command_calls(rdb), cpu_seconds(pid)
+        before, cpu_before = await command_calls(rdb), tree_cpu_seconds(pid)
         started = time.monotonic()
         streams = await stamped_relay(base_url, sessions, tokens)
-        calls, cpu = await command_calls(rdb) - before, cpu_seconds(pid) - cpu_before
+        calls, cpu = await command_calls(rdb) - before, tree_cpu_seconds(pid) - cpu_before
         took = time.monotonic() - started
     finally:
         await rdb.aclose()
@@ -480,8 +483,17 @@ async def measure(config: OverheadConfig, results_dir: Path, log: Callable[[str]
                 shape["overload"] = await overload(base, config.overload_sessions,
                                                    capacity * config.overload_factor, config.seconds_per_level)
                 shape["handoff_ms"] = summary(await handoff(base, config.handoff_sessions))
-                log(f"workers {workers}: {shape}")
-                out["workers"].append(shape)
+            # The relay through the shape (SSE served by the workers, runners in the engine
+            # process), on a gateway that sheds nothing, as for the relay above.
+            relay_args = ["--workers", str(workers), "--engine-port", str(free_port())]
+            with server(["bench.servers", "stamp", "--port", str(gw_port), *relay_args], port=gw_port,
+                        env=env | NO_SHEDDING, log=Path(tmp) / f"gateway-workers-{workers}-relay.log",
+                        ready_path="/readyz") as proc:
+                shape["relay"] = [await relay_with_calls(f"http://127.0.0.1:{gw_port}", redis.url, proc.pid,
+                                                         sessions, config.workers_relay_tokens)
+                                  for sessions in config.workers_relay_sessions]
+            log(f"workers {workers}: {shape}")
+            out["workers"].append(shape)
 
         # A fresh gateway for memory: after the load above its allocator holds
         # freed memory that new sessions would reuse unseen.

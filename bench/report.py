@@ -196,7 +196,14 @@ def markdown(r: dict) -> str:
                   *(f"| {w['api_workers']} | {w['overload']['offered_per_s']} | {w['overload']['accepted_per_s']} | "
                     f"{w['overload']['refused_share']} | {w['overload']['refused'] or '-'} | "
                     f"{w['overload']['accepted_p50_ms']} | {w['overload']['accepted_p99_ms']} | "
-                    f"{w['handoff_ms']['p50']} / {w['handoff_ms']['p99']} |" for w in r["workers"])]
+                    f"{w['handoff_ms']['p50']} / {w['handoff_ms']['p99']} |" for w in r["workers"]),
+                  "", "The relay through each shape (100 tokens/s each; SSE served by the API workers):", "",
+                  "| API workers | sessions | relay P50 ms | relay P99 ms | P50 / P99 ms while all stream "
+                  "| CPU ms/token (process tree) |",
+                  "|---|---|---|---|---|---|",
+                  *(f"| {w['api_workers']} | {x['sessions']} | {x['p50']} | {x['p99']} | "
+                    f"{_p50_p99(x['all_streaming'])} | {x['gateway_cpu_ms_per_token']} |"
+                    for w in r["workers"] for x in w.get("relay", []))]
     if r["profile_top"]:
         lines += ["", "## Where the gateway's CPU goes (py-spy, flat-out appends, self time by package)", "",
                   "| package | % of samples |", "|---|---|",

@@ -106,5 +106,8 @@ async def test_overhead_benchmark_runs_end_to_end_in_quick_mode(tmp_path: Path) 
     for rate, relayed in zip(QUICK_OVERHEAD.relay_rates, result["relay_rates"], strict=True):
         tokens = round(rate * QUICK_OVERHEAD.relay_rate_seconds)
         assert relayed["n"] == QUICK_OVERHEAD.relay_rate_sessions * tokens, "every token on the clock arrived"
+    for shape in result["workers"]:
+        for relayed in shape["relay"]:
+            assert relayed["n"] == relayed["sessions"] * QUICK_OVERHEAD.workers_relay_tokens, shape["api_workers"]
     assert {m["policy"] for m in result["memory"]} == {"on_end_only", "on_first_chunk"}
     assert result["redis_rtt_ms"]["p50"] > 0 and result["bare_http_ms"]["p50"] > 0
