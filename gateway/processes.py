@@ -24,6 +24,7 @@ cannot be shared, so it stays one process.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import re
@@ -86,6 +87,12 @@ class DrainingServer(uvicorn.Server):
     connections and the lifespan gives owned sessions their grace period and
     releases the rest to other replicas. A second signal exits at once.
     ``on_signal``: told of every signal this one gets (the API workers get it too).
+
+    Once started, what the start made (modules, the app, the engine) is put
+    out of the garbage collector's reach (``gc.freeze``): it lives as long as
+    the process, and a full collection walked all of it while every stream
+    waited (measured: a 29 ms stall of 20 streams half a second after they
+    started, on the stamping engine; more with vLLM's heap in the process).
     """
 
     def __init__(self, config: uvicorn.Config, draining: Draining, drain_sec: float,
@@ -94,6 +101,11 @@ class DrainingServer(uvicorn.Server):
         self._draining = draining
         self._drain_sec = drain_sec
         self._on_signal = on_signal
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        gc.collect()  # the start's own garbage, before the rest is frozen for good
+        gc.freeze()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self._on_signal is not None:
