@@ -17,10 +17,13 @@ answering process's, as they are about that process.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.registry import Collector
 
 from gateway.domain.states import SessionState
 
@@ -83,10 +86,7 @@ class Metrics:
 
     def watch_admission(self, admission: Admission) -> None:
         """Expose the load that sheds calls (read at scrape time, nothing per request)."""
-        Gauge("omni_gateway_requests_in_flight", "Session API calls this process is working on",
-              registry=self._own).set_function(lambda: admission.in_flight)
-        Gauge("omni_gateway_event_loop_lag_seconds", "How late this process's event loop runs a timer",
-              registry=self._own).set_function(lambda: admission.loop_lag_sec)
+        self._own.register(_ProcessLoad(admission))
 
     def transition(self, before: SessionState | None, after: SessionState) -> None:
         if before == after:
@@ -104,3 +104,18 @@ class Metrics:
             MultiProcessCollector(replica, path=self._shared_dir)  # type: ignore[no-untyped-call]
             return generate_latest(replica) + generate_latest(self._own)
         return generate_latest(self.registry) + generate_latest(self._own)
+
+
+class _ProcessLoad(Collector):
+    """This process's load, read when scraped. A collector, not Gauge objects: in
+    multiprocess mode a Gauge keeps a file of its own, and the replica's sum would
+    describe these metrics a second time (per pid, always 0)."""
+
+    def __init__(self, admission: Admission) -> None:
+        self._admission = admission
+
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily("omni_gateway_requests_in_flight", "Session API calls this process is working on",
+                                value=self._admission.in_flight)
+        yield GaugeMetricFamily("omni_gateway_event_loop_lag_seconds",
+                                "How late this process's event loop runs a timer", value=self._admission.loop_lag_sec)

@@ -111,6 +111,9 @@ def test_api_workers_hand_started_work_to_the_engine_process_at_once(replica: Re
         assert 'omni_gateway_chunks_total{modality="text",outcome="accepted"} 3.0' in scraped, scraped
         assert 'omni_gateway_session_transitions_total{state="completed"} 3.0' in scraped, scraped
         assert "omni_gateway_requests_in_flight" in scraped  # the answering process's own
+        # Each metric once: Prometheus refuses a scrape that describes a metric twice.
+        described = [line for line in scraped.splitlines() if line.startswith("# TYPE ")]
+        assert len(described) == len(set(described)), scraped
 
 
 def test_the_workers_check_requests_only_as_their_engine_does(replica: Replica) -> None:
