@@ -327,24 +327,27 @@ class SessionStore:
 
     async def save_conversation(self, conversation_id: str, state: str, ttl_sec: float) -> None:
         """A Realtime connection's state, kept ``ttl_sec`` past its last change."""
-        async with self._call():
-            await self._redis.set(realtime_conversation(conversation_id), state, px=max(1, int(ttl_sec * 1000)))
+        await self._set_text(realtime_conversation(conversation_id), state, ttl_sec)
 
     async def load_conversation(self, conversation_id: str) -> str | None:
-        async with self._call():
-            value: Any = await self._redis.get(realtime_conversation(conversation_id))
-        return None if value is None else str(decoded(value))
+        return await self._get_text(realtime_conversation(conversation_id))
 
     # --- a replica's processes ---------------------------------------------
 
     async def publish_engine_card(self, replica: str, card: str, ttl_sec: float) -> None:
-        async with self._call():
-            await self._redis.set(engine_card(replica), card, px=max(1, int(ttl_sec * 1000)))
+        await self._set_text(engine_card(replica), card, ttl_sec)
 
     async def engine_card(self, replica: str) -> str | None:
         """The card the replica's engine process published, ``None`` once it stopped renewing it."""
+        return await self._get_text(engine_card(replica))
+
+    async def _set_text(self, key: str, value: str, ttl_sec: float) -> None:
         async with self._call():
-            value: Any = await self._redis.get(engine_card(replica))
+            await self._redis.set(key, value, px=max(1, int(ttl_sec * 1000)))
+
+    async def _get_text(self, key: str) -> str | None:
+        async with self._call():
+            value: Any = await self._redis.get(key)
         return None if value is None else str(decoded(value))
 
     async def work_waiting(self) -> AsyncIterator[str]:
