@@ -43,6 +43,7 @@ from typing import Any, Generic, TypeVar
 
 import redis.asyncio as aioredis
 
+from gateway.store import raw_calls
 from gateway.store.records import event_id_key
 from gateway.store.replies import decoded
 
@@ -69,6 +70,15 @@ RETRY_DELAYS_SEC = (0.05, 0.1, 0.2, 0.5, 1.0)
 def entries_of(raw: Any) -> list[Entry]:
     """Stream entries as redis-py returns them, decoded."""
     return [(decoded(entry_id), {decoded(k): decoded(v) for k, v in fields.items()}) for entry_id, fields in raw]
+
+
+def raw_entries(raw: Any) -> list[Entry]:
+    """Stream entries as the parser gives them ([id, [field, value, ...]], bytes), decoded."""
+    entries: list[Entry] = []
+    for entry_id, fields in raw:
+        pairs = zip(fields[::2], fields[1::2], strict=True)
+        entries.append((entry_id.decode(), {k.decode(): v.decode() for k, v in pairs}))
+    return entries
 
 
 class Subscription(Generic[T]):
@@ -173,6 +183,10 @@ class StreamReader:
         self._multiplex = multiplex
         self._block_ms = block_ms
         self._subscriptions: dict[str, set[Subscription[Any]]] = {}
+        #: Each followed stream's name as an XREAD argument, encoded once (raw_calls.py says why).
+        self._packed_keys: dict[str, bytes] = {wake_key: raw_calls.arg(wake_key)}
+        self._xread_head = [raw_calls.arg(word) for word in ("XREAD", "COUNT", str(COUNT), "BLOCK", str(block_ms),
+                                                             "STREAMS")]
         self._task: asyncio.Task[None] | None = None
         #: Set when somebody joins while no read is in flight.
         self._joined = asyncio.Event()
@@ -199,6 +213,8 @@ class StreamReader:
             return
         subscription = Subscription(key, after, parse, self)
         self._subscriptions.setdefault(key, set()).add(subscription)
+        if key not in self._packed_keys:
+            self._packed_keys[key] = raw_calls.arg(key)
         try:
             if self._task is None or self._task.done():
                 self._task = asyncio.create_task(self._run(), name="stream-reader")
@@ -210,6 +226,7 @@ class StreamReader:
                 followers.discard(subscription)
                 if not followers:
                     del self._subscriptions[key]
+                    self._packed_keys.pop(key, None)
             if not self._subscriptions and self._task is not None:
                 # Nobody follows anything: free the connection the blocked read holds.
                 self._task.cancel()
@@ -246,10 +263,19 @@ class StreamReader:
         """Each followed stream from the lowest position among the followers with room."""
         positions: dict[str, str] = {}
         for key, followers in self._subscriptions.items():
+            if len(followers) == 1:  # the usual case: one runner or one SSE client per stream
+                (only,) = followers
+                if not only.full:
+                    positions[key] = only.position
+                continue
             open_ = [s.position for s in followers if not s.full]
             if open_:
                 positions[key] = min(open_, key=event_id_key)
         return positions
+
+    def _xread(self, positions: dict[str, str]) -> raw_calls.Packed:
+        keys = [self._packed_keys[key] for key in positions]
+        return raw_calls.command([*self._xread_head, *keys, *map(raw_calls.arg, positions.values())])
 
     async def _run(self) -> None:
         failures = 0
@@ -263,8 +289,9 @@ class StreamReader:
             self._in_flight, self._woken = positions, False
             try:
                 async with self._guard(self._block_ms / 1000):
-                    streams: dict[Any, Any] = positions  # redis-py's key type is wider than str
-                    reply: Any = await self._client.xread(streams, block=self._block_ms, count=COUNT)
+                    (reply,) = await raw_calls.call(self._client, self._xread(positions), 1)
+                if isinstance(reply, Exception):
+                    raise reply
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -279,8 +306,9 @@ class StreamReader:
                 self._in_flight = None
             failures = 0
             self.reads += 1
-            for raw_key, raw in reply or ():
-                key, entries = decoded(raw_key), entries_of(raw)
+            # RESP2: [[key, entries], ...]; RESP3 (a URL with protocol=3): {key: entries}.
+            for raw_key, raw in (reply.items() if isinstance(reply, dict) else reply or ()):
+                key, entries = decoded(raw_key), raw_entries(raw)
                 if key == self._wake_key:
                     self._wake_position = entries[-1][0] if entries else self._wake_position
                     continue
