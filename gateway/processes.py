@@ -55,6 +55,14 @@ logger = logging.getLogger(__name__)
 CONNECTION_DRAIN_SEC = 30
 #: Pending connections the shared socket holds while every worker is busy.
 BACKLOG = 2048
+#: The collector's thresholds once a server runs: Python's (700, 10, 10), but a full
+#: collection 10x less often. With the start-up heap frozen, a full collection
+#: walks the live sessions' objects: 15-25 ms with 200 streaming sessions, every
+#: 1.6 s at 20,000 tokens/s, and every stream waited through it (the relay's
+#: P99 at 200 sessions x 10 tokens/s went from 85 to 42 ms; bench/README.md,
+#: section 2). What it would find is rare: those collections found nothing, as
+#: short-lived cycles die in the young generations, still collected as often.
+GC_THRESHOLDS = (700, 10, 100)
 
 
 def api_workers(settings: Settings) -> int:
@@ -93,6 +101,7 @@ class DrainingServer(uvicorn.Server):
     the process, and a full collection walked all of it while every stream
     waited (measured: a 29 ms stall of 20 streams half a second after they
     started, on the stamping engine; more with vLLM's heap in the process).
+    Full collections then come less often (``GC_THRESHOLDS``).
     """
 
     def __init__(self, config: uvicorn.Config, draining: Draining, drain_sec: float,
@@ -106,6 +115,7 @@ class DrainingServer(uvicorn.Server):
         await super().startup(sockets=sockets)
         gc.collect()  # the start's own garbage, before the rest is frozen for good
         gc.freeze()
+        gc.set_threshold(*GC_THRESHOLDS)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self._on_signal is not None:
