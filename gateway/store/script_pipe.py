@@ -16,6 +16,8 @@ A call alone waits one turn of the event loop more than a direct call.
 Calls in a pipeline are independent (no MULTI): each gets its own reply or
 error, and one failing does not fail the others. A round trip that fails or
 times out fails every call in it, as each would have failed on its own.
+The pipeline is written as RESP bytes (raw_calls.py): redis-py's pipeline
+object cost more than the calls in it.
 """
 
 from __future__ import annotations
@@ -27,10 +29,12 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError
 
+from gateway.store import raw_calls
 from gateway.store.scripts import LuaScripts
 
 #: A queued call: script name, keys, args, and where its reply goes.
 _Call = tuple[str, Sequence[str], Sequence[Any], "asyncio.Future[Any]"]
+_EVALSHA = raw_calls.arg("EVALSHA")
 
 
 class ScriptPipe:
@@ -82,10 +86,11 @@ class ScriptPipe:
         if len(batch) == 1:
             name, keys, args, _ = batch[0]
             return [await self._scripts.run(name, keys, args)]
-        pipe = self._client.pipeline(transaction=False)
+        packed: raw_calls.Packed = []
         for name, keys, args, _ in batch:
-            pipe.evalsha(self._scripts.sha(name), len(keys), *keys, *args)
-        replies: list[Any] = await pipe.execute(raise_on_error=False)
+            packed += raw_calls.command([_EVALSHA, raw_calls.arg(self._scripts.sha(name)), raw_calls.arg(len(keys)),
+                                         *map(raw_calls.arg, keys), *map(raw_calls.arg, args)])
+        replies = await raw_calls.call(self._client, packed, len(batch))
         for index, reply in enumerate(replies):
             if isinstance(reply, NoScriptError):  # Redis lost its scripts: this call loads it again
                 name, keys, args, _ = batch[index]

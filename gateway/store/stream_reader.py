@@ -184,7 +184,7 @@ class StreamReader:
         self._block_ms = block_ms
         self._subscriptions: dict[str, set[Subscription[Any]]] = {}
         #: Each followed stream's name as an XREAD argument, encoded once (raw_calls.py says why).
-        self._packed_keys: dict[str, bytes] = {wake_key: raw_calls.arg(wake_key)}
+        self._packed_keys: dict[str, str] = {wake_key: raw_calls.arg(wake_key)}
         self._xread_head = [raw_calls.arg(word) for word in ("XREAD", "COUNT", str(COUNT), "BLOCK", str(block_ms),
                                                              "STREAMS")]
         self._task: asyncio.Task[None] | None = None

@@ -27,13 +27,14 @@ async def generating(store: SessionStore, count: int) -> dict[str, Lease]:
 async def test_publishes_made_together_share_one_round_trip_and_each_gets_its_own_ids(store: SessionStore) -> None:
     leases = await generating(store, 20)
     trips = store._pipe.round_trips
-    ids = await asyncio.gather(*(store.publish(sid, lease, 0, [("", f"hello {sid}", False)])
+    # Text with more bytes than characters: the pipe writes its commands itself (raw_calls.py).
+    ids = await asyncio.gather(*(store.publish(sid, lease, 0, [("", f"héllo 🙂 {sid}", False)])
                                  for sid, lease in leases.items()))
     assert store._pipe.round_trips == trips + 1
     for sid, written in zip(leases, ids, strict=True):
         assert written is not None and len(written) == 1
         frames = await store.read_frames(sid, "0-0", block_ms=None)
-        assert [(f.id, f.data) for f in frames] == [(written[0], f"hello {sid}")]
+        assert [(f.id, f.data) for f in frames] == [(written[0], f"héllo 🙂 {sid}")]
 
 
 async def test_one_refused_publish_does_not_fail_the_others_in_its_round_trip(store: SessionStore) -> None:
