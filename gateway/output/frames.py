@@ -12,13 +12,17 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from omni_adapter.port import Usage
 
 DONE = "[DONE]"
 
 
 def _dumps(obj: dict[str, Any]) -> str:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+    # What json.dumps(separators=(",", ":"), ensure_ascii=False) writes, in a
+    # fifth of the time: a frame per token per session.
+    return orjson.dumps(obj).decode()
 
 
 #: The SSE event name of the input transcript frame (EventSource's onmessage skips it).
