@@ -71,7 +71,11 @@ RETRY_DELAYS_SEC = (0.05, 0.1, 0.2, 0.5, 1.0)
 
 
 class LeaseLost(Exception):
-    """Another replica holds the session's engine work now, or the session ended."""
+    """Another replica holds the session's engine work now, or the session ended (``ended``)."""
+
+    def __init__(self, session_id: str, *, ended: bool) -> None:
+        super().__init__(session_id)
+        self.ended = ended
 
 
 class _Stop(Enum):
@@ -197,8 +201,11 @@ class SessionRunner:
             for part in done:
                 if isinstance(result := part.result(), _Stop):
                     stop = result
-        except LeaseLost:
-            logger.warning("session %s: lease lost; another replica runs it now", self.session_id)
+        except LeaseLost as exc:
+            if exc.ended:
+                logger.info("session %s: ended while its engine work ran; stopped", self.session_id)
+            else:
+                logger.warning("session %s: lease lost; another replica runs it now", self.session_id)
         except errors.EngineTimeout as exc:
             logger.error("session %s: %s", self.session_id, exc.message)
             self._metrics.engine_errors.labels(exc.code).inc()
@@ -226,6 +233,10 @@ class SessionRunner:
     async def _heartbeat(self) -> None:
         """Renew the lease every third of its time to live; raise LeaseLost when it is gone.
 
+        A renewal refused because the session ended is not a lost lease (a
+        renewal races the relay's last frame now and then): the work stops by
+        other means, and only if it has not a third later does this stop it.
+
         The first renewal comes at a random point of the first third: work a
         replica claims together (a tender round after a failover, a burst of
         starts) would otherwise renew together forever, hundreds of calls at
@@ -236,8 +247,21 @@ class SessionRunner:
         await asyncio.sleep(period * random.uniform(0.5, 1.0))
         while True:
             if not await self._retrying(lambda: self._store.renew(self.session_id, self.lease)):
-                raise LeaseLost(self.session_id)
+                break
             await asyncio.sleep(period)
+        ended = await self._ended()
+        if ended:
+            # Whatever ended it tells the other parts: the relay's own last frame
+            # (this renewal raced it), or the abort mark a cancel or expiry writes
+            # to the input. They stop the work; this is the backstop.
+            await asyncio.sleep(period)
+        raise LeaseLost(self.session_id, ended=ended)
+
+    async def _ended(self) -> bool:
+        try:
+            return (await self._retrying(lambda: self._store.view(self.session_id))).state.is_terminal
+        except errors.SessionNotFound:
+            return True
 
     async def _watch_progress(self, timing: _Timing) -> None:
         """Raise EngineTimeout once a complete input's answer makes no progress in time.
