@@ -94,6 +94,15 @@ def test_report_has_the_fields_the_issue_asks_for_and_judges_targets(tmp_path: P
     assert (tmp_path / "ccdf.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_the_relay_windows_leave_out_the_start_and_the_end() -> None:
+    sec = 1_000_000_000
+    # (stamp ns, lag ms): the second session starts 1 s late and ends first.
+    streams = [[(0, 90.0), (1 * sec, 50.0), (2 * sec, 9.0), (3 * sec, 4.0), (4 * sec, 3.0)],
+               [(1 * sec, 80.0), (2 * sec, 8.0), (3 * sec, 5.0)]]
+    assert sorted(overhead.once_all_streaming(streams)) == [4.0, 5.0, 8.0, 9.0]
+    assert sorted(overhead.once_all_streaming(streams, settle_sec=1.0)) == [4.0, 5.0]
+
+
 @pytest.mark.redis
 async def test_overhead_benchmark_runs_end_to_end_in_quick_mode(tmp_path: Path) -> None:
     result = await overhead.measure(QUICK_OVERHEAD, tmp_path, log=lambda _: None)
