@@ -117,6 +117,12 @@ class DrainingServer(uvicorn.Server):
         gc.freeze()
         gc.set_threshold(*GC_THRESHOLDS)
 
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        # However the server was told to stop: open SSE streams end first, or
+        # uvicorn would wait out its graceful timeout for their connections.
+        self._draining.close()
+        await super().shutdown(sockets=sockets)
+
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self._on_signal is not None:
             self._on_signal(sig)

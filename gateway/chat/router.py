@@ -7,13 +7,12 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
-from sse_starlette import EventSourceResponse
 
 from gateway import errors
 from gateway.chat.models import ChatCompletion, ChatCompletionRequest, ModelCard, ModelList
 from gateway.chat.service import ChatService
 from gateway.dependencies import get_identity, get_resources
-from gateway.output.sse import SEND_TIMEOUT_SEC
+from gateway.output.event_stream import EventStream
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 
@@ -45,14 +44,13 @@ _ANSWER = {
                                                  errors.EngineUnavailable)})
 async def create_chat_completion(body: ChatCompletionRequest, request: Request, identity: Identity,
                                  chat: Annotated[ChatService, Depends(get_chat)],
-                                 ) -> JSONResponse | EventSourceResponse:
+                                 ) -> JSONResponse | EventStream:
     session_id = await chat.start(identity, body)
     headers = {"X-Session-Id": session_id}
     if body.stream:
-        return EventSourceResponse(chat.stream(identity, session_id),
-                                   ping=get_resources(request).settings.sse_ping_sec,
-                                   send_timeout=SEND_TIMEOUT_SEC,
-                                   headers={**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        resources = get_resources(request)
+        return EventStream(chat.stream(identity, session_id), ping_sec=resources.settings.sse_ping_sec,
+                           draining=resources.draining, headers=headers)
     return JSONResponse(await chat.completion(identity, session_id), headers=headers)
 
 

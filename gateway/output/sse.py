@@ -25,8 +25,6 @@ EVENT_ID = re.compile(r"^[0-9]{1,20}-[0-9]{1,20}$")
 _MAX_ID_PART = 2**64 - 1
 #: A wait for frames lasts this long before checking the session still exists.
 READ_BLOCK_MS = 5_000
-#: A subscriber that takes no frame for this long is dropped (it stopped reading).
-SEND_TIMEOUT_SEC = 30.0
 
 
 def parse_last_event_id(value: str | None) -> str:

@@ -25,13 +25,13 @@ import orjson
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
 from pydantic import ValidationError
-from sse_starlette import EventSourceResponse
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
 from gateway import errors
 from gateway.dependencies import get_identity, get_resources
-from gateway.output.sse import SEND_TIMEOUT_SEC, parse_last_event_id
+from gateway.output.event_stream import EventStream
+from gateway.output.sse import parse_last_event_id
 from gateway.sessions.chunks import read_chunk
 from gateway.sessions.models import FinishRequest
 from gateway.validation import validation_error
@@ -40,7 +40,6 @@ Handler = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 PREFIX = "/v1/streaming_input/sessions"
 _JSON = (b"content-type", b"application/json")
-_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 async def send_json(send: Send, status: int, body: dict[str, Any]) -> None:
@@ -103,8 +102,7 @@ async def stream_events(scope: Scope, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.start", "status": 204, "headers": []})
         await send({"type": "http.response.body", "body": b""})
         return
-    response = EventSourceResponse(events, ping=resources.settings.sse_ping_sec, send_timeout=SEND_TIMEOUT_SEC,
-                                   headers=_SSE_HEADERS)
+    response = EventStream(events, ping_sec=resources.settings.sse_ping_sec, draining=resources.draining)
     await response(scope, receive, send)
 
 

@@ -6,10 +6,10 @@ import time
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response, status
-from sse_starlette import EventSourceResponse
 
 from gateway import errors
 from gateway.dependencies import get_identity, get_service, get_settings
+from gateway.output.event_stream import EventStream
 from gateway.sessions.chunks import read_chunk, record_from_json
 from gateway.sessions.models import (
     ChunkAccepted,
@@ -158,7 +158,7 @@ async def get_session(session_id: str, service: Service, identity: Identity) -> 
 
 
 @router.get("/{session_id}/events",
-            response_class=EventSourceResponse,
+            response_class=EventStream,
             responses={200: {"content": {"text/event-stream": {"schema": {"type": "string"}}},
                              "description": "chat.completion.chunk frames, then [DONE]; resumable"},
                        204: {"description": "Last-Event-ID is the stream's final frame: nothing follows "

@@ -22,13 +22,14 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request, Response
 from pydantic import ValidationError
-from sse_starlette import EventSourceResponse, ServerSentEvent
+from sse_starlette import ServerSentEvent
 from starlette.requests import ClientDisconnect
 from starlette.types import Message, Receive, Scope, Send
 
 from gateway import errors
-from gateway.dependencies import get_identity, get_service, get_settings
-from gateway.output.sse import SEND_TIMEOUT_SEC
+from gateway.dependencies import get_identity, get_resources, get_service, get_settings
+from gateway.draining import Draining
+from gateway.output.event_stream import EventStream
 from gateway.sessions.chunks import record_from_json
 from gateway.sessions.models import ChunkIn, CreateSessionRequest
 from gateway.sessions.service import SessionService
@@ -43,7 +44,7 @@ _BODY = {"requestBody": {"required": True, "content": {"application/x-ndjson": {
     "type": "string", "description": "line 1: a CreateSessionRequest; every further line: a ChunkIn"}}}}}
 
 
-@router.post(UPLOAD_PATH, response_class=EventSourceResponse, openapi_extra=_BODY,
+@router.post(UPLOAD_PATH, response_class=EventStream, openapi_extra=_BODY,
              responses={200: {"content": {"text/event-stream": {"schema": {"type": "string"}}},
                               "description": "the session's SSE stream; its id is the X-Session-Id header"},
                         **errors.error_responses(errors.InvalidJson, errors.ValidationFailed, errors.EmptyInput,
@@ -64,7 +65,7 @@ async def upload(request: Request, service: Annotated[SessionService, Depends(ge
         raise validation_error(exc.errors()) from exc
     first_chunk = record_from_json(body.first_chunk, settings.max_chunk_bytes) if body.first_chunk else None
     record, _ = await service.create(identity, body, first_chunk)
-    return _UploadResponse(service, identity, record.session_id, reader, settings)
+    return _UploadResponse(service, identity, record.session_id, reader, settings, get_resources(request).draining)
 
 
 class _UploadResponse(Response):
@@ -76,10 +77,10 @@ class _UploadResponse(Response):
     """
 
     def __init__(self, service: SessionService, identity: str, session_id: str, reader: NdjsonReader,
-                 settings: Settings) -> None:
+                 settings: Settings, draining: Draining) -> None:
         super().__init__()
         self._service, self._identity, self._session_id = service, identity, session_id
-        self._reader, self._settings = reader, settings
+        self._reader, self._settings, self._draining = reader, settings, draining
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         disconnected = asyncio.Event()
@@ -92,9 +93,8 @@ class _UploadResponse(Response):
 
         try:
             events = self._service.events(self._identity, self._session_id, "0-0")
-            response = EventSourceResponse(
-                _until_refused(events, refused), ping=self._settings.sse_ping_sec, send_timeout=SEND_TIMEOUT_SEC,
-                headers={"X-Session-Id": self._session_id, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            response = EventStream(_until_refused(events, refused), ping_sec=self._settings.sse_ping_sec,
+                                   draining=self._draining, headers={"X-Session-Id": self._session_id})
             await response(scope, disconnect_only, send)
         finally:
             feeder.cancel()

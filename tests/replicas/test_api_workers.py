@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 
 import httpx
@@ -143,3 +144,20 @@ def test_the_workers_die_with_the_engine_process_and_a_worker_that_dies_alone_co
                        for pid in workers)
 
     wait_until(gone, 20, "the API workers gone with their engine process", replica.tail)
+
+
+def test_open_sse_streams_end_cleanly_when_the_replica_stops(replica: Replica) -> None:
+    """SIGTERM: each worker ends its open streams (their clients reconnect to another replica
+    with Last-Event-ID) instead of holding the shutdown for uvicorn's 30 s graceful timeout."""
+    with httpx.Client(base_url=replica.url, timeout=30) as client:
+        sids = [client.post(BASE, json={"start_policy": "on_end_only"}).json()["session_id"] for _ in range(4)]
+        with ExitStack() as streams:
+            opened = [streams.enter_context(client.stream("GET", f"{BASE}/{sid}/events")) for sid in sids]
+            assert all(response.status_code == 200 for response in opened)
+            stopped = time.monotonic()
+            replica.proc.send_signal(signal.SIGTERM)
+            for response in opened:
+                assert list(response.iter_bytes()) == []  # no frames were written; the end is clean
+            assert time.monotonic() - stopped < 10, "the streams ended with the shutdown"
+    assert replica.proc.wait(timeout=20) in (0, -signal.SIGTERM), replica.tail()
+    assert "ASGI callable returned without completing response" not in replica.log.read_text(), replica.tail()
