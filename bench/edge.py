@@ -62,7 +62,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seconds", type=float, default=6.0, help="per append level")
     parser.add_argument("--results", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
-    config = dataclasses.replace(OverheadConfig(), seconds_per_level=args.seconds)
+    # 1 and 20 sessions: the edge limits each client address (limit-rps 50, a burst of 5x), and
+    # 200 sessions opened at once from this one address are refused there, as they should be.
+    config = dataclasses.replace(OverheadConfig(), seconds_per_level=args.seconds, relay_sessions=(1, 20))
     with redis_process() as redis, tempfile.TemporaryDirectory() as tmp:
         port = free_port()
         env = GATEWAY_ENV | {"OMNI_GATEWAY_REDIS_URL": redis.url}
