@@ -16,7 +16,7 @@ A call alone waits one turn of the event loop more than a direct call.
 Calls in a pipeline are independent (no MULTI): each gets its own reply or
 error, and one failing does not fail the others. A round trip that fails or
 times out fails every call in it, as each would have failed on its own.
-The pipeline is written as RESP bytes (raw_calls.py): redis-py's pipeline
+The pipeline is written as RESP directly (raw_calls.py): redis-py's pipeline
 object cost more than the calls in it.
 """
 
