@@ -177,8 +177,9 @@ def markdown(r: dict) -> str:
         "|---|---|---|---|",
         *(f"| {m['sessions']} | {m['policy']} | {m['gateway_bytes']} | {m['redis_bytes']} |" for m in r["memory"]),
         "",
-        f"- Idle session: {r['idle_session_bytes']} bytes; started: {r['started_session_bytes']} bytes "
-        f"(target <= {t['idle_session_bytes_max']}): {yes(met['idle_session_bytes'])}",
+        f"- Idle session, gateway + Redis: {r['idle_session_bytes']} bytes (target <= "
+        f"{t['idle_session_bytes_max']}): {yes(met['idle_session_bytes'])}; started, gateway + Redis: "
+        f"{r['started_session_bytes']} bytes (issue #17 judges the gateway's part, in the table)",
     ]
     if r["workers"]:
         lines += ["", "## A replica's shapes: one process, API workers beside the engine process", "",
