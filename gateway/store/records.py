@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 from gateway.domain.states import SessionState
@@ -81,6 +82,16 @@ class Lease:
 
     replica: str
     epoch: int
+
+
+class Renewal(Enum):
+    """What renewing a lease found."""
+
+    RENEWED = "renewed"
+    #: Someone else holds the work now (another replica claimed it, or it was released or parked).
+    TAKEN = "taken"
+    #: The session ended (or its keys expired): the work has nothing left to do.
+    ENDED = "ended"
 
 
 def event_id_key(event_id: str) -> tuple[int, int]:

@@ -40,7 +40,7 @@ from gateway.store.keys import (
     realtime_conversation,
     session_keys,
 )
-from gateway.store.records import ChunkRecord, Frame, InputOutcome, Lease
+from gateway.store.records import ChunkRecord, Frame, InputOutcome, Lease, Renewal
 from gateway.store.replies import Reply, decoded
 from gateway.store.script_pipe import ScriptPipe
 from gateway.store.scripts import LuaScripts
@@ -451,17 +451,18 @@ class SessionStore:
         reply = await self._run("park", session_keys(session_id), [now_ms(), lease.replica, lease.epoch, last_input_id])
         return reply.status == "parked"
 
-    async def renew(self, session_id: str, lease: Lease) -> bool:
-        """Extend the lease; False when it is lost (taken over, or the session ended).
+    async def renew(self, session_id: str, lease: Lease) -> Renewal:
+        """Extend the lease, or say why it cannot be: taken, or the session ended.
 
         Also makes sure a tender looks by the time the lease could lapse,
         should the call that started this work have failed to schedule it.
         """
         reply = await self._run("renew", session_keys(session_id), [now_ms(), lease.replica, lease.epoch])
         if reply.status != "ok":
-            return False
+            ended = not reply.has("state") or reply.state().is_terminal  # no state: its keys expired
+            return Renewal.ENDED if ended else Renewal.TAKEN
         await self.schedule(session_id, reply.number("lease_until"))
-        return True
+        return Renewal.RENEWED
 
     async def release(self, session_id: str, lease: Lease) -> None:
         """Hand the session's engine work back (shutdown): another replica takes it at once."""

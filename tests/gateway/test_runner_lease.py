@@ -8,7 +8,7 @@ import time
 import pytest
 
 from gateway.metrics import Metrics
-from gateway.store.records import Lease
+from gateway.store.records import Lease, Renewal
 from gateway.store.redis_store import SessionStore
 from gateway.work.runner import LeaseLost, SessionRunner
 from omni_adapter.scripted import ScriptedEngine
@@ -31,6 +31,7 @@ def runner(store: SessionStore, lease: Lease) -> SessionRunner:
 async def test_a_lease_taken_over_stops_the_work_at_the_next_renewal(store: SessionStore) -> None:
     lease = await generating(store)
     stale = Lease(lease.replica, lease.epoch - 1)  # what a replica that was taken over from holds
+    assert await store.renew("s1", stale) == Renewal.TAKEN
     with pytest.raises(LeaseLost) as lost:
         await asyncio.wait_for(runner(store, stale)._heartbeat(), timeout=1.0)
     assert not lost.value.ended
@@ -43,6 +44,7 @@ async def test_a_session_that_ended_is_not_a_lost_lease_and_leaves_its_work_time
     relay short while it finishes: the heartbeat only stops the work a renewal period later."""
     lease = await generating(store)
     await store.cancel("s1", '{"error":{"code":"cancelled"}}')
+    assert await store.renew("s1", lease) == Renewal.ENDED
     started = time.monotonic()
     with pytest.raises(LeaseLost) as lost:
         await asyncio.wait_for(runner(store, lease)._heartbeat(), timeout=2.0)

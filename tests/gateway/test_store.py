@@ -14,7 +14,7 @@ from gateway.domain.policies import StartPolicy, StartThresholds
 from gateway.domain.scheduling import Room
 from gateway.domain.states import SessionState
 from gateway.store import redis_store
-from gateway.store.records import ChunkRecord, Lease
+from gateway.store.records import ChunkRecord, Lease, Renewal
 from gateway.store.redis_store import SessionStore
 from gateway.store.session_hash import NewSession, StoredRequest
 from omni_adapter.port import SamplingOptions
@@ -232,7 +232,7 @@ async def test_a_lapsed_lease_is_claimed_and_the_old_holder_is_fenced_off(store:
 
     await new_session(store, lease_ttl_ms=50)
     old = (await store.append("s1", text(0, "a", end=True), "r1", TOO_LARGE)).lease
-    assert old is not None and await store.renew("s1", old)
+    assert old is not None and await store.renew("s1", old) == Renewal.RENEWED
     assert await store.publish("s1", old, 0, [("", "one", False)]) is not None
     # While the lease is live, nobody else takes the work.
     assert await tended(store, "r2", 5) == []
@@ -241,7 +241,7 @@ async def test_a_lapsed_lease_is_claimed_and_the_old_holder_is_fenced_off(store:
     new = claimed.lease
     assert new == Lease("r2", 2) and claimed.state is SessionState.GENERATING
     # The old holder (paused, partitioned) can neither renew, write nor fail it.
-    assert not await store.renew("s1", old)
+    assert await store.renew("s1", old) == Renewal.TAKEN
     assert await store.publish("s1", old, 1, [("", "stale", False)]) is None
     assert await store.fail("s1", EXPIRED, old) is None
     assert await store.publish("s1", new, 1, [("", "two", False)]) is not None
@@ -264,7 +264,7 @@ async def test_released_work_is_claimed_at_once(store: SessionStore) -> None:
     lease = (await store.append("s1", text(0, "a"), "r1", TOO_LARGE)).lease
     assert lease is not None
     await store.release("s1", lease)
-    assert not await store.renew("s1", lease)
+    assert await store.renew("s1", lease) == Renewal.TAKEN
     (claimed,) = await tended(store, "r2", 1)
     assert claimed.lease == Lease("r2", 2)
 
@@ -289,14 +289,14 @@ async def test_a_replica_whose_clock_runs_ahead_does_not_steal_a_live_lease(
     lease = await leased_session(store)
     skew_clock(monkeypatch, 60_000)  # r2's clock: a minute ahead
     assert await tended(store, "r2", 5) == []
-    assert await store.renew("s1", lease)
+    assert await store.renew("s1", lease) == Renewal.RENEWED
 
 
 async def test_a_replica_whose_clock_runs_behind_keeps_its_lease(
         store: SessionStore, monkeypatch: pytest.MonkeyPatch) -> None:
     lease = await leased_session(store)
     skew_clock(monkeypatch, -60_000)  # r1's clock: a minute behind
-    assert await store.renew("s1", lease)
+    assert await store.renew("s1", lease) == Renewal.RENEWED
     monkeypatch.undo()
     assert await tended(store, "r2", 5) == []  # r2 sees a live lease
 
@@ -353,7 +353,7 @@ async def test_renewing_a_lease_puts_the_work_back_in_the_schedule(store: Sessio
     lease = (await store.append("s1", text(0, "a"), "r1", TOO_LARGE)).lease
     assert lease is not None
     await redis_client.zrem(SCHEDULE, "s1")
-    assert await store.renew("s1", lease)
+    assert await store.renew("s1", lease) == Renewal.RENEWED
     assert await redis_client.zscore(SCHEDULE, "s1") == (await store.view("s1")).lease_until_ms
 
 
@@ -388,7 +388,7 @@ async def test_parking_waits_for_unread_input_and_the_next_input_resumes(store: 
     view = await store.view("s1")
     assert (view.parked, view.owner, view.parks, view.state) == (True, None, 1, SessionState.STREAMING)
     assert await tended(store, "r2", 5) == [], "a parked session waits for input, not for room"
-    assert not await store.renew("s1", lease), "the parked runner's lease is gone"
+    assert await store.renew("s1", lease) == Renewal.TAKEN, "the parked runner's lease is gone"
 
     resumed = await store.append("s1", text(2, "c"), "r2", TOO_LARGE)
     assert resumed.lease == Lease("r2", 2)
