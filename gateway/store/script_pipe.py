@@ -10,7 +10,7 @@ while a pipeline is in flight go in the next one:
 
     publish ─► run() ─┐                      ┌─ queued meanwhile
     publish ─► run() ─┼──► one pipeline ──►──┴─► the next pipeline
-    publish ─► run() ─┘    (one alone: a plain EVALSHA)
+    publish ─► run() ─┘    (one alone: a pipeline of one)
 
 A call alone waits one turn of the event loop more than a direct call.
 Calls in a pipeline are independent (no MULTI): each gets its own reply or
@@ -83,9 +83,6 @@ class ScriptPipe:
 
     async def _send(self, batch: list[_Call]) -> list[Any]:
         self.round_trips += 1
-        if len(batch) == 1:
-            name, keys, args, _ = batch[0]
-            return [await self._scripts.run(name, keys, args)]
         packed: raw_calls.Packed = []
         for name, keys, args, _ in batch:
             packed += raw_calls.command([_EVALSHA, raw_calls.arg(self._scripts.sha(name)), raw_calls.arg(len(keys)),

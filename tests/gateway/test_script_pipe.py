@@ -55,6 +55,14 @@ async def test_scripts_flushed_from_redis_are_loaded_again_inside_a_round_trip(
     assert all(written is not None and len(written) == 1 for written in ids)
 
 
+async def test_a_publish_alone_after_the_scripts_were_flushed_loads_its_script_again(
+        store: SessionStore, redis_client: aioredis.Redis) -> None:
+    leases = await generating(store, 1)
+    await redis_client.script_flush()
+    assert await store.publish("s0", leases["s0"], 0, [("", "x", False)]) is not None
+    assert [f.data for f in await store.read_frames("s0", "0-0", block_ms=None)] == ["x"]
+
+
 async def test_a_caller_that_gives_up_leaves_the_others_their_replies(store: SessionStore) -> None:
     leases = await generating(store, 3)
     calls = [asyncio.create_task(store.publish(sid, lease, 0, [("", "x", False)])) for sid, lease in leases.items()]
