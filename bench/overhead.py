@@ -17,8 +17,10 @@ stamping engine of :mod:`bench.servers` (no inference), with a real
   session, minus the payload, for buffered (not started) sessions and for
   started ones (an engine session and its runner waiting for input), and the
   Redis client connections each kind adds.
-- Floors, in the same run: a bare Redis round trip (PING) and a bare HTTP
-  request to the smallest ASGI app under the same uvicorn and client.
+- Floors, in the same run: a bare Redis round trip (PING), a bare HTTP
+  request to the smallest ASGI app under the same uvicorn and client, and
+  the relay's floor: the same stamped tokens streamed by the smallest ASGI
+  app (``bare-relay``) to the same client, at 1, 20 and 200 sessions.
 """
 
 from __future__ import annotations
@@ -301,31 +303,36 @@ async def command_calls(rdb: aioredis.Redis) -> Counter[str]:
 
 
 async def relay_with_calls(base_url: str, redis_url: str, pid: int, sessions: int, tokens: int) -> dict:
-    """The relay's lags, the Redis commands per token it took, and the gateway's CPU per token;
-    ``all_streaming``: the lags while every session streamed at once (``once_all_streaming``);
-    ``settled``: the same from ``SETTLE_SEC`` later (None for runs shorter than that)."""
+    """``relay_lags``, and the Redis commands per token the relay took."""
     rdb = aioredis.Redis.from_url(redis_url)
     try:
-        before, cpu_before = await command_calls(rdb), tree_cpu_seconds(pid)
-        started = time.monotonic()
-        streams = await stamped_relay(base_url, sessions, tokens)
-        calls, cpu = await command_calls(rdb) - before, tree_cpu_seconds(pid) - cpu_before
-        took = time.monotonic() - started
+        before = await command_calls(rdb)
+        result = await relay_lags(base_url, pid, sessions, tokens)
+        calls = await command_calls(rdb) - before
     finally:
         await rdb.aclose()
     calls["info"] -= 1  # our own look at the counts
-    lags = [lag for stream in streams for _, lag in stream]
-    steady, settled = once_all_streaming(streams), once_all_streaming(streams, SETTLE_SEC)
-    tokens = max(1, len(lags))
+    tokens = max(1, result["tokens"])
     # Commands run inside scripts count too (hget, xadd, ...): the calls the
     # gateway makes are the script calls (publish.lua among them) and the reads.
+    return result | {"script_calls_per_token": round(calls["evalsha"] / tokens, 3),
+                     "xread_per_token": round(calls["xread"] / tokens, 3),
+                     "commands_per_token": {name: round(n / tokens, 3) for name, n in calls.most_common() if n > 0}}
+
+
+async def relay_lags(base_url: str, pid: int, sessions: int, tokens: int) -> dict:
+    """The relay's lags and the server's CPU per token; ``all_streaming``: the lags while every
+    session streamed at once (``once_all_streaming``); ``settled``: the same from ``SETTLE_SEC``
+    later (None for runs shorter than that)."""
+    cpu_before, started = tree_cpu_seconds(pid), time.monotonic()
+    streams = await stamped_relay(base_url, sessions, tokens)
+    cpu, took = tree_cpu_seconds(pid) - cpu_before, time.monotonic() - started
+    lags = [lag for stream in streams for _, lag in stream]
+    steady, settled = once_all_streaming(streams), once_all_streaming(streams, SETTLE_SEC)
     return {"sessions": sessions, **summary(lags), "tokens": len(lags), "seconds": round(took, 2),
             "all_streaming": summary(steady) if steady else None,
             "settled": summary(settled) if settled else None,
-            "gateway_cpu_ms_per_token": round(cpu * 1000 / tokens, 3),
-            "script_calls_per_token": round(calls["evalsha"] / tokens, 3),
-            "xread_per_token": round(calls["xread"] / tokens, 3),
-            "commands_per_token": {name: round(n / tokens, 3) for name, n in calls.most_common() if n > 0}}
+            "gateway_cpu_ms_per_token": round(cpu * 1000 / max(1, len(lags)), 3)}
 
 
 async def relay(base_url: str, sessions: int, tokens: int) -> list[float]:
@@ -366,6 +373,17 @@ def once_all_streaming(streams: list[list[tuple[int, float]]], settle_sec: float
     started = max(stream[0][0] for stream in streams if stream) + int(settle_sec * 1e9)
     ending = min(stream[-1][0] for stream in streams if stream)
     return [lag for stream in streams for stamp, lag in stream if started < stamp <= ending]
+
+
+async def relay_floor(port: int, config: OverheadConfig, logs: Path) -> list[dict]:
+    """The relay through nothing but uvicorn (``bare-relay``): 1, 20 and 200 sessions at the
+    rate table's highest rate, as long as its runs (so the 200 sessions have a settled part)."""
+    rate = max(config.relay_rates)
+    with server(["bench.servers", "bare-relay", "--port", str(port), "--token-interval", str(1 / rate)], port=port,
+                env={}, log=logs / "bare-relay.log", ready_path="/") as proc:
+        return [{"tokens_per_s_each": rate, **await relay_lags(f"http://127.0.0.1:{port}", proc.pid, sessions,
+                                                              round(rate * config.relay_rate_seconds))}
+                for sessions in config.relay_sessions]
 
 
 async def memory_per_session(base_url: str, redis_url: str, pid: int, counts: dict[str, int]) -> list[dict]:
@@ -441,6 +459,8 @@ async def measure(config: OverheadConfig, results_dir: Path, log: Callable[[str]
             out["redis_rtt_ms"] = await redis_rtt(redis.url, config.floor_samples)
             out["bare_http_ms"] = await bare_http(f"http://127.0.0.1:{bare_port}/", config.floor_samples)
         log(f"floors: redis {out['redis_rtt_ms']['p50']} ms, http {out['bare_http_ms']['p50']} ms")
+        out["relay_floor"] = await relay_floor(bare_port, config, Path(tmp))
+        log(f"relay floor: {out['relay_floor']}")
         env = GATEWAY_ENV | {"OMNI_GATEWAY_REDIS_URL": redis.url}
         with server(["bench.servers", "stamp", "--port", str(gw_port)], port=gw_port, env=env,
                     log=Path(tmp) / "gateway.log", ready_path="/readyz") as proc:

@@ -46,6 +46,7 @@ def summarize(ttft: dict, floor: dict, overhead: dict) -> dict:
         "relay_p99_ms": relay_one["p99"],
         "relay": overhead["relay"],
         "relay_rates": overhead.get("relay_rates", []),
+        "relay_floor": overhead.get("relay_floor", []),
         "idle_session_bytes": idle["gateway_bytes"] + idle["redis_bytes"],
         "started_session_bytes": started["gateway_bytes"] + started["redis_bytes"],
         "memory": overhead["memory"],
@@ -173,6 +174,14 @@ def markdown(r: dict) -> str:
              f"{x['delivered_tokens_per_s']} | {x['p50']} / {x['p99']} | "
              f"{_p50_p99(x['all_streaming'])} | {_p50_p99(x.get('settled'))} | {x['gateway_cpu_ms_per_token']} |"
              for x in r["relay_rates"]), ""] if r["relay_rates"] else []),
+        *(["The relay's floor: the same stamped tokens on the same clock, streamed as the same SSE frames "
+           "to the same client by the smallest ASGI app under the same uvicorn (`bench.servers bare-relay`: "
+           "no Redis, no runner, no framework):", "",
+           "| sessions | tokens/s each | P50 / P99 ms, every token | the same, settled | server CPU ms/token |",
+           "|---|---|---|---|---|",
+           *(f"| {x['sessions']} | {x['tokens_per_s_each']} | {x['p50']} / {x['p99']} | "
+             f"{_p50_p99(x.get('settled'))} | {x['gateway_cpu_ms_per_token']} |" for x in r["relay_floor"]),
+           ""] if r.get("relay_floor") else []),
         "| sessions | kind | gateway bytes each | Redis bytes each (beyond payload) |",
         "|---|---|---|---|",
         *(f"| {m['sessions']} | {m['policy']} | {m['gateway_bytes']} | {m['redis_bytes']} |" for m in r["memory"]),

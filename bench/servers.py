@@ -9,7 +9,13 @@ merely accepts.
 ``bare``: the smallest ASGI app under the same uvicorn: the floor of an HTTP
 round trip on this machine.
 
-Run: ``python -m bench.servers stamp|bare --port N`` (the benchmark does).
+``bare-relay``: the relay's floor: the smallest ASGI app that streams the same
+stamped tokens on the same decode clock as SSE frames of the same shape, to
+the same client, with nothing between the clock and the socket (no Redis, no
+runner, no framework). What the gateway adds to a token's lag is its relay
+minus this.
+
+Run: ``python -m bench.servers stamp|bare|bare-relay --port N`` (the benchmark does).
 """
 
 from __future__ import annotations
@@ -18,9 +24,11 @@ import argparse
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
+import uuid
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
+import orjson
 import uvicorn
 
 from omni_adapter.port import EngineRequest, Finished, OutputEvent, TextDelta, Usage
@@ -50,25 +58,33 @@ class PacedStampSession(ScriptedSession):
     async def events(self) -> AsyncIterator[OutputEvent]:
         await self._wake.wait()
         count = self.request.sampling.max_tokens or 16
-        step_ns = int(self.interval_sec * 1e9)
-        # One clock for every session, as an engine steps every running request at once:
-        # each session's tokens fall due on the same ticks as everyone else's.
-        start_ns = time.time_ns() // step_ns * step_ns
-        sent = 0
-        while sent < count and not self.aborted:
-            wait_sec = (start_ns + (sent + 1) * step_ns - time.time_ns()) / 1e9
-            # The relay waited for this token: it is made now. The event loop's
-            # timers wake up to a millisecond late, and a real engine's output
-            # wakes its consumer by I/O, so that slack is not the relay's.
-            made_ns = 0
-            if wait_sec > 0:
-                await asyncio.sleep(wait_sec)
-                made_ns = time.time_ns()
-            due = min(count, (time.time_ns() - start_ns) // step_ns)
-            yield TextDelta("".join(f"{max(made_ns, start_ns + (i + 1) * step_ns)} " for i in range(sent, due)))
-            sent = due
+        async for text in stamped_tokens(count, self.interval_sec, lambda: self.aborted):
+            yield TextDelta(text)
         if not self.aborted:
             yield Finished("length", Usage(prompt_tokens=0, completion_tokens=count))
+
+
+async def stamped_tokens(count: int, interval_sec: float, aborted: Callable[[], bool] = lambda: False,
+                         ) -> AsyncIterator[str]:
+    """``count`` stamps on a decode clock (see ``PacedStampSession``): each text holds the
+    stamps (ns, space-separated) of the tokens that fell due since the last one was taken."""
+    step_ns = int(interval_sec * 1e9)
+    # One clock for every session, as an engine steps every running request at once:
+    # each session's tokens fall due on the same ticks as everyone else's.
+    start_ns = time.time_ns() // step_ns * step_ns
+    sent = 0
+    while sent < count and not aborted():
+        wait_sec = (start_ns + (sent + 1) * step_ns - time.time_ns()) / 1e9
+        # The relay waited for this token: it is made now. The event loop's
+        # timers wake up to a millisecond late, and a real engine's output
+        # wakes its consumer by I/O, so that slack is not the relay's.
+        made_ns = 0
+        if wait_sec > 0:
+            await asyncio.sleep(wait_sec)
+            made_ns = time.time_ns()
+        due = min(count, (time.time_ns() - start_ns) // step_ns)
+        yield "".join(f"{max(made_ns, start_ns + (i + 1) * step_ns)} " for i in range(sent, due))
+        sent = due
 
 
 @dataclass
@@ -101,18 +117,74 @@ async def bare_app(scope: dict, receive: object, send: object) -> None:
     await send({"type": "http.response.body", "body": body})  # type: ignore[operator]
 
 
+class BareRelay:
+    """The relay's floor (``bare-relay``): answers the session calls the relay benchmark makes
+    (create, the chunk that ends the input, the event stream) with nothing behind them; the
+    stream sends each ``stamped_tokens`` text as one chat-completion chunk, then ``[DONE]``."""
+
+    def __init__(self, interval_sec: float) -> None:
+        self._interval_sec = interval_sec
+        #: max_tokens and the input's end, per session id.
+        self._sessions: dict[str, tuple[int, asyncio.Event]] = {}
+
+    async def __call__(self, scope: dict, receive: object, send: object) -> None:
+        if scope["type"] != "http":
+            return
+        method, path = scope["method"], scope["path"].rstrip("/")
+        body = await _body(receive)
+        if method == "POST" and path.endswith("/sessions"):
+            session_id = uuid.uuid4().hex
+            self._sessions[session_id] = (json.loads(body).get("max_tokens") or 16, asyncio.Event())
+            await _json(send, 201, {"session_id": session_id})
+        elif method == "POST" and path.endswith("/chunks"):
+            self._sessions[path.split("/")[-2]][1].set()
+            await _json(send, 202, {})
+        elif method == "GET" and path.endswith("/events"):
+            await self._stream(path.split("/")[-2], send)  # type: ignore[arg-type]
+        else:
+            await _json(send, 200, {})  # /readyz
+
+    async def _stream(self, session_id: str, send: Callable) -> None:
+        count, input_ended = self._sessions[session_id]
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]})
+        await input_ended.wait()
+        del self._sessions[session_id]  # the input has ended: no more calls for this session
+        async for text in stamped_tokens(count, self._interval_sec):
+            frame = {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": text}}]}
+            await send({"type": "http.response.body", "body": b"data: " + orjson.dumps(frame) + b"\n\n",
+                        "more_body": True})
+        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+
+
+async def _body(receive: object) -> bytes:
+    parts, more = [], True
+    while more:
+        message = await receive()  # type: ignore[operator]
+        parts.append(message.get("body", b""))
+        more = message.get("more_body", False)
+    return b"".join(parts)
+
+
+async def _json(send: object, status: int, payload: dict) -> None:
+    await send({"type": "http.response.start", "status": status,  # type: ignore[operator]
+                "headers": [(b"content-type", b"application/json")]})
+    await send({"type": "http.response.body", "body": json.dumps(payload).encode()})  # type: ignore[operator]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("kind", choices=["stamp", "bare"])
+    parser.add_argument("kind", choices=["stamp", "bare", "bare-relay"])
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--workers", type=int, default=0,
                         help="stamp: API worker processes beside the engine process (0: one process)")
     parser.add_argument("--engine-port", type=int, default=None, help="stamp with workers: the engine process's port")
     parser.add_argument("--token-interval", type=float, default=TOKEN_INTERVAL_SEC,
-                        help="stamp: seconds between a session's tokens")
+                        help="stamp, bare-relay: seconds between a session's tokens")
     args = parser.parse_args(argv)
-    if args.kind == "bare":
-        uvicorn.run(bare_app, host="127.0.0.1", port=args.port, log_level="warning")  # type: ignore[arg-type]
+    if args.kind in ("bare", "bare-relay"):
+        app = bare_app if args.kind == "bare" else BareRelay(args.token_interval)
+        uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")  # type: ignore[arg-type]
         return
     from gateway.processes import serve
     from gateway.settings import Settings

@@ -75,6 +75,8 @@ def test_report_has_the_fields_the_issue_asks_for_and_judges_targets(tmp_path: P
         "redis_rtt_ms": {"p50": 0.1}, "bare_http_ms": {"p50": 0.4},
         "overhead": [{"concurrency": 1, **level}, {"concurrency": 200, **level}],
         "relay": [{"sessions": 1, "p50": 1.0, "p99": 1.5, "max": 2.0}],
+        "relay_floor": [{"sessions": 200, "tokens_per_s_each": 100, "p50": 1.1, "p99": 4.6,
+                         "settled": {"p50": 1.0, "p99": 4.5}, "gateway_cpu_ms_per_token": 0.015}],
         "memory": [{"policy": "on_end_only", "sessions": 10, "gateway_bytes": 1000, "redis_bytes": 2000},
                    {"policy": "on_first_chunk", "sessions": 10, "gateway_bytes": 40000, "redis_bytes": 3000}],
     }
@@ -87,6 +89,7 @@ def test_report_has_the_fields_the_issue_asks_for_and_judges_targets(tmp_path: P
     assert result["append_p50_over_bare_http"] == 50.0, "flat-out P50 of one session over the bare request"
     assert {k for k, ok in result["met"].items() if not ok} == set()
     assert "**missed**" not in report.markdown(result)
+    assert "| 200 | 100 | 1.1 / 4.6 | 1.0 / 4.5 | 0.015 |" in report.markdown(result), "the relay's floor"
     worse = {"runs": [run(0.1, "on_end_only", 3.0, 6.0), run(0.1, "on_first_chunk", 0.25, 7.0)]}
     judged = report.summarize(worse, floor, overhead_result)
     assert not judged["met"]["p99_never_worse"] and "**missed**" in report.markdown(judged)
@@ -115,6 +118,9 @@ async def test_overhead_benchmark_runs_end_to_end_in_quick_mode(tmp_path: Path) 
     for rate, relayed in zip(QUICK_OVERHEAD.relay_rates, result["relay_rates"], strict=True):
         tokens = round(rate * QUICK_OVERHEAD.relay_rate_seconds)
         assert relayed["n"] == QUICK_OVERHEAD.relay_rate_sessions * tokens, "every token on the clock arrived"
+    for sessions, floor in zip(QUICK_OVERHEAD.relay_sessions, result["relay_floor"], strict=True):
+        tokens = round(max(QUICK_OVERHEAD.relay_rates) * QUICK_OVERHEAD.relay_rate_seconds)
+        assert floor["n"] == sessions * tokens and 0 < floor["p50"] < 1000, "the bare relay streamed every token"
     for shape in result["workers"]:
         for relayed in shape["relay"]:
             assert relayed["n"] == relayed["sessions"] * QUICK_OVERHEAD.workers_relay_tokens, shape["api_workers"]
