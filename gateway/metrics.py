@@ -83,10 +83,19 @@ class Metrics:
                                             buckets=(1, 5, 15, 60, 300, 900, 3600))
         self.realtime_events = Counter("omni_gateway_realtime_events", "Realtime events by direction and type",
                                        ["direction", "type"], registry=r)
+        self._realtime_counted: dict[tuple[str, str], Counter] = {}
 
     def watch_admission(self, admission: Admission) -> None:
         """Expose the load that sheds calls (read at scrape time, nothing per request)."""
         self._own.register(_ProcessLoad(admission))
+
+    def realtime_event(self, direction: str, kind: str) -> None:
+        """Count one Realtime event. The labelled counters are kept, as ``labels()`` costs four
+        times the increment and every answer token is an event (the kinds are the protocol's few)."""
+        counter = self._realtime_counted.get((direction, kind))
+        if counter is None:
+            counter = self._realtime_counted[direction, kind] = self.realtime_events.labels(direction, kind)
+        counter.inc()
 
     def transition(self, before: SessionState | None, after: SessionState) -> None:
         if before == after:

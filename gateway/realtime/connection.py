@@ -31,6 +31,7 @@ from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import orjson
 from sse_starlette import ServerSentEvent
 
 from gateway import errors
@@ -187,7 +188,7 @@ class RealtimeConnection:
         client_event_id = message.get("event_id") if isinstance(message.get("event_id"), str) else None
         kind = message.get("type")
         handler = self._handlers.get(kind) if isinstance(kind, str) else None
-        self._metrics.realtime_events.labels("in", kind if handler else "unknown").inc()
+        self._metrics.realtime_event("in", str(kind) if handler else "unknown")
         try:
             if handler is None:
                 raise errors.InvalidRequest(f"unknown or missing event type {kind!r}", param="type")
@@ -463,7 +464,7 @@ class RealtimeConnection:
                 await self._tell_transcript(turn)
                 await self._end_turn(turn, "completed")
             return
-        chunk = json.loads(data)
+        chunk = orjson.loads(data)  # a frame per answer token; written by orjson too (output/frames.py)
         if chunk.get("usage"):
             turn.answer.on_usage(chunk["usage"])
         for choice in chunk.get("choices") or ():

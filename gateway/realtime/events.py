@@ -7,14 +7,15 @@ get OpenAI-style ids (``item_...``, ``resp_...``).
 
 from __future__ import annotations
 
-import uuid
+import os
 from typing import Any
 
 from gateway import errors
 
 
 def new_id(prefix: str) -> str:
-    return f"{prefix}_{uuid.uuid4().hex[:20]}"
+    # 80 random bits, as uuid4().hex[:20] gave, in a fifth of the time: every event gets one.
+    return f"{prefix}_{os.urandom(10).hex()}"
 
 
 def event(type_: str, **fields: Any) -> dict[str, Any]:

@@ -24,6 +24,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import orjson
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from fastapi.responses import JSONResponse
 
@@ -71,9 +72,9 @@ async def realtime(websocket: WebSocket, model: str | None = None, session_id: s
     lock = asyncio.Lock()
 
     async def send(event: dict[str, Any]) -> None:
-        metrics.realtime_events.labels("out", event["type"]).inc()
+        metrics.realtime_event("out", event["type"])
         async with lock:
-            await websocket.send_text(json.dumps(event))
+            await websocket.send_text(orjson.dumps(event).decode())
 
     connection = RealtimeConnection(send, resources.service, resources.store, identity, config, metrics,
                                     settings.max_chunk_bytes, keep_sec=settings.session_timeout_sec)

@@ -15,10 +15,12 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
+import httpx
 import pytest
 import websockets
 from openai import AsyncOpenAI
 from openai.types.realtime.realtime_server_event import RealtimeServerEvent
+from prometheus_client.parser import text_string_to_metric_families
 from pydantic import TypeAdapter
 
 from omni_adapter.listener import with_listener
@@ -58,6 +60,13 @@ def answer_text(events: list[dict[str, Any]]) -> str:
         "response.output_text.delta", "response.output_audio_transcript.delta"))
 
 
+def realtime_event_counts(scraped: str) -> list[tuple[dict[str, str], float]]:
+    """(labels, value) of each ``omni_gateway_realtime_events_total`` sample in a scrape."""
+    return [(sample.labels, sample.value) for family in text_string_to_metric_families(scraped)
+            if family.name == "omni_gateway_realtime_events" for sample in family.samples
+            if sample.name.endswith("_total")]
+
+
 @pytest.fixture
 async def server(redis_url: str) -> AsyncIterator[tuple[str, ScriptedEngine]]:
     engine = ScriptedEngine()
@@ -84,14 +93,20 @@ async def test_a_text_turn_is_a_session_and_its_answer_streams_back(server: tupl
         await connection.session.update(session=TEXT_ONLY)
         updated = await until(connection, "session.updated")
         assert updated[-1]["session"]["output_modalities"] == ["text"]
-        events = await text_turn(connection, "hello there")
-    assert answer_text(events) == "echo: hello there"
+        events = await text_turn(connection, "hello thére ☃")
+    assert answer_text(events) == "echo: hello thére ☃", "text beyond ASCII comes back as it went"
     assert types(events)[:2] == ["conversation.item.added", "conversation.item.done"]
     assert types(events).index("response.created") < types(events).index("response.output_text.delta")
     done = events[-1]["response"]
-    assert done["status"] == "completed" and done["output"][0]["content"][0]["text"] == "echo: hello there"
+    assert done["status"] == "completed" and done["output"][0]["content"][0]["text"] == "echo: hello thére ☃"
     assert done["usage"]["output_tokens"] > 0
-    assert engine.sessions[0].input_text == "hello there"
+    assert engine.sessions[0].input_text == "hello thére ☃"
+    async with httpx.AsyncClient() as http:
+        scraped = (await http.get(f"{url}/metrics")).text
+    counted = {(labels["direction"], labels["type"]): value for labels, value in realtime_event_counts(scraped)}
+    deltas = types(events).count("response.output_text.delta")
+    assert counted["out", "response.output_text.delta"] == deltas > 1, "every event sent is counted"
+    assert counted["out", "response.done"] == 1 and counted["in", "response.create"] == 1
 
 
 async def test_turns_carry_the_conversation(server: tuple[str, ScriptedEngine]) -> None:
