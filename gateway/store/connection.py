@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import redis.asyncio as aioredis
 import redis.exceptions
@@ -12,6 +13,10 @@ import redis.exceptions
 from gateway.errors import StoreUnavailable
 
 logger = logging.getLogger(__name__)
+
+#: URL options that change the shape of redis-py's replies (``?protocol=3`` gives
+#: XREAD's as a map); the store parses the shapes redis-py gives without them.
+REPLY_SHAPE_OPTIONS = frozenset({"protocol", "legacy_responses"})
 
 # New connections skip naming the client library (driver_info=None):
 # redis-py otherwise sends CLIENT SETINFO (twice) on each new connection, a
@@ -29,6 +34,7 @@ async def open_redis(url: str | None, timeout_sec: float, *, cluster: bool = Fal
     same commands and runs the same Lua, but lives and dies with the process.
     """
     client: aioredis.Redis
+    url = url and store_url(url)
     if url and cluster:
         from redis.asyncio.cluster import RedisCluster
 
@@ -58,6 +64,24 @@ async def open_redis(url: str | None, timeout_sec: float, *, cluster: bool = Fal
         yield client
     finally:
         await client.aclose()
+
+
+def store_url(url: str) -> str:
+    """``url`` without the options that change the shape of replies (``REPLY_SHAPE_OPTIONS``).
+
+    redis-py lets a URL's query choose them, and its options win over the
+    client's arguments; the store would then misread what Redis answers.
+    Without them redis-py speaks RESP3 and gives replies their usual shapes,
+    the one way the store is tested.
+    """
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    kept = [(name, value) for name, value in query if name not in REPLY_SHAPE_OPTIONS]
+    if len(kept) == len(query):
+        return url
+    dropped = ", ".join(f"{name}={value}" for name, value in query if name in REPLY_SHAPE_OPTIONS)
+    logger.warning("the Redis URL's %s is ignored: the store reads replies in redis-py's default shapes", dropped)
+    return urlunsplit(parts._replace(query=urlencode(kept)))
 
 
 #: Errors that mean "Redis cannot serve now" rather than "this call is wrong":

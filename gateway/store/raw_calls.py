@@ -8,8 +8,9 @@ stream reader's XREAD names every followed stream (400 arguments at 200
 sessions) and runs several times per engine step, and the publish pipeline
 holds one EVALSHA per streaming session. Here those commands are written as
 RESP directly (a quarter of redis-py's packing time per command, measured here),
-and their replies taken as the parser (hiredis) gives them: nested lists of
-bytes.
+and their replies taken as the parser (hiredis) gives them, without redis-py's
+reply callbacks: maps and lists of bytes, as RESP3 (redis-py's default
+protocol, which ``connection.store_url`` keeps) has them.
 
 A call takes a connection from the client's pool and gives it back. A call
 that fails or is cancelled mid-way closes the connection first, since a

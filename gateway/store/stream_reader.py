@@ -313,8 +313,8 @@ class StreamReader:
                 self._in_flight = None
             failures = 0
             self.reads += 1
-            # RESP2: [[key, entries], ...]; RESP3 (a URL with protocol=3): {key: entries}.
-            for raw_key, raw in (reply.items() if isinstance(reply, dict) else reply or ()):
+            # RESP3, redis-py's default protocol (connection.store_url keeps it): {key: entries}.
+            for raw_key, raw in (reply or {}).items():
                 key, entries = decoded(raw_key), raw_entries(raw)
                 if key == self._wake_key:
                     self._wake_position = entries[-1][0] if entries else self._wake_position

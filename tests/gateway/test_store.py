@@ -14,6 +14,7 @@ from gateway.domain.policies import StartPolicy, StartThresholds
 from gateway.domain.scheduling import Room
 from gateway.domain.states import SessionState
 from gateway.store import redis_store
+from gateway.store.connection import open_redis, store_url
 from gateway.store.records import ChunkRecord, Lease, Renewal
 from gateway.store.redis_store import SessionStore
 from gateway.store.session_hash import NewSession, StoredRequest
@@ -61,6 +62,31 @@ async def test_out_of_order_chunks_reach_the_input_stream_in_order(store: Sessio
     assert await input_events(store) == [("chunk", 0), ("chunk", 1), ("chunk", 2)]
     chunks = await store.load_chunks("s1", [0, 1, 2])
     assert [c.payload for c in chunks] == [b"c0", b"c1", b"c2"]
+
+
+@pytest.mark.parametrize("option", ["protocol=3", "protocol=2", "legacy_responses=false"])
+async def test_a_redis_url_choosing_the_shape_of_replies_still_works(redis_url: str, option: str,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    # redis-py lets the URL's query choose these. protocol=3 gave XREAD's reply as a map that the
+    # store read as a list: every chunk's way to the engine failed. The store now gets redis-py's
+    # default shapes whatever the URL asks, so its reader parses one shape.
+    url = redis_url + ("&" if "?" in redis_url else "?") + option
+    async with open_redis(url, timeout_sec=2.0) as client:
+        store = SessionStore(client, timeout_sec=2.0)
+        await new_session(store, start=None)
+        for seq in (0, 1):
+            await store.append("s1", text(seq, f"c{seq}"), "r1", TOO_LARGE)
+        assert await input_events(store) == [("chunk", 0), ("chunk", 1)]
+        async with store.input_stream("s1", "0-0") as stream:  # the replica's shared reader
+            assert [e.sequence_id for e in await stream.read(2000)] == [0, 1]
+    assert f"the Redis URL's {option} is ignored" in caplog.text
+
+
+def test_only_the_options_shaping_replies_are_taken_out_of_a_redis_url() -> None:
+    assert store_url("redis://:p%40ss@h:6379/2?protocol=3&socket_keepalive=true") == \
+        "redis://:p%40ss@h:6379/2?socket_keepalive=true"
+    assert store_url("rediss://h:6380/0?protocol=2&legacy_responses=true") == "rediss://h:6380/0"
+    assert store_url("redis://h/0?health_check_interval=5") == "redis://h/0?health_check_interval=5"
 
 
 async def test_scripts_flushed_from_redis_are_loaded_again(store: SessionStore,
