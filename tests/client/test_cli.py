@@ -172,9 +172,12 @@ def test_api_key_and_url_from_flags(keyed_settings: Settings, question: Path) ->
 
 def test_ctrl_c_cancels_the_session_and_exits_130(gateway: LiveGateway, question: Path) -> None:
     env = os.environ | {"PYTHONPATH": str(ROOT)}
+    # A shell starts background jobs with SIGINT ignored, and Python then leaves it ignored:
+    # the CLI gets it as a terminal's Ctrl-C would, however the test suite was started.
     with subprocess.Popen([sys.executable, "-m", "gateway.cli", "stream", str(question), "--words", "1",
                            "--chunk-ms", "500", "--realtime", "--url", gateway.url], env=env, cwd=ROOT,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)) as proc:
         deadline = time.monotonic() + 30
         while not gateway.engine.sessions or len(gateway.engine.sessions[0].fed) < 2:
             assert time.monotonic() < deadline and proc.poll() is None, "no chunk arrived"
