@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 import redis.asyncio as aioredis
@@ -11,6 +12,7 @@ from gateway import errors
 from gateway.store.records import Lease
 from gateway.store.redis_store import SessionStore
 from tests.gateway.test_store import TOO_LARGE, new_session, text
+from tests.redis_server import redis_process
 
 
 async def generating(store: SessionStore, count: int) -> dict[str, Lease]:
@@ -86,3 +88,34 @@ async def test_a_round_trip_that_fails_fails_each_call_as_the_store_being_unavai
         assert store._pipe.round_trips == 1
     finally:
         await client.aclose()
+
+
+@pytest.mark.redis
+async def test_publishes_to_a_hanging_redis_fail_as_the_store_being_unavailable_in_bounded_time() -> None:
+    # The pipe's one timer per round trip bounds every call in it; a call queued behind a
+    # round trip in flight waits for that one first: two timeouts at most, never a hang.
+    timeout_sec = 0.5
+    with redis_process() as redis:
+        client = aioredis.Redis.from_url(redis.url)
+        try:
+            store = SessionStore(client, timeout_sec=timeout_sec)
+            leases = await generating(store, 2)
+
+            def publishes() -> asyncio.Future[list[object]]:
+                return asyncio.gather(*(store.publish(sid, lease, 0, [("", "x", False)])
+                                        for sid, lease in leases.items()), return_exceptions=True)
+
+            redis.freeze()
+            try:
+                started = time.monotonic()
+                in_flight = publishes()
+                await asyncio.sleep(0.1)
+                queued = publishes()
+                results = [*await in_flight, *await queued]
+                took = time.monotonic() - started
+            finally:
+                redis.thaw()
+        finally:
+            await client.aclose()
+    assert all(isinstance(result, errors.StoreUnavailable) for result in results), results
+    assert took < 2 * timeout_sec + 0.3, took
