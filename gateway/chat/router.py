@@ -12,7 +12,7 @@ from gateway import errors
 from gateway.chat.models import ChatCompletion, ChatCompletionRequest, ModelCard, ModelList
 from gateway.chat.service import ChatService
 from gateway.dependencies import get_identity, get_resources
-from gateway.output.event_stream import EventStream
+from gateway.output.event_stream import EVENT_STREAM_CONTENT, EventStream
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 
@@ -28,7 +28,7 @@ _ANSWER = {
     "model": ChatCompletion,
     "description": "a chat.completion; with stream: true, chat.completion.chunk frames then [DONE] "
                    "(the session id is in X-Session-Id)",
-    "content": {"text/event-stream": {"schema": {"type": "string"}}},
+    "content": EVENT_STREAM_CONTENT,
 }
 
 

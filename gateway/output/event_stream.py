@@ -36,6 +36,18 @@ from gateway.draining import Draining
 
 logger = logging.getLogger(__name__)
 
+#: How the API document describes an SSE response: one schema per event, as EventSource
+#: gives it to a client (and as OpenAPI 3.2's ``itemSchema`` and schemathesis read it).
+EVENT_STREAM_CONTENT: dict[str, Any] = {"text/event-stream": {"schema": {
+    "type": "object",
+    "description": "One server-sent event. `data` is a JSON chat.completion.chunk, or [DONE] at the end; "
+                   "a named event carries its own JSON (`transcript`, `error`)",
+    "properties": {"event": {"type": "string", "description": "absent (message) for answer frames"},
+                   "data": {"type": "string"},
+                   "id": {"type": "string", "description": "resume after it with Last-Event-ID"},
+                   "retry": {"type": "integer"}},
+    "required": ["data"]}}}
+
 #: A subscriber whose socket takes no frame for this long is dropped (it stopped reading).
 SEND_TIMEOUT_SEC = 30.0
 #: A generator's clean-up (its ``finally``) gets this long once the stream has ended.

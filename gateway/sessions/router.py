@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, Header, Query, Request, Response, status
 
 from gateway import errors
 from gateway.dependencies import get_identity, get_service, get_settings
-from gateway.output.event_stream import EventStream
+from gateway.output.event_stream import EVENT_STREAM_CONTENT, EventStream
 from gateway.sessions.chunks import read_chunk, record_from_json
 from gateway.sessions.models import (
     ChunkAccepted,
@@ -159,7 +159,7 @@ async def get_session(session_id: str, service: Service, identity: Identity) -> 
 
 @router.get("/{session_id}/events",
             response_class=EventStream,
-            responses={200: {"content": {"text/event-stream": {"schema": {"type": "string"}}},
+            responses={200: {"content": EVENT_STREAM_CONTENT,
                              "description": "chat.completion.chunk frames, then [DONE]; resumable"},
                        204: {"description": "Last-Event-ID is the stream's final frame: nothing follows "
                                             "(EventSource stops reconnecting)"},

@@ -29,7 +29,7 @@ from starlette.types import Message, Receive, Scope, Send
 from gateway import errors
 from gateway.dependencies import get_identity, get_resources, get_service, get_settings
 from gateway.draining import Draining
-from gateway.output.event_stream import EventStream
+from gateway.output.event_stream import EVENT_STREAM_CONTENT, EventStream
 from gateway.sessions.chunks import record_from_json
 from gateway.sessions.models import ChunkIn, CreateSessionRequest
 from gateway.sessions.service import SessionService
@@ -45,7 +45,7 @@ _BODY = {"requestBody": {"required": True, "content": {"application/x-ndjson": {
 
 
 @router.post(UPLOAD_PATH, response_class=EventStream, openapi_extra=_BODY,
-             responses={200: {"content": {"text/event-stream": {"schema": {"type": "string"}}},
+             responses={200: {"content": EVENT_STREAM_CONTENT,
                               "description": "the session's SSE stream; its id is the X-Session-Id header"},
                         **errors.error_responses(errors.InvalidJson, errors.ValidationFailed, errors.EmptyInput,
                                                  errors.RequestTooLarge, errors.StoreUnavailable, errors.Overloaded,
