@@ -7,8 +7,11 @@ get OpenAI-style ids (``item_...``, ``resp_...``).
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
+
+import orjson
 
 from gateway import errors
 
@@ -16,6 +19,20 @@ from gateway import errors
 def new_id(prefix: str) -> str:
     # 80 random bits, as uuid4().hex[:20] gave, in a fifth of the time: every event gets one.
     return f"{prefix}_{os.urandom(10).hex()}"
+
+
+def encoded(event: dict[str, Any]) -> str:
+    """An event as the text of a WebSocket message.
+
+    orjson in a tenth of the time of ``json``: every answer token is an
+    event. What orjson refuses and ``json`` writes, the stdlib writes: an
+    integer beyond 64 bits or a lone surrogate, from a client's own event
+    echoed back (an item's extra fields, an ``event_id``).
+    """
+    try:
+        return orjson.dumps(event).decode()
+    except TypeError:  # orjson.JSONEncodeError
+        return json.dumps(event)
 
 
 def event(type_: str, **fields: Any) -> dict[str, Any]:

@@ -24,7 +24,6 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import orjson
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from fastapi.responses import JSONResponse
 
@@ -74,7 +73,7 @@ async def realtime(websocket: WebSocket, model: str | None = None, session_id: s
     async def send(event: dict[str, Any]) -> None:
         metrics.realtime_event("out", event["type"])
         async with lock:
-            await websocket.send_text(orjson.dumps(event).decode())
+            await websocket.send_text(ev.encoded(event))
 
     connection = RealtimeConnection(send, resources.service, resources.store, identity, config, metrics,
                                     settings.max_chunk_bytes, keep_sec=settings.session_timeout_sec)

@@ -131,11 +131,23 @@ async def test_bad_events_get_an_error_event_and_the_connection_goes_on(
                     json.dumps({"type": "response.create"}),  # nothing to answer yet
                     json.dumps({"type": "input_audio_buffer.commit"}),  # nothing to commit
                     json.dumps({"type": "response.cancel"}),  # nothing to cancel
+                    # JSON's escapes allow a lone surrogate, which no UTF-8 text can carry back:
+                    '{"type": "no.such.event", "event_id": "\\ud800"}',
+                    json.dumps({"type": "conversation.item.create", "item": {
+                        "type": "message", "role": "user", "content": [{"type": "input_text", "text": "a\udc00"}]}}),
                     json.dumps({"type": "session.update", "session": {"max_output_tokens": -1}})):
             await ws.send(bad)
             error = conforming(json.loads(await ws.recv()))
             assert error["type"] == "error" and error["error"]["message"], bad
+            assert error["error"]["code"] != "internal_error", bad
         assert error["error"]["param"] == "session.max_output_tokens"
+        # An item's extra fields come back as sent, an integer beyond 64 bits too.
+        big = {"type": "input_text", "text": "hi", "note": 10**30}
+        await ws.send(json.dumps({"type": "conversation.item.create", "item": {
+            "type": "message", "role": "user", "content": [big]}}))
+        added = conforming(json.loads(await ws.recv()))
+        assert added["type"] == "conversation.item.added" and added["item"]["content"] == [big]
+        assert json.loads(await ws.recv())["type"] == "conversation.item.done"
         await ws.send(json.dumps({"type": "no.such.event", "event_id": "evt_9"}))
         assert json.loads(await ws.recv())["error"]["event_id"] == "evt_9"
         await ws.send(json.dumps({"type": "session.update", "session": TEXT_ONLY}))
