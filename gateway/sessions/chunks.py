@@ -50,7 +50,10 @@ async def read_chunk(request: Request, settings: Settings) -> ChunkRecord:
 
 def record_from_json(chunk: ChunkIn, max_chunk_bytes: int) -> ChunkRecord:
     if chunk.text is not None:
-        data = chunk.text.encode()
+        try:
+            data = chunk.text.encode()
+        except UnicodeEncodeError as exc:  # JSON's \ud800 escapes parse into a str UTF-8 cannot hold
+            raise errors.InvalidPayload("text is not valid Unicode (a lone surrogate)", param="text") from exc
     else:
         try:
             data = base64.b64decode(chunk.payload or "", validate=True)

@@ -101,6 +101,10 @@ async def test_bad_requests_get_the_envelope_and_open_no_session(
             assert_error(await client.post(CHAT, json={"stream": stream, **body}), status, code, param)
     assert_error(await client.post(CHAT, content=b"{", headers={"Content-Type": "application/json"}),
                  400, "invalid_json")
+    for stream in (b"false", b"true"):  # JSON's escapes allow a lone surrogate; UTF-8 cannot carry it
+        lone = b'{"stream": %s, "messages": [{"role": "user", "content": "a\\udc00"}]}' % stream
+        assert_error(await client.post(CHAT, content=lone, headers={"Content-Type": "application/json"}),
+                     422, "invalid_payload", "messages.0.content")
     assert engine.sessions == []
 
     with pytest.raises(openai.UnprocessableEntityError) as raised:
