@@ -109,11 +109,14 @@ def is_store_unavailable(exc: BaseException) -> bool:
 def translate_redis_errors() -> Iterator[None]:
     """Nothing from ``redis.*`` leaves the store: "cannot serve now" becomes a 503.
 
-    Any other Redis error (a bug in a script, say) stays a 500 for a request,
-    and background loops log it and carry on.
+    So does a call's time bound running out (``asyncio.timeout``: a call's own,
+    or its pipeline's). Any other Redis error (a bug in a script, say) stays a
+    500 for a request, and background loops log it and carry on.
     """
     try:
         yield
+    except TimeoutError as exc:
+        raise StoreUnavailable("the session store did not answer in time") from exc
     except Exception as exc:
         if is_store_unavailable(exc):
             raise StoreUnavailable(f"the session store cannot serve now ({_first_word(exc)}); "

@@ -16,8 +16,8 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -173,16 +173,6 @@ def _input_outcome(reply: Reply, replica: str) -> InputOutcome:
     )
 
 
-@contextmanager
-def _translated() -> Iterator[None]:
-    """Foreign errors translated; a timeout (a call's own or its pipeline's) is the store not answering."""
-    with translate_redis_errors():
-        try:
-            yield
-        except TimeoutError as exc:
-            raise errors.StoreUnavailable("the session store did not answer in time") from exc
-
-
 class SessionStore:
     def __init__(self, client: aioredis.Redis, *, timeout_sec: float) -> None:
         self._redis = client
@@ -204,7 +194,7 @@ class SessionStore:
     @asynccontextmanager
     async def _call(self, extra_sec: float = 0.0) -> AsyncIterator[None]:
         """Every Redis call: bounded in time, foreign errors translated."""
-        with _translated():
+        with translate_redis_errors():
             async with asyncio.timeout(self._timeout + extra_sec):
                 yield
 
@@ -214,7 +204,7 @@ class SessionStore:
             # call (a timer and a context per publish were a tenth of the engine process's
             # CPU at 200 streaming sessions). A call queued behind a round trip in flight
             # waits for that one first, so it fails after two timeouts at most.
-            with _translated():
+            with translate_redis_errors():
                 raw = await self._pipe.run(name, keys, args)
         else:
             async with self._call():
