@@ -21,7 +21,7 @@ import httpx
 import pytest
 import redis
 
-from gateway.store.keys import session_keys
+from gateway.store.keys import SCHEDULE, session_keys
 from tests.gateway.test_edge import nginx
 from tests.redis_server import redis_process
 from tests.replicas.gateways import Gateway, ready, stop_all, wait_until
@@ -42,8 +42,25 @@ class Replicas:
     #: NGINX in front of all three (deploy/edge_nginx.py), round robin: where clients reconnect.
     edge: str
 
-    def diagnostics(self) -> str:
-        return "\n".join(g.tail() for g in self.gateways.values())
+    def diagnostics(self, session_id: str | None = None) -> str:
+        """The replicas' logs; with ``session_id``, first what decides its takeover:
+        what Redis holds on it, what each replica logged of it, and whether each is ready."""
+        tails = "\n".join(g.tail() for g in self.gateways.values())
+        if session_id is None:
+            return tails
+        store = redis.Redis.from_url(self.redis_url, decode_responses=True)
+        seconds, micros = store.time()
+        told = [f"--- redis at {seconds * 1000 + micros // 1000} ms",
+                f"meta: {store.hgetall(session_keys(session_id).meta)}",
+                f"schedule: {store.zscore(SCHEDULE, session_id)}"]
+        for gateway in self.gateways.values():
+            told.append(f"--- {gateway.name} on {session_id}")
+            told += [line for line in gateway.log.read_text(errors="replace").splitlines()
+                     if session_id in line and "GET " not in line]
+            if gateway.alive():
+                readiness = httpx.get(f"{gateway.url}/readyz", timeout=5)
+                told.append(f"/readyz: {readiness.status_code} {readiness.text}")
+        return "\n".join(told) + "\n" + tails
 
 
 @pytest.fixture(scope="module")
@@ -206,7 +223,7 @@ def test_kill_9_mid_input_then_mid_generation_loses_and_repeats_nothing(
     chunk(c.url, sid, 2, end=True)  # input keeps arriving while nobody runs the session
     survivors = {g.name: g for g in (b, c)}
     wait_until(lambda: owner(b.url, sid) in survivors, LEASE_TTL_SEC * 10, "taken over after the lease",
-               replicas.diagnostics)
+               lambda: replicas.diagnostics(sid))
     second = survivors[owner(b.url, sid)]
     reader = next(g for g in survivors.values() if g is not second)
 
