@@ -15,6 +15,7 @@ from gateway.chat.router import router as chat_router
 from gateway.demo.router import router as demo_router
 from gateway.dependencies import Resources
 from gateway.draining import Draining
+from gateway.engine_death import watch_engine
 from gateway.error_handlers import install_error_handlers
 from gateway.identity import IdentityResolver
 from gateway.limits_middleware import BoundedBodyMiddleware
@@ -96,7 +97,7 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
             runners = RunnerPool(
                 lambda sid, lease: SessionRunner(sid, lease, store, active, metrics, settings.lease_ttl_sec,
                                                  settings.engine_progress_timeout_sec, settings.idle_park_sec,
-                                                 settings.output_coalesce_ms / 1000),
+                                                 settings.output_coalesce_ms / 1000, on_engine_dead=draining.fail),
                 # An API worker takes no engine work: what its calls start waits for the engine process.
                 capacity=0 if role == "api" else settings.max_engine_sessions, listening_cap=settings.listening_cap)
             service = SessionService(settings, store, active.capabilities, runners, metrics, draining,
@@ -104,6 +105,7 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
             if isinstance(active, FrontEngine):
                 tender = asyncio.create_task(active.watch(), name="engine-watch")
             else:
+                background.append(asyncio.create_task(watch_engine(active, draining), name="engine-death"))
                 tender = asyncio.create_task(
                     Tender(store, runners, metrics, draining, settings.replica_id,
                            settings.schedule_policy).run(settings.tend_interval_sec),

@@ -110,6 +110,12 @@ class DrainingServer(uvicorn.Server):
         self._draining = draining
         self._drain_sec = drain_sec
         self._on_signal = on_signal
+        draining.stop_server = self._stop_now
+
+    def _stop_now(self) -> None:
+        """Stop without a drain period (``Draining.fail``): the lifespan still hands the
+        sessions over, and API workers are stopped with the engine process."""
+        self.should_exit = True
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets=sockets)
@@ -146,6 +152,7 @@ def serve(settings: Settings, host: str, port: int, log_level: str, *, engine_po
     if workers == 0:
         app = create_app(settings, engine=engine, draining=draining)
         DrainingServer(uvicorn_config(app, host=host, port=port), draining, settings.drain_sec).run()
+        exit_if_failed(draining)
         return
     shared_metrics = share_metrics(settings.replica_id)
     listener = socket.create_server((host, port), backlog=BACKLOG, reuse_port=False)
@@ -162,6 +169,14 @@ def serve(settings: Settings, host: str, port: int, log_level: str, *, engine_po
         pool.stop()
         listener.close()
         shutil.rmtree(shared_metrics, ignore_errors=True)
+    exit_if_failed(draining)
+
+
+def exit_if_failed(draining: Draining) -> None:
+    """Exit non-zero when the replica stopped because it could not go on (``Draining.fail``
+    logged why), so its supervisor starts it again."""
+    if draining.failure is not None:
+        raise SystemExit(1)
 
 
 def share_metrics(replica_id: str) -> str:

@@ -182,5 +182,11 @@ class EngineUnavailableError(Exception):
     """The engine cannot take work right now (dead, starting, unreachable)."""
 
 
+class EngineDeadError(EngineUnavailableError):
+    """The engine stopped for good (its core process died): only starting the
+    process again brings it back. ``check_health`` raises it; the replica then
+    hands its sessions to other replicas and exits (gateway/engine_death.py)."""
+
+
 class EngineRejectedError(Exception):
     """The engine refused a request as invalid (the client's fault)."""

@@ -43,6 +43,7 @@ from typing import Protocol
 
 from omni_adapter.port import (
     Capabilities,
+    EngineDeadError,
     EngineError,
     EngineRejectedError,
     EngineRequest,
@@ -191,6 +192,8 @@ class ScriptedEngine:
     #: Every session opened, in order (when ``record``).
     sessions: list[ScriptedSession] = field(default_factory=list)
     healthy: bool = True
+    #: Dead for good (``EngineDeadError``), as a vLLM engine whose core process died.
+    dead: bool = False
     #: Raised by open_session, to test how the gateway handles a refusal.
     refuse_with: Exception | None = None
     #: Keep the sessions and their input; a long-running server (a benchmark
@@ -206,6 +209,8 @@ class ScriptedEngine:
         return session
 
     async def check_health(self) -> None:
+        if self.dead:
+            raise EngineDeadError("scripted engine marked dead")
         if not self.healthy:
             raise RuntimeError("scripted engine marked unhealthy")
 

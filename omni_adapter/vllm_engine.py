@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from omni_adapter.port import (
     Capabilities,
+    EngineDeadError,
     EngineError,
     EngineRejectedError,
     EngineRequest,
@@ -244,10 +245,15 @@ class VllmEngine:
         return VllmSession(self._llm, request, tokens, self._max_model_len, emitted)
 
     async def check_health(self) -> None:
+        from vllm.v1.engine.exceptions import EngineDeadError as VllmEngineDead
+
         if self._closed:
             raise EngineUnavailableError("the engine is closed")
         try:
             await self._llm.check_health()
+        except VllmEngineDead as exc:
+            # vLLM does not start a dead engine core again: neither can this process.
+            raise EngineDeadError(f"the vLLM engine died: {exc}") from exc
         except Exception as exc:
             raise EngineUnavailableError(f"the vLLM engine is not healthy: {exc}") from exc
 

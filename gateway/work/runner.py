@@ -25,6 +25,9 @@ cache; the next input resumes it on whichever replica has room, which
 re-feeds the input from Redis (the prefix cache recovers what survived).
 A replaced chunk (update mode) puts a ``restart`` mark in the input: the
 runner opens a new engine request and feeds the input again from the start.
+
+An engine that died for good fails no session: the runner tells the replica
+to stop and releases its session to another one (gateway/engine_death.py).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from typing import Any, TypeVar
 
 from gateway import errors
 from gateway.domain.states import SessionState
+from gateway.engine_death import stop_if_dead
 from gateway.metrics import Metrics
 from gateway.output.audio import AudioOutput
 from gateway.output.frames import DONE, TRANSCRIPT_EVENT, FrameBuilder, content_of
@@ -68,6 +72,11 @@ T = TypeVar("T")
 INPUT_POLL_MS = 5_000
 #: Waits between retries of a store call while Redis is unreachable.
 RETRY_DELAYS_SEC = (0.05, 0.1, 0.2, 0.5, 1.0)
+
+
+class EngineDied(Exception):
+    """The engine is dead for good: the session goes back to Redis for another replica
+    (gateway/engine_death.py), it does not fail."""
 
 
 class LeaseLost(Exception):
@@ -118,7 +127,8 @@ class _Timing:
 class SessionRunner:
     def __init__(self, session_id: str, lease: Lease, store: SessionStore, engine: Engine,
                  metrics: Metrics, lease_ttl_sec: float, progress_timeout_sec: float = 120.0,
-                 idle_park_sec: float = 0.0, coalesce_sec: float = 0.0) -> None:
+                 idle_park_sec: float = 0.0, coalesce_sec: float = 0.0, *,
+                 on_engine_dead: Callable[[str], None]) -> None:
         self.session_id = session_id
         self.lease = lease
         self._store = store
@@ -128,6 +138,8 @@ class SessionRunner:
         self._progress_timeout_sec = progress_timeout_sec
         self._idle_park_sec = idle_park_sec
         self._coalesce_sec = coalesce_sec
+        #: Told when the engine turns out to be dead (``Draining.fail``: the replica stops).
+        self._on_engine_dead = on_engine_dead
         #: True until the input is known to be complete: a runner that has not
         #: read its session yet counts against the listening cap.
         self.listening = True
@@ -176,6 +188,9 @@ class SessionRunner:
             await self._fail(errors.ValidationFailed(str(exc)))
             return None
         except Exception:
+            if await stop_if_dead(self._engine, self._on_engine_dead):
+                await self._release()
+                return None
             logger.exception("session %s: the engine could not open it", self.session_id)
             await self._fail(errors.EngineUnavailable("the engine could not take this session"))
             return None
@@ -206,6 +221,8 @@ class SessionRunner:
                 logger.info("session %s: ended while its engine work ran; stopped", self.session_id)
             else:
                 logger.warning("session %s: lease lost; another replica runs it now", self.session_id)
+        except EngineDied:
+            await self._release()
         except errors.EngineTimeout as exc:
             logger.error("session %s: %s", self.session_id, exc.message)
             self._metrics.engine_errors.labels(exc.code).inc()
@@ -216,8 +233,11 @@ class SessionRunner:
             await self._release()
             raise
         except Exception:
-            logger.exception("session %s: runner crashed", self.session_id)
-            await self._fail(errors.GatewayError("the engine work of this session failed"))
+            if await stop_if_dead(self._engine, self._on_engine_dead):
+                await self._release()
+            else:
+                logger.exception("session %s: runner crashed", self.session_id)
+                await self._fail(errors.GatewayError("the engine work of this session failed"))
         finally:
             self.listening = False
             for part in [*parts, feed]:
@@ -308,6 +328,8 @@ class SessionRunner:
             await self._fail(errors.ValidationFailed(str(exc)))
             await session.abort()
         except Exception as exc:
+            if await stop_if_dead(self._engine, self._on_engine_dead):
+                raise EngineDied(self.session_id) from exc
             logger.exception("session %s: feeding input failed", self.session_id)
             await self._fail(exc if isinstance(exc, errors.GatewayError)
                              else errors.GatewayError("feeding input to the engine failed"))
@@ -436,6 +458,8 @@ class SessionRunner:
                     return
                 elif isinstance(event, EngineError):
                     if await batcher.close():  # what came before the error, as before
+                        if await stop_if_dead(self._engine, self._on_engine_dead):
+                            raise EngineDied(self.session_id)  # the next holder goes on after it
                         self._metrics.engine_errors.labels(event.code).inc()
                         await self._fail(errors.GatewayError(event.message), code=event.code)
                     return

@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from gateway.domain.scheduling import Room
 from gateway.metrics import Metrics
 from gateway.store.records import Lease, Renewal
 from gateway.store.redis_store import SessionStore
@@ -25,7 +26,8 @@ async def generating(store: SessionStore) -> Lease:
 
 
 def runner(store: SessionStore, lease: Lease) -> SessionRunner:
-    return SessionRunner("s1", lease, store, ScriptedEngine(), Metrics(), LEASE_TTL_SEC)
+    return SessionRunner("s1", lease, store, ScriptedEngine(), Metrics(), LEASE_TTL_SEC,
+                         on_engine_dead=pytest.fail)
 
 
 async def test_a_lease_taken_over_stops_the_work_at_the_next_renewal(store: SessionStore) -> None:
@@ -50,3 +52,25 @@ async def test_a_session_that_ended_is_not_a_lost_lease_and_leaves_its_work_time
         await asyncio.wait_for(runner(store, lease)._heartbeat(), timeout=2.0)
     assert lost.value.ended
     assert time.monotonic() - started >= LEASE_TTL_SEC / 3 * 1.4  # the first renewal, then a period
+
+
+@pytest.mark.parametrize("dead", [True, False], ids=["dead-engine", "refusing-engine"])
+async def test_an_engine_dead_for_good_hands_the_session_back_and_stops_the_replica(
+        store: SessionStore, dead: bool) -> None:
+    """A dead engine (its core process died) is no fault of the session: the runner releases it
+    for another replica, which goes on from Redis, and tells the replica to stop. An engine that
+    only refuses the session still fails it."""
+    lease = await generating(store)
+    reasons: list[str] = []
+    engine = ScriptedEngine(refuse_with=RuntimeError("the engine core is gone"), dead=dead)
+    work = SessionRunner("s1", lease, store, engine, Metrics(), LEASE_TTL_SEC, on_engine_dead=reasons.append)
+    await asyncio.wait_for(work.run(), timeout=5)
+    record = await store.view("s1")
+    if dead:
+        assert reasons and "scripted engine marked dead" in reasons[0]
+        assert record.state.value == "generating" and record.owner is None, "released, not failed"
+        taken = await store.tend("{}", "{}", "r2", Room(total=1, listening=1))  # another replica, at once
+        assert [(o.session_id, o.lease is not None) for o in taken.outcomes] == [("s1", True)]
+    else:
+        assert not reasons
+        assert record.state.value == "failed"

@@ -4,8 +4,10 @@ One session is appended to across replicas while its owner is killed with
 kill -9 mid-input, then the replica that took it over is killed
 mid-generation. The text a subscriber reads (reconnecting with
 Last-Event-ID) and the stored result must equal an undisturbed run at
-temperature 0: nothing lost, nothing repeated. Then SIGTERM on the last
-replica: /readyz fails at once and its running session still completes.
+temperature 0: nothing lost, nothing repeated. The same holds when only a
+replica's engine core is killed (the replica hands over and exits 1). Then
+SIGTERM on the last replica: /readyz fails at once and its running session
+still completes.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 import pytest
 import redis
 
@@ -156,6 +159,48 @@ def test_append_create_and_subscribe_on_different_replicas(undisturbed: dict) ->
     answer = result["completion"]["choices"][0]["message"]["content"]
     assert answer and undisturbed["text"] == answer
     assert result["completion"]["usage"]["completion_tokens"] >= 8, "too short to be cut mid-generation"
+
+
+def engine_core_of(gateway: Gateway) -> psutil.Process:
+    """The replica's vLLM engine core: a child process of the gateway's, named by vLLM."""
+    assert gateway.proc is not None
+    cores = [child for child in psutil.Process(gateway.proc.pid).children(recursive=True)
+             if "EngineCore" in " ".join(child.cmdline())]
+    assert len(cores) == 1, cores
+    return cores[0]
+
+
+def test_a_replica_whose_engine_dies_hands_its_session_over_and_exits(
+    replicas: Replicas, undisturbed: dict,
+) -> None:
+    """kill -9 of the engine core alone (an OOM kill, a crash in the model): the gateway
+    process lives on and keeps renewing its leases. It must not fail the session it runs, nor
+    claim others' work and fail that: it hands the session to another replica, which goes on
+    from Redis (nothing lost or repeated), and exits non-zero so its supervisor starts it again."""
+    a, b, _ = (replicas.gateways[n] for n in NAMES)
+    sid = post(a.url, "", REQUEST).json()["session_id"]
+    chunk(a.url, sid, 0)
+    assert owner(b.url, sid) == "replica-a"
+    chunk(a.url, sid, 1)
+    chunk(a.url, sid, 2, end=True)
+    try:
+        first_part = sse_frames(b.url, sid, stop_after_content=1)
+        engine_core_of(a).kill()
+        assert a.proc is not None and a.proc.wait(timeout=60) == 1, a.tail()
+        log = a.log.read_text(errors="replace")
+        assert "stopping this replica: the vLLM engine died" in log, a.tail()
+        # Also proves the kill came before the end of the answer: a finished one is not released.
+        assert f"session {sid}: released to another replica" in log, a.tail()
+        rest = sse_frames(replicas.edge, sid, after=first_part[-1][0])  # reconnect through the edge
+        assert rest[-1][1] == "[DONE]"
+        assert text_of(first_part) + text_of(rest) == undisturbed["text"], "nothing lost or repeated"
+        result = httpx.get(f"{b.url}{SESSIONS}/{sid}/result", timeout=30).json()
+        assert result["state"] == "completed", result
+        assert result["completion"]["usage"] == undisturbed["result"]["completion"]["usage"]
+    finally:
+        if not a.alive():
+            a.start()  # the next tests need three replicas
+            wait_until(lambda: ready(a), 900, "replica-a ready again", replicas.diagnostics)
 
 
 def realtime_events(ws: Any, until: str, within_sec: float = 240) -> list[dict]:
