@@ -128,7 +128,8 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
                 for task in background:
                     task.cancel()
                 await asyncio.gather(tender, *background, return_exceptions=True)
-                await runners.aclose(settings.shutdown_grace_sec)
+                # A dead engine finishes nothing: its sessions go to other replicas at once.
+                await runners.aclose(0.0 if draining.failure else settings.shutdown_grace_sec)
                 await store.aclose()
                 if own_engine:
                     await active.aclose()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,7 @@ from tests.replicas.gateways import Gateway, ready, stop_all, wait_until
 SESSIONS = "/v1/streaming_input/sessions"
 NAMES = ("replica-a", "replica-b", "replica-c")
 LEASE_TTL_SEC = 3
+SHUTDOWN_GRACE_SEC = 10
 CHUNKS = ["List the", " days of the week,", " one per line."]
 REQUEST = {"temperature": 0, "max_tokens": 48, "start_policy": "on_first_chunk"}
 
@@ -73,6 +75,7 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replicas]:
         env = {
             "OMNI_GATEWAY_REDIS_URL": redis_server.url, "OMNI_GATEWAY_LEASE_TTL_SEC": str(LEASE_TTL_SEC),
             "OMNI_GATEWAY_TEND_INTERVAL_SEC": "0.1", "OMNI_GATEWAY_DRAIN_SEC": "3",
+            "OMNI_GATEWAY_SHUTDOWN_GRACE_SEC": str(SHUTDOWN_GRACE_SEC),
             "OMNI_GATEWAY_MAX_SESSIONS_PER_IDENTITY": "0", "OMNI_GATEWAY_RATE_LIMIT_RPS": "0",
             "OMNI_GATEWAY_MAX_OPEN_SESSIONS": "0", "OMNI_GATEWAY_KV_CACHE_SPACE_GIB": "1",
             "OMNI_GATEWAY_MAX_MODEL_LEN": "1024",
@@ -177,26 +180,36 @@ def test_a_replica_whose_engine_dies_hands_its_session_over_and_exits(
     process lives on and keeps renewing its leases. It must not fail the session it runs, nor
     claim others' work and fail that: it hands the session to another replica, which goes on
     from Redis (nothing lost or repeated), and exits non-zero so its supervisor starts it again."""
-    a, b, _ = (replicas.gateways[n] for n in NAMES)
+    a, b, c = (replicas.gateways[n] for n in NAMES)
+    listening = post(a.url, "", REQUEST).json()["session_id"]  # input still coming when the engine dies
+    chunk(a.url, listening, 0)
     sid = post(a.url, "", REQUEST).json()["session_id"]
     chunk(a.url, sid, 0)
-    assert owner(b.url, sid) == "replica-a"
+    assert owner(b.url, sid) == owner(b.url, listening) == "replica-a"
     chunk(a.url, sid, 1)
     chunk(a.url, sid, 2, end=True)
     try:
         first_part = sse_frames(b.url, sid, stop_after_content=1)
         engine_core_of(a).kill()
+        killed = time.monotonic()
         assert a.proc is not None and a.proc.wait(timeout=60) == 1, a.tail()
+        # Sooner than a shutdown's grace for running sessions: a dead engine finishes none.
+        assert time.monotonic() - killed < SHUTDOWN_GRACE_SEC, a.tail()
         log = a.log.read_text(errors="replace")
         assert "stopping this replica: the vLLM engine died" in log, a.tail()
         # Also proves the kill came before the end of the answer: a finished one is not released.
-        assert f"session {sid}: released to another replica" in log, a.tail()
+        for session_id in (sid, listening):
+            assert f"session {session_id}: released to another replica" in log, a.tail()
         rest = sse_frames(replicas.edge, sid, after=first_part[-1][0])  # reconnect through the edge
         assert rest[-1][1] == "[DONE]"
         assert text_of(first_part) + text_of(rest) == undisturbed["text"], "nothing lost or repeated"
         result = httpx.get(f"{b.url}{SESSIONS}/{sid}/result", timeout=30).json()
         assert result["state"] == "completed", result
         assert result["completion"]["usage"] == undisturbed["result"]["completion"]["usage"]
+
+        chunk(c.url, listening, 1)  # the released listening session goes on elsewhere
+        chunk(b.url, listening, 2, end=True)
+        assert text_of(sse_frames(replicas.edge, listening)) == undisturbed["text"]
     finally:
         if not a.alive():
             a.start()  # the next tests need three replicas
