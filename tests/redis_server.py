@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import shutil
 import signal
 import socket
@@ -12,11 +13,28 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+#: Where ``free_port`` picks: below Linux's ephemeral range (32768-60999). A port
+#: the OS handed out for a bind to port 0 and that was closed again can be handed
+#: out to any process next: a replica's vLLM processes take several while it starts,
+#: for a minute before it binds its own port, and one took it ("address already in
+#: use", the replica exited). No bind to port 0 lands below the range.
+PICKED_PORTS = range(20_000, 32_768)
+_picked: set[int] = set()
+
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A loopback port free now, that no other call in this process returned."""
+    while True:
+        port = random.choice(PICKED_PORTS)
+        if port in _picked:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _picked.add(port)
+        return port
 
 
 def free_cluster_port() -> int:
