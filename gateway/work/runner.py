@@ -474,6 +474,8 @@ class SessionRunner:
         envelope = error.envelope()
         if code:
             envelope["error"]["code"] = code
+        # Whatever failed it, the replica's log says so (an engine's error event left no trace).
+        logger.warning("session %s: failed (%s): %s", self.session_id, envelope["error"]["code"], error.message)
         try:
             before = await self._store.fail(self.session_id, json.dumps(envelope), self.lease)
         except errors.StoreUnavailable:

@@ -405,8 +405,8 @@ async def test_cancel_aborts_engine_and_closes_input(client: httpx.AsyncClient, 
     assert (await view(client, sid))["state"] == "cancelled"
 
 
-async def test_engine_failure_mid_stream_sends_error_event(client: httpx.AsyncClient,
-                                                           engine: ScriptedEngine) -> None:
+async def test_engine_failure_mid_stream_sends_error_event(client: httpx.AsyncClient, engine: ScriptedEngine,
+                                                           caplog: pytest.LogCaptureFixture) -> None:
     engine.script = Script(error_after_words=2)
     sid = await create(client, first_chunk={"sequence_id": 0, "text": "one two three", "end_of_input": True})
     events = parse_sse((await client.get(f"{BASE}/{sid}/events")).text)
@@ -414,6 +414,8 @@ async def test_engine_failure_mid_stream_sends_error_event(client: httpx.AsyncCl
     assert events[-1].event == "error" and events[-1].json()["error"]["code"] == "engine_error"
     assert "[DONE]" not in [e.data for e in events]
     assert (await view(client, sid))["state"] == "failed"
+    assert any(sid in r.getMessage() and "engine_error" in r.getMessage() for r in caplog.records), \
+        "the replica's log says why the session failed"
 
 
 async def test_an_answer_that_stops_making_progress_fails_with_engine_timeout(
