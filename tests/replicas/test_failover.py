@@ -25,6 +25,7 @@ import psutil
 import pytest
 import redis
 
+from gateway.domain.states import SessionState
 from gateway.store.keys import SCHEDULE, session_keys
 from tests.gateway.test_edge import nginx
 from tests.redis_server import redis_process
@@ -280,8 +281,16 @@ def test_kill_9_mid_input_then_mid_generation_loses_and_repeats_nothing(
     a.kill9()  # mid-input
     chunk(c.url, sid, 2, end=True)  # input keeps arriving while nobody runs the session
     survivors = {g.name: g for g in (b, c)}
-    wait_until(lambda: owner(b.url, sid) in survivors, LEASE_TTL_SEC * 10, "taken over after the lease",
-               lambda: replicas.diagnostics(sid))
+
+    def taken_over() -> bool:
+        # An ended session has no owner: say so at once, with what Redis and the
+        # replicas hold on it, rather than wait out the timeout for an owner.
+        view = httpx.get(f"{b.url}{SESSIONS}/{sid}", timeout=30).json()
+        assert not SessionState(view["state"]).is_terminal, \
+            f"ended before a survivor was seen running it: {view}\n{replicas.diagnostics(sid)}"
+        return view["owner"] in survivors
+
+    wait_until(taken_over, LEASE_TTL_SEC * 10, "taken over after the lease", lambda: replicas.diagnostics(sid))
     second = survivors[owner(b.url, sid)]
     reader = next(g for g in survivors.values() if g is not second)
 
