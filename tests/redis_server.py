@@ -18,14 +18,14 @@ from pathlib import Path
 #: out to any process next: a replica's vLLM processes take several while it starts,
 #: for a minute before it binds its own port, and one took it ("address already in
 #: use", the replica exited). No bind to port 0 lands below the range.
-PICKED_PORTS = range(20_000, 32_768)
+FREE_PORT_RANGE = range(20_000, 32_768)
 _picked: set[int] = set()
 
 
 def free_port() -> int:
     """A loopback port free now, that no other call in this process returned."""
     while True:
-        port = random.choice(PICKED_PORTS)
+        port = random.choice(FREE_PORT_RANGE)
         if port in _picked:
             continue
         with socket.socket() as sock:

@@ -224,7 +224,6 @@ class SessionRunner:
         except EngineDied:
             await self._release()
         except errors.EngineTimeout as exc:
-            logger.error("session %s: %s", self.session_id, exc.message)
             self._metrics.engine_errors.labels(exc.code).inc()
             await self._fail(exc)
         except asyncio.CancelledError:
