@@ -174,8 +174,11 @@ class SessionRunner:
         if record.state.is_terminal:
             return None
         progress = _Progress.of(await self._retrying(lambda: self._store.read_output(self.session_id)))
-        if progress.frame_data:
-            logger.info("session %s: taking over after %d frames", self.session_id, len(progress.frame_data))
+        if attempt == 0 and self.lease.epoch > 1:
+            # Another holder ran it before (a failover, a release, a parked session's
+            # resume): say so even before any output, so a takeover can be traced.
+            logger.info("session %s: taking over (lease epoch %d) after %d frames",
+                        self.session_id, self.lease.epoch, len(progress.frame_data))
         timing = _Timing(created_ms=record.created_at_ms, input_done_ms=record.input_done_at_ms,
                          progress_at=time.monotonic())
         # vLLM refuses a request id it still knows: a restart gets an id of its own.

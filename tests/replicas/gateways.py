@@ -60,11 +60,12 @@ class Gateway:
         return f"--- {self.name}\n" + "\n".join(text.splitlines()[-lines:])
 
 
-def wait_until(condition: Callable[[], bool], timeout: float, what: str, diagnostics: Callable[[], str]) -> None:
+def wait_until(condition: Callable[[], bool], timeout: float, what: str, diagnostics: Callable[[], str],
+               every: float = 0.2) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         assert time.monotonic() < deadline, f"{what}: not after {timeout} s\n{diagnostics()}"
-        time.sleep(0.2)
+        time.sleep(every)
 
 
 def ready(gateway: Gateway) -> bool:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -142,6 +142,30 @@ def chunk(base: str, sid: str, seq: int, end: bool = False) -> None:
 
 def owner(base: str, sid: str) -> str | None:
     return httpx.get(f"{base}{SESSIONS}/{sid}", timeout=30).json()["owner"]
+
+
+class OwnerWatch:
+    """Who runs a session, read from its hash in Redis: no replica's answer can lag
+    behind it. Keeps every change it saw, for the failure message."""
+
+    def __init__(self, redis_url: str, session_id: str, diagnostics: Callable[[], str]) -> None:
+        self._store = redis.Redis.from_url(redis_url, decode_responses=True)
+        self._diagnostics = diagnostics
+        self._meta = session_keys(session_id).meta
+        self._since = time.monotonic()
+        self._seen: list[tuple[float, str, str]] = []
+
+    def owner(self) -> str:
+        state, holder = self._store.hmget(self._meta, "state", "owner")
+        if not self._seen or self._seen[-1][1:] != (state, holder):
+            self._seen.append((time.monotonic() - self._since, state, holder))
+        # An ended session has no owner: say so at once rather than wait out the timeout for one.
+        assert not SessionState(state).is_terminal, \
+            f"ended before a survivor was seen running it\n{self}\n{self._diagnostics()}"
+        return holder
+
+    def __str__(self) -> str:
+        return "owner changes: " + ", ".join(f"+{at:.2f} s {state} {holder!r}" for at, state, holder in self._seen)
 
 
 @pytest.fixture(scope="module")
@@ -281,17 +305,10 @@ def test_kill_9_mid_input_then_mid_generation_loses_and_repeats_nothing(
     a.kill9()  # mid-input
     chunk(c.url, sid, 2, end=True)  # input keeps arriving while nobody runs the session
     survivors = {g.name: g for g in (b, c)}
-
-    def taken_over() -> bool:
-        # An ended session has no owner: say so at once, with what Redis and the
-        # replicas hold on it, rather than wait out the timeout for an owner.
-        view = httpx.get(f"{b.url}{SESSIONS}/{sid}", timeout=30).json()
-        assert not SessionState(view["state"]).is_terminal, \
-            f"ended before a survivor was seen running it: {view}\n{replicas.diagnostics(sid)}"
-        return view["owner"] in survivors
-
-    wait_until(taken_over, LEASE_TTL_SEC * 10, "taken over after the lease", lambda: replicas.diagnostics(sid))
-    second = survivors[owner(b.url, sid)]
+    takeover = OwnerWatch(replicas.redis_url, sid, lambda: replicas.diagnostics(sid))
+    wait_until(lambda: takeover.owner() in survivors, LEASE_TTL_SEC * 10, "taken over after the lease",
+               lambda: f"{takeover}\n{replicas.diagnostics(sid)}", every=0.02)
+    second = survivors[takeover.owner()]
     reader = next(g for g in survivors.values() if g is not second)
 
     first_part = sse_frames(reader.url, sid, stop_after_content=1)
