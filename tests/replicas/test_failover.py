@@ -152,20 +152,25 @@ class OwnerWatch:
         self._store = redis.Redis.from_url(redis_url, decode_responses=True)
         self._diagnostics = diagnostics
         self._meta = session_keys(session_id).meta
-        self._since = time.monotonic()
+        self._since = self._last_read = time.monotonic()
         self._seen: list[tuple[float, str, str]] = []
+        #: The longest time between two reads: a stalled test process shows here.
+        self._longest_gap = 0.0
 
     def owner(self) -> str:
         state, holder = self._store.hmget(self._meta, "state", "owner")
+        now = time.monotonic()
+        self._longest_gap, self._last_read = max(self._longest_gap, now - self._last_read), now
         if not self._seen or self._seen[-1][1:] != (state, holder):
-            self._seen.append((time.monotonic() - self._since, state, holder))
+            self._seen.append((now - self._since, state, holder))
         # An ended session has no owner: say so at once rather than wait out the timeout for one.
         assert not SessionState(state).is_terminal, \
             f"ended before a survivor was seen running it\n{self}\n{self._diagnostics()}"
         return holder
 
     def __str__(self) -> str:
-        return "owner changes: " + ", ".join(f"+{at:.2f} s {state} {holder!r}" for at, state, holder in self._seen)
+        changes = ", ".join(f"+{at:.2f} s {state} {holder!r}" for at, state, holder in self._seen)
+        return f"owner changes: {changes}; longest time between two reads {self._longest_gap:.2f} s"
 
 
 @pytest.fixture(scope="module")
