@@ -176,8 +176,9 @@ class SessionRunner:
         progress = _Progress.of(await self._retrying(lambda: self._store.read_output(self.session_id)))
         if attempt == 0 and self.lease.epoch > 1:
             # Another holder ran it before (a failover, a release, a parked session's
-            # resume): say so even before any output, so a takeover can be traced.
-            logger.info("session %s: taking over (lease epoch %d) after %d frames",
+            # resume, maybe on this replica): say so even before any output, so a
+            # takeover can be traced.
+            logger.info("session %s: picked up again (lease epoch %d) after %d frames",
                         self.session_id, self.lease.epoch, len(progress.frame_data))
         timing = _Timing(created_ms=record.created_at_ms, input_done_ms=record.input_done_at_ms,
                          progress_at=time.monotonic())
