@@ -37,7 +37,7 @@ def run_ttft(config: ttft.TtftConfig) -> dict:
     with redis_process() as redis, tempfile.TemporaryDirectory() as tmp:
         port = free_port()
         env = overhead.GATEWAY_ENV | {"OMNI_GATEWAY_REDIS_URL": redis.url}
-        with server(["gateway.cli", "serve", "--host", "127.0.0.1", "--port", str(port)], port=port, env=env,
+        with server(["gateway.runtime.cli", "serve", "--host", "127.0.0.1", "--port", str(port)], port=port, env=env,
                     log=Path(tmp) / "gateway.log", ready_path="/readyz"):
             return asyncio.run(ttft.measure(f"http://127.0.0.1:{port}", config))
 

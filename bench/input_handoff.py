@@ -32,7 +32,7 @@ import httpx
 import uvicorn
 
 from bench.stats import summary
-from gateway.app import create_app
+from gateway.runtime.app import create_app
 from gateway.settings import Settings
 from omni_adapter.scripted import Script, ScriptedEngine, text_capabilities
 from tests.redis_server import free_port, redis_process

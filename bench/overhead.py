@@ -62,7 +62,7 @@ SETTLE_SEC = 1.0
 #: The decode clock of the replica's shapes, whose hand-off is timed to the first token.
 HANDOFF_TICK_SEC = 0.0005
 
-#: Admission off (``gateway/admission.py``), for the parts that measure something else.
+#: Admission off (``gateway/web/middleware/admission.py``), for the parts that measure something else.
 NO_SHEDDING = {"OMNI_GATEWAY_MAX_IN_FLIGHT_REQUESTS": "0", "OMNI_GATEWAY_MAX_LOOP_LAG_SEC": "0"}
 
 

@@ -176,7 +176,7 @@ def run_config(name: str, workload: Workload, trace: list[Session], *, with_upda
         env = GATEWAY_ENV | {"OMNI_GATEWAY_REDIS_URL": redis.url, "OMNI_GATEWAY_KV_CACHE_SPACE_GIB": "1",
                              "OMNI_GATEWAY_ENGINE_MAX_NUM_SEQS": str(MAX_NUM_SEQS),
                              "OMNI_GATEWAY_MAX_ENGINE_SESSIONS": "64"} | settings
-        with server(["gateway.cli", "serve", "--host", "127.0.0.1", "--port", str(port)], port=port, env=env,
+        with server(["gateway.runtime.cli", "serve", "--host", "127.0.0.1", "--port", str(port)], port=port, env=env,
                     log=Path(tmp) / "gateway.log", ready_path="/readyz"):
             url = f"http://127.0.0.1:{port}"
             started = time.monotonic()

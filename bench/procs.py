@@ -58,11 +58,11 @@ def rss_bytes(pid: int) -> int:
 
 @contextmanager
 def embedded_gateway(env: dict[str, str], workdir: Path) -> Iterator[str]:
-    """``gateway.cli serve`` on its embedded default (real vLLM on the CPU, voice), ready; its URL."""
+    """``gateway.runtime.cli serve`` on its embedded default (real vLLM on the CPU, voice), ready; its URL."""
     from tests.redis_server import free_port
 
     port = free_port()
-    with server(["gateway.cli", "serve", "--host", "127.0.0.1", "--port", str(port)], port=port, env=env,
+    with server(["gateway.runtime.cli", "serve", "--host", "127.0.0.1", "--port", str(port)], port=port, env=env,
                 log=workdir / "gateway.log", ready_path="/readyz"):
         yield f"http://127.0.0.1:{port}"
 

@@ -186,7 +186,7 @@ def main(argv: list[str] | None = None) -> None:
         app = bare_app if args.kind == "bare" else BareRelay(args.token_interval)
         uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")  # type: ignore[arg-type]
         return
-    from gateway.processes import serve
+    from gateway.runtime.processes import serve
     from gateway.settings import Settings
 
     # The same process model as ``omni-gateway serve``, the stamping engine in the engine process.

@@ -1,4 +1,4 @@
-"""The gateway's one error tree; the handler in ``gateway.app`` renders it.
+"""The gateway's one error tree; the handler in ``gateway.runtime.app`` renders it.
 
 Every error a client can see is one of these, with a status code and a
 stable ``code`` for the envelope ``{"error": {"message", "type", "code",
@@ -243,7 +243,7 @@ class StoreUnavailable(ServiceUnavailable):
 
 
 class Overloaded(ServiceUnavailable):
-    """The replica is saturated and refused the call before doing anything (gateway/admission.py)."""
+    """The replica is saturated and refused the call before doing anything (gateway/web/middleware/admission.py)."""
 
     code = "overloaded"
 

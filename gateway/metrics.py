@@ -4,7 +4,7 @@ Gauges count the live sessions this replica moved into each state; summed
 over replicas they give the cluster's view, because each transition is
 performed by exactly one replica (the one whose Lua script made it).
 
-A replica with API workers is several processes (``gateway/processes.py``),
+A replica with API workers is several processes (``gateway/runtime/processes.py``),
 and a scrape of its port reaches any one of them. There the processes keep
 their values in prometheus_client's multiprocess files (``SHARED_DIR_ENV``,
 set by ``serve`` before any metric exists) and every process renders the
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -27,14 +27,21 @@ from prometheus_client.registry import Collector
 
 from gateway.domain.states import SessionState
 
-if TYPE_CHECKING:
-    from gateway.admission import Admission
-
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 SECONDS_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 LIVE_STATES = (SessionState.OPEN, SessionState.STREAMING, SessionState.GENERATING)
 #: prometheus_client's own switch: where a replica's processes keep their values.
 SHARED_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+
+class ProcessLoad(Protocol):
+    """What sheds calls in this process (``web/middleware/admission.py``'s ``Admission``)."""
+
+    @property
+    def in_flight(self) -> int: ...
+
+    @property
+    def loop_lag_sec(self) -> float: ...
 
 
 class Metrics:
@@ -85,7 +92,7 @@ class Metrics:
                                        ["direction", "type"], registry=r)
         self._realtime_counted: dict[tuple[str, str], Counter] = {}
 
-    def watch_admission(self, admission: Admission) -> None:
+    def watch_admission(self, admission: ProcessLoad) -> None:
         """Expose the load that sheds calls (read at scrape time, nothing per request)."""
         self._own.register(_ProcessLoad(admission))
 
@@ -120,7 +127,7 @@ class _ProcessLoad(Collector):
     multiprocess mode a Gauge keeps a file of its own, and the replica's sum would
     describe these metrics a second time (per pid, always 0)."""
 
-    def __init__(self, admission: Admission) -> None:
+    def __init__(self, admission: ProcessLoad) -> None:
         self._admission = admission
 
     def collect(self) -> Iterator[Metric]:

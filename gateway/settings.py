@@ -47,7 +47,7 @@ class Settings(BaseSettings):
     max_chunks_per_session: int = Field(100_000, ge=1)
     result_ttl_sec: float = Field(3600.0, gt=0)
 
-    # Identity and limits (see gateway/identity.py, gateway/store/limits.lua)
+    # Identity and limits (see gateway/web/identity.py, gateway/store/limits.lua)
     #: Comma-separated API keys; an entry ``sha256:<hex>`` is a stored digest.
     api_keys: str | None = None
     #: A header set by the API gateway in front (e.g. ``X-Consumer-ID``); trusted
@@ -66,7 +66,7 @@ class Settings(BaseSettings):
     #: Open sessions across all identities and replicas (0: no limit).
     max_open_sessions: int = Field(10_000, ge=0)
 
-    # Load shedding, per process (gateway/admission.py): past either bound new
+    # Load shedding, per process (gateway/web/middleware/admission.py): past either bound new
     # calls get 503 ``overloaded`` + Retry-After before any work.
     #: Session API calls one process works on at once (0: no cap); at about
     #: 0.5 ms of CPU each, 64 queued calls are ~30 ms of waiting.
@@ -102,7 +102,7 @@ class Settings(BaseSettings):
     #: Redis Cluster (keys of one session share a hash tag) instead of one server.
     redis_cluster: bool = False
 
-    # Processes of a replica (gateway/processes.py)
+    # Processes of a replica (gateway/runtime/processes.py)
     #: API worker processes beside the engine process; unset: one per core but
     #: one (at least one) with a real Redis; 0: one process does everything.
     #: The in-process store is always one process.

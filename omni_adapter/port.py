@@ -185,7 +185,7 @@ class EngineUnavailableError(Exception):
 class EngineDeadError(EngineUnavailableError):
     """The engine stopped for good (its core process died): only starting the
     process again brings it back. ``check_health`` raises it; the replica then
-    hands its sessions to other replicas and exits (gateway/engine_death.py)."""
+    hands its sessions to other replicas and exits (gateway/work/engine_death.py)."""
 
 
 class EngineRejectedError(Exception):

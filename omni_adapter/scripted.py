@@ -8,7 +8,7 @@ default ``echo: <input>`` word by word, then ``Finished("stop")``.
 
 Plug it into the app where a real engine would go::
 
-    from gateway.app import create_app
+    from gateway.runtime.app import create_app
     from gateway.settings import Settings
     from omni_adapter.scripted import Script, ScriptedEngine
 

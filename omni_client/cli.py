@@ -1,6 +1,6 @@
 """``omni-gateway stream``: stream a text or WAV file to the gateway as a live client would.
 
-Registered as a subcommand of ``omni-gateway`` (``gateway/cli.py`` adds it);
+Registered as a subcommand of ``omni-gateway`` (``gateway/runtime/cli.py`` adds it);
 everything it does goes through :mod:`omni_client`. Exit codes: 0 done, 2
 usage or an input file it cannot stream, 3 gateway unreachable, 4 request
 refused (4xx), 5 server error or a failed answer, 130 interrupted.

@@ -27,7 +27,7 @@ A replaced chunk (update mode) puts a ``restart`` mark in the input: the
 runner opens a new engine request and feeds the input again from the start.
 
 An engine that died for good fails no session: the runner tells the replica
-to stop and releases its session to another one (gateway/engine_death.py).
+to stop and releases its session to another one (gateway/work/engine_death.py).
 """
 
 from __future__ import annotations
@@ -44,7 +44,6 @@ from typing import Any, TypeVar
 
 from gateway import errors
 from gateway.domain.states import SessionState
-from gateway.engine_death import stop_if_dead
 from gateway.metrics import Metrics
 from gateway.output.audio import AudioOutput
 from gateway.output.frames import DONE, TRANSCRIPT_EVENT, FrameBuilder, content_of
@@ -53,6 +52,7 @@ from gateway.store.redis_store import InputEvent, SessionStore
 from gateway.store.session_hash import SessionRecord
 from gateway.store.stream_reader import Subscription
 from gateway.work.batcher import OutputBatcher
+from gateway.work.engine_death import stop_if_dead
 from omni_adapter.port import (
     AudioDelta,
     Engine,
@@ -76,7 +76,7 @@ RETRY_DELAYS_SEC = (0.05, 0.1, 0.2, 0.5, 1.0)
 
 class EngineDied(Exception):
     """The engine is dead for good: the session goes back to Redis for another replica
-    (gateway/engine_death.py), it does not fail."""
+    (gateway/work/engine_death.py), it does not fail."""
 
 
 class LeaseLost(Exception):

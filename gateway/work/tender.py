@@ -13,9 +13,9 @@ import logging
 
 from gateway import errors
 from gateway.domain.scheduling import Room, SchedulePolicy
-from gateway.draining import Draining
 from gateway.metrics import Metrics
 from gateway.store.redis_store import SessionStore
+from gateway.work.draining import Draining
 from gateway.work.pool import RunnerPool
 
 logger = logging.getLogger(__name__)

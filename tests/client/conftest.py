@@ -8,7 +8,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from gateway.app import create_app
+from gateway.runtime.app import create_app
 from gateway.settings import Settings
 from omni_adapter.scripted import Script, ScriptedEngine
 from tests.gateway.client import live_server, make_settings

@@ -58,5 +58,5 @@ def omni_gateway(*args: str, url: str | None = None, stdin: str | None = None, t
     env.pop("OMNI_GATEWAY_URL", None)
     if url:
         env["OMNI_GATEWAY_URL"] = url
-    return subprocess.run([sys.executable, "-m", "gateway.cli", *args], env=env, input=stdin, text=True,
+    return subprocess.run([sys.executable, "-m", "gateway.runtime.cli", *args], env=env, input=stdin, text=True,
                           capture_output=True, timeout=timeout, cwd=cwd)

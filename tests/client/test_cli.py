@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from gateway.app import create_app
+from gateway.runtime.app import create_app
 from gateway.settings import Settings
 from gateway.store.keys import session_keys
 from omni_adapter.listener import with_listener
@@ -130,7 +130,7 @@ def test_on_a_terminal_a_progress_bar_counts_sent_and_acknowledged(gateway: Live
 
     controller, terminal = pty.openpty()
     env = os.environ | {"PYTHONPATH": str(ROOT)}
-    with subprocess.Popen([sys.executable, "-m", "gateway.cli", "stream", str(question), "--words", "1",
+    with subprocess.Popen([sys.executable, "-m", "gateway.runtime.cli", "stream", str(question), "--words", "1",
                            "--url", gateway.url], env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=terminal,
                           text=True) as proc:
         os.close(terminal)
@@ -174,7 +174,7 @@ def test_ctrl_c_cancels_the_session_and_exits_130(gateway: LiveGateway, question
     env = os.environ | {"PYTHONPATH": str(ROOT)}
     # A shell starts background jobs with SIGINT ignored, and Python then leaves it ignored:
     # the CLI gets it as a terminal's Ctrl-C would, however the test suite was started.
-    with subprocess.Popen([sys.executable, "-m", "gateway.cli", "stream", str(question), "--words", "1",
+    with subprocess.Popen([sys.executable, "-m", "gateway.runtime.cli", "stream", str(question), "--words", "1",
                            "--chunk-ms", "500", "--realtime", "--url", gateway.url], env=env, cwd=ROOT,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)) as proc:

@@ -144,7 +144,7 @@ def test_a_failed_answer_raises_session_failed(gateway: LiveGateway) -> None:
 
 
 def test_retry_after_is_honoured_on_429(redis_url: str) -> None:
-    from gateway.app import create_app
+    from gateway.runtime.app import create_app
     from tests.gateway.client import live_server
 
     settings = make_settings(redis_url=redis_url, rate_limit_rps=2, rate_limit_burst=2)
@@ -212,7 +212,7 @@ def test_create_is_repeated_only_when_it_surely_did_nothing(gateway: LiveGateway
 
 def test_behind_a_round_robin_balancer_every_call_may_land_on_another_replica(
         settings: Settings, gateway: LiveGateway) -> None:
-    from gateway.app import create_app
+    from gateway.runtime.app import create_app
     from tests.gateway.client import live_server
 
     other_engine = ScriptedEngine(Script(word_delay_sec=0.02))

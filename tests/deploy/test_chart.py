@@ -373,7 +373,7 @@ def test_termination_grace_covers_the_gateways_drain(values_file: str | None,
     assert call["port"] == gateway["ports"][0]["containerPort"] == 8080
     merged = helm_python.Chart.load(CHART).merge_values(values)["gracefulShutdown"]
     assert merged["drainSeconds"] == call["timeout_graceful_shutdown"], (
-        "gracefulShutdown.drainSeconds must equal the uvicorn drain in gateway/cli.py")
+        "gracefulShutdown.drainSeconds must equal the uvicorn drain in gateway/runtime/cli.py")
     pre_stop = int(gateway["lifecycle"]["preStop"]["exec"]["command"][-1])
     grace = k8s.pod_spec(dep)["terminationGracePeriodSeconds"]
     assert grace == pre_stop + call["timeout_graceful_shutdown"] + merged["engineStopSeconds"]

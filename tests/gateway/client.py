@@ -17,9 +17,9 @@ from asgi_lifespan import LifespanManager
 from fastapi import FastAPI
 from openai import AsyncOpenAI
 
-from gateway.app import create_app
-from gateway.draining import Draining
+from gateway.runtime.app import create_app
 from gateway.settings import Settings
+from gateway.work.draining import Draining
 from omni_adapter.port import Engine
 from tests.redis_server import free_port
 

@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from gateway.app import create_app
+from gateway.runtime.app import create_app
 from omni_adapter.port import Capabilities
 from omni_adapter.scripted import Script, ScriptedEngine
 from tests.gateway.client import BASE, app_client, live_server, make_settings, openai_client

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from playwright.async_api import Browser, Page, async_playwright
 
-from gateway.demo.router import FILES
+from gateway.api.demo.router import FILES
 from omni_adapter.audio import resample, wav_of
 from omni_adapter.listener import with_listener
 from omni_adapter.scripted import ScriptedEngine

@@ -1,11 +1,11 @@
-"""An engine dead for good stops its replica (gateway/engine_death.py); one only unhealthy does not."""
+"""An engine dead for good stops its replica (gateway/work/engine_death.py); one only unhealthy does not."""
 
 from __future__ import annotations
 
 import asyncio
 
-from gateway.draining import Draining
-from gateway.engine_death import watch_engine
+from gateway.work.draining import Draining
+from gateway.work.engine_death import watch_engine
 from omni_adapter.scripted import ScriptedEngine
 
 

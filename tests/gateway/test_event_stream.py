@@ -1,4 +1,4 @@
-"""The SSE response (gateway/output/event_stream.py) against a bare ASGI server side.
+"""The SSE response (gateway/web/event_stream.py) against a bare ASGI server side.
 
 The routes' own tests (sessions, chat, uploads) run it through uvicorn and
 real clients; these pin down how a stream ends: its events run out, the
@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from sse_starlette import ServerSentEvent
 
-from gateway.draining import Draining
-from gateway.output.event_stream import EventStream
+from gateway.web.event_stream import EventStream
+from gateway.work.draining import Draining
 
 HTTP_GET = {"type": "http", "method": "GET"}
 

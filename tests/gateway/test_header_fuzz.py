@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway import errors
+from gateway.api.chunks import record_from_raw
 from gateway.output.sse import parse_last_event_id
-from gateway.sessions.chunks import record_from_raw
 
 #: What a header value can be after Starlette's latin-1 decoding.
 header_text = st.text(alphabet=st.characters(min_codepoint=0, max_codepoint=255), max_size=30)

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from gateway.openapi_spec import SPEC_PATH, current_spec, render
+from gateway.runtime.openapi_spec import SPEC_PATH, current_spec, render
 
 
 def test_openapi_json_is_up_to_date() -> None:
     assert SPEC_PATH.read_text() == render(current_spec()), (
-        "openapi/openapi.json is stale: run `python -m gateway.openapi_spec`")
+        "openapi/openapi.json is stale: run `python -m gateway.runtime.openapi_spec`")
 
 
 def test_every_session_route_documents_the_error_envelope() -> None:

@@ -14,8 +14,8 @@ import itertools
 
 import pytest
 
-from gateway.draining import Draining
 from gateway.store.redis_store import SessionStore
+from gateway.work.draining import Draining
 from omni_adapter.scripted import Script, ScriptedEngine
 from tests.gateway.client import BASE, app_client, content_of, make_settings, parse_sse
 from tests.gateway.test_api import append, assert_error, create, view

@@ -21,8 +21,8 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from gateway.app import create_app
-from gateway.openapi_spec import SPEC_PATH
+from gateway.runtime.app import create_app
+from gateway.runtime.openapi_spec import SPEC_PATH
 from omni_adapter.scripted import ScriptedEngine
 from tests.gateway.client import live_server, make_settings
 

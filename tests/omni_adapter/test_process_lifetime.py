@@ -117,7 +117,7 @@ def test_sigkilled_gateway_leaves_no_engine_process(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("OMNI_GATEWAY_")}
     log = (tmp_path / "gateway.log").open("wb")
     gateway = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli", "serve", "--host", "127.0.0.1", "--port", str(port)],
+        [sys.executable, "-m", "gateway.runtime.cli", "serve", "--host", "127.0.0.1", "--port", str(port)],
         env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     family: list[int] = []
     try:

@@ -40,7 +40,7 @@ class Gateway:
         env = os.environ | {"OMNI_GATEWAY_API_WORKERS": "0"} | self.env | {"OMNI_GATEWAY_REPLICA_ID": self.name}
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "gateway.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port)],
+                [sys.executable, "-m", "gateway.runtime.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port)],
                 env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
 
     def alive(self) -> bool:

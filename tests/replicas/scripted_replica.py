@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import argparse
 
-from gateway.cli import configure_logging
-from gateway.processes import serve
+from gateway.runtime.cli import configure_logging
+from gateway.runtime.processes import serve
 from gateway.settings import Settings
 from omni_adapter.scripted import ScriptedEngine
 

@@ -1,6 +1,6 @@
 """A replica on every core, for real: API worker processes beside the engine process.
 
-The replica runs as ``omni-gateway serve`` runs it (``gateway/processes.py``)
+The replica runs as ``omni-gateway serve`` runs it (``gateway/runtime/processes.py``)
 with a scripted engine, against a real Redis. Calls reach the API workers on
 the public port; the engine work they start runs in the engine process,
 which learns of it at once from the announcement, not at its next tender

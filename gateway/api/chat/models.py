@@ -1,0 +1,101 @@
+"""Request and response bodies of ``/v1/chat/completions`` and ``/v1/models``."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, Field
+
+from gateway.service.models import GenerationOptions, StrictModel
+
+
+class TextPart(StrictModel):
+    type: Literal["text"]
+    text: str
+
+
+class InputAudio(StrictModel):
+    data: str = Field(description="base64")
+    format: Literal["wav", "pcm16"]
+
+
+class AudioPart(StrictModel):
+    type: Literal["input_audio"]
+    input_audio: InputAudio
+
+
+class ImageUrl(StrictModel):
+    url: str = Field(description="a data: URL (data:image/png;base64,...)")
+    detail: str | None = None
+
+
+class ImagePart(StrictModel):
+    type: Literal["image_url"]
+    image_url: ImageUrl
+
+
+ContentPart = Annotated[TextPart | AudioPart | ImagePart, Field(discriminator="type")]
+
+
+class ChatCompletionMessage(StrictModel):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[ContentPart]
+    name: str | None = None
+
+
+class ChatCompletionRequest(GenerationOptions):
+    """OpenAI's chat completion request; the last message is the user's input."""
+
+    messages: list[ChatCompletionMessage] = Field(min_length=1)
+    stream: bool = False
+    n: Literal[1] = 1
+    #: Accepted for OpenAI compatibility (the caller's identity comes from credentials).
+    user: str | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "omni-gateway"
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class CompletionAudio(BaseModel):
+    id: str
+    data: str = Field(description="base64 wav of the whole spoken answer")
+    expires_at: int
+    transcript: str
+
+
+class CompletionMessage(BaseModel):
+    role: Literal["assistant"]
+    content: str | None
+    audio: CompletionAudio | None = None
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    message: CompletionMessage
+    finish_reason: Literal["stop", "length", "tool_calls", "abort"]
+
+
+class CompletionUsage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class ChatCompletion(BaseModel):
+    """OpenAI's ``chat.completion``; its ``id`` is the session's."""
+
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: CompletionUsage

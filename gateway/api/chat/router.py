@@ -1,0 +1,64 @@
+"""OpenAI routes: ``POST /v1/chat/completions`` and ``GET /v1/models``."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse
+
+from gateway import errors
+from gateway.api.chat.models import ChatCompletion, ChatCompletionRequest, ModelCard, ModelList
+from gateway.api.chat.service import ChatService
+from gateway.web.event_stream import EVENT_STREAM_CONTENT, EventStream
+from gateway.web.resources import get_identity, get_resources
+
+router = APIRouter(prefix="/v1", tags=["openai"])
+
+Identity = Annotated[str, Depends(get_identity)]
+
+
+async def get_chat(request: Request) -> ChatService:
+    resources = get_resources(request)
+    return ChatService(resources.service, resources.settings.max_chunk_bytes)
+
+
+_ANSWER = {
+    "model": ChatCompletion,
+    "description": "a chat.completion; with stream: true, chat.completion.chunk frames then [DONE] "
+                   "(the session id is in X-Session-Id)",
+    "content": EVENT_STREAM_CONTENT,
+}
+
+
+@router.post("/chat/completions", response_model=None,
+             responses={200: _ANSWER,
+                        **errors.error_responses(errors.InvalidJson, errors.InvalidRequest, errors.ValidationFailed,
+                                                 errors.InvalidPayload, errors.UnsupportedModality,
+                                                 errors.EmptyInput, errors.ModelNotFound, errors.ChunkTooLarge,
+                                                 errors.Unauthorized, errors.TooManyRequests,
+                                                 errors.TooManySessions, errors.SessionExpired,
+                                                 errors.SessionCancelled, errors.StoreUnavailable, errors.Overloaded,
+                                                 errors.StreamingInputDisabled, errors.CapacityExhausted,
+                                                 errors.EngineUnavailable)})
+async def create_chat_completion(body: ChatCompletionRequest, request: Request, identity: Identity,
+                                 chat: Annotated[ChatService, Depends(get_chat)],
+                                 ) -> JSONResponse | EventStream:
+    session_id = await chat.start(identity, body)
+    headers = {"X-Session-Id": session_id}
+    if body.stream:
+        resources = get_resources(request)
+        return EventStream(chat.stream(identity, session_id), ping_sec=resources.settings.sse_ping_sec,
+                           draining=resources.draining, headers=headers)
+    return JSONResponse(await chat.completion(identity, session_id), headers=headers)
+
+
+@router.get("/models", response_model=ModelList,
+            responses=errors.error_responses(errors.Unauthorized, errors.TooManyRequests, errors.StoreUnavailable,
+                                             errors.Overloaded))
+async def list_models(request: Request, identity: Identity) -> ModelList:
+    # Like vLLM: the models exist from now on, as far as a client can tell.
+    created = int(time.time())
+    return ModelList(data=[ModelCard(id=name, created=created)
+                           for name in get_resources(request).engine.capabilities.model_names])

@@ -1,0 +1,143 @@
+"""Chat completions as sessions whose input has already ended.
+
+A request becomes one session: the messages before the last are its
+history, the last (the user's) becomes its chunks, the last chunk ends the
+input. From there it is any session: the same runner, identity, limits,
+capability checks and errors; its answer is streamed from the session's
+output frames or read from its stored result, so any replica can serve it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+from sse_starlette import ServerSentEvent
+
+from gateway import errors
+from gateway.api.chat.models import (
+    AudioPart,
+    ChatCompletionMessage,
+    ChatCompletionRequest,
+    TextPart,
+)
+from gateway.api.chunks import record_from_json
+from gateway.domain.policies import StartPolicy
+from gateway.domain.states import SessionState
+from gateway.service.models import ChatMessage, ChunkIn, CreateSessionRequest, GenerationOptions
+from gateway.service.sessions import MAX_RESULT_WAIT_SEC, SessionService
+from gateway.store.records import ChunkRecord
+
+_DATA_URL = re.compile(r"^data:(?P<mime>[\w.+-]+/[\w.+-]+);base64,(?P<data>.*)$", re.DOTALL)
+
+
+class ChatService:
+    def __init__(self, sessions: SessionService, max_chunk_bytes: int) -> None:
+        self._sessions = sessions
+        self._max_chunk_bytes = max_chunk_bytes
+
+    async def start(self, identity: str, body: ChatCompletionRequest) -> str:
+        """Open the session of a request, its input complete; returns the session id."""
+        if body.stream_options is not None and not body.stream:
+            raise errors.InvalidRequest("stream_options is only allowed with stream: true",
+                                        param="stream_options")
+        *history, last = body.messages
+        if last.role != "user":
+            raise errors.ValidationFailed("the last message must be the user's", param="messages")
+        chunks = self._input_chunks(last, f"messages.{len(history)}.content")
+        for chunk in chunks:
+            self._sessions.check_input_modality(chunk, param=f"messages.{len(history)}.content")
+        options = body.model_dump(include=set(GenerationOptions.model_fields))
+        request = CreateSessionRequest(
+            **options, start_policy=StartPolicy.ON_END_ONLY,
+            messages=[_history_message(m, f"messages.{i}.content") for i, m in enumerate(history)])
+        record, _ = await self._sessions.create(identity, request, chunks[0])
+        try:
+            for chunk in chunks[1:]:
+                await self._sessions.append(identity, record.session_id, chunk)
+        except BaseException:
+            with anyio.CancelScope(shield=True), contextlib.suppress(errors.GatewayError):
+                await self._sessions.cancel(identity, record.session_id)
+            raise
+        return record.session_id
+
+    async def completion(self, identity: str, session_id: str) -> dict[str, Any]:
+        """The ``chat.completion`` once the session ends; its error if it failed."""
+        record = await self._sessions.result(identity, session_id, MAX_RESULT_WAIT_SEC)
+        while not record.state.is_terminal:
+            record = await self._sessions.result(identity, session_id, MAX_RESULT_WAIT_SEC)
+        if record.state is SessionState.COMPLETED and record.result is not None:
+            return record.result
+        raise errors.from_envelope(record.error or {})
+
+    async def stream(self, identity: str, session_id: str) -> AsyncIterator[ServerSentEvent]:
+        """The session's frames; a client that leaves early cancels the session."""
+        ended = False
+        try:
+            events = await self._sessions.events(identity, session_id, "0-0")
+            if events is not None:  # None only after the final frame, and this read starts at the first
+                async for event in events:
+                    yield event
+            ended = True
+        finally:
+            if not ended:
+                # Nobody will read the rest of this answer: stop the engine work.
+                with anyio.CancelScope(shield=True), contextlib.suppress(errors.GatewayError):
+                    await self._sessions.cancel(identity, session_id)
+
+    def _input_chunks(self, message: ChatCompletionMessage, where: str) -> list[ChunkRecord]:
+        """The chunks of the user's message, in order; adjacent text parts are one chunk."""
+        parts = [TextPart(type="text", text=message.content)] if isinstance(message.content, str) \
+            else message.content
+        chunks: list[ChunkIn] = []
+        texts: list[str] = []
+
+        def close_text() -> None:
+            if text := "\n".join(t for t in texts if t):
+                chunks.append(ChunkIn(sequence_id=0, text=text))
+            texts.clear()
+
+        for i, part in enumerate(parts):
+            if isinstance(part, TextPart):
+                texts.append(part.text)
+                continue
+            close_text()
+            if isinstance(part, AudioPart):
+                chunks.append(ChunkIn(sequence_id=0, modality="audio", payload=part.input_audio.data,
+                                      format=part.input_audio.format))
+            else:
+                match = _DATA_URL.match(part.image_url.url)
+                if match is None:
+                    raise errors.ValidationFailed("images must be data: URLs with base64 content",
+                                                  param=f"{where}.{i}.image_url.url")
+                chunks.append(ChunkIn(sequence_id=0, modality="image", payload=match["data"],
+                                      mime_type=match["mime"]))
+        close_text()
+        if not chunks:
+            raise errors.EmptyInput("the last message has no content", param=where)
+        records = []
+        for seq, chunk in enumerate(chunks):
+            chunk = chunk.model_copy(update={"sequence_id": seq, "end_of_input": seq == len(chunks) - 1})
+            try:
+                records.append(record_from_json(chunk, self._max_chunk_bytes))
+            except errors.InvalidPayload as exc:
+                exc.param = where
+                raise
+        return records
+
+
+def _history_message(message: ChatCompletionMessage, where: str) -> ChatMessage:
+    """An earlier turn as session history, which is text."""
+    if isinstance(message.content, str):
+        content = message.content
+    elif len(texts := [part.text for part in message.content if isinstance(part, TextPart)]) == len(message.content):
+        content = "\n".join(texts)
+    else:
+        raise errors.ValidationFailed("only the last message may carry audio or images", param=where)
+    role = "system" if message.role == "developer" else message.role
+    return ChatMessage(role=role, content=content, name=message.name)
+
+

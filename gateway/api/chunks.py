@@ -1,0 +1,118 @@
+"""Turn a chunk as the client sent it (JSON or raw bytes) into a stored record.
+
+Both forms end as the same ``ChunkRecord``, so dedupe compares the bytes the
+client meant, whichever way they came.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import wave
+from collections.abc import Mapping
+
+from pydantic import ValidationError
+from starlette.requests import Request
+
+from gateway import errors
+from gateway.service.models import ChunkIn
+from gateway.settings import Settings
+from gateway.store.records import ChunkRecord
+from gateway.web.validation import read_body_capped, validation_error
+from omni_adapter.port import Modality
+
+PCM16_DEFAULT_RATE = 16_000
+RAW_MODALITIES: tuple[Modality, ...] = ("text", "audio", "image", "video")
+
+
+def _ascii_int(value: str) -> int | None:
+    """A plain decimal number, or None: ``str.isdigit`` also takes "²" and "٣"."""
+    return int(value) if value.isascii() and value.isdigit() and len(value) <= 18 else None
+
+
+async def read_chunk(request: Request, settings: Settings) -> ChunkRecord:
+    """The chunk in a request body: JSON, or raw bytes described by headers."""
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if content_type == "application/octet-stream":
+        body = await read_body_capped(request, settings.max_chunk_bytes)
+        return record_from_raw(request.headers, body, settings.max_chunk_bytes)
+    if content_type in ("application/json", ""):
+        body = await read_body_capped(request, settings.max_request_bytes)
+        try:
+            parsed = ChunkIn.model_validate_json(body)
+        except ValidationError as exc:
+            raise validation_error(exc.errors()) from exc
+        return record_from_json(parsed, settings.max_chunk_bytes)
+    raise errors.InvalidRequest("send chunks as application/json or application/octet-stream",
+                                param="Content-Type")
+
+
+def record_from_json(chunk: ChunkIn, max_chunk_bytes: int) -> ChunkRecord:
+    if chunk.text is not None:
+        try:
+            data = chunk.text.encode()
+        except UnicodeEncodeError as exc:  # JSON's \ud800 escapes parse into a str UTF-8 cannot hold
+            raise errors.InvalidPayload("text is not valid Unicode (a lone surrogate)", param="text") from exc
+    else:
+        try:
+            data = base64.b64decode(chunk.payload or "", validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise errors.InvalidPayload("payload is not valid base64", param="payload") from exc
+    return _record(chunk.sequence_id, chunk.modality, data, chunk.format, chunk.mime_type,
+                   chunk.sample_rate, chunk.end_of_input, max_chunk_bytes)
+
+
+def record_from_raw(headers: Mapping[str, str], body: bytes, max_chunk_bytes: int) -> ChunkRecord:
+    """A raw ``application/octet-stream`` chunk described by ``X-*`` headers."""
+    seq = _ascii_int(headers.get("x-sequence-id", ""))
+    if seq is None:
+        raise errors.ValidationFailed("X-Sequence-Id must be an integer >= 0", param="X-Sequence-Id")
+    modality = next((m for m in RAW_MODALITIES if m == headers.get("x-modality", "text")), None)
+    if modality is None:
+        raise errors.ValidationFailed(f"X-Modality must be one of {', '.join(RAW_MODALITIES)}",
+                                      param="X-Modality")
+    end = headers.get("x-end-of-input", "false").lower()
+    if end not in ("true", "false", "1", "0"):
+        raise errors.ValidationFailed("X-End-Of-Input must be true or false", param="X-End-Of-Input")
+    raw_rate = headers.get("x-sample-rate")
+    rate = None if raw_rate is None else _ascii_int(raw_rate)
+    if raw_rate is not None and not rate:
+        raise errors.ValidationFailed("X-Sample-Rate must be a positive integer", param="X-Sample-Rate")
+    return _record(seq, modality, body, headers.get("x-format"), headers.get("x-mime-type"),
+                   rate, end in ("true", "1"), max_chunk_bytes)
+
+
+def _record(seq: int, modality: Modality, data: bytes, fmt: str | None, mime: str | None,
+            rate: int | None, end: bool, max_chunk_bytes: int) -> ChunkRecord:
+    if len(data) > max_chunk_bytes:
+        raise errors.ChunkTooLarge(
+            f"chunk of {len(data)} bytes exceeds the per-chunk cap of {max_chunk_bytes} bytes")
+    if not data:
+        raise errors.InvalidPayload("a chunk carries at least one byte", param="payload")
+    audio_ms = _audio_ms(data, fmt, rate) if modality == "audio" else 0
+    if modality == "audio" and fmt in (None, "pcm16") and rate is None:
+        rate = PCM16_DEFAULT_RATE
+    return ChunkRecord(seq, modality, data, fmt, mime, rate, end, audio_ms)
+
+
+def _audio_ms(data: bytes, fmt: str | None, rate: int | None) -> int:
+    """Duration of an audio chunk, for ``min_length: {"audio_ms": N}``."""
+    if fmt == "wav":
+        try:
+            with wave.open(io.BytesIO(data)) as wav:
+                frames, rate, width = wav.getnframes(), wav.getframerate(), wav.getsampwidth()
+        except (wave.Error, EOFError, ValueError) as exc:
+            raise errors.InvalidPayload("audio payload is not a valid WAV file", param="payload") from exc
+        if rate <= 0:
+            raise errors.InvalidPayload("the WAV header gives a sample rate of 0", param="payload")
+        if width != 2:
+            raise errors.InvalidPayload(f"WAV audio must be 16-bit PCM, not {8 * width}-bit", param="payload")
+        return int(frames * 1000 / rate)
+    if fmt in (None, "pcm16"):
+        if len(data) % 2:
+            raise errors.InvalidPayload("pcm16 audio holds whole 16-bit samples: an even byte count",
+                                        param="payload")
+        return int(len(data) / 2 * 1000 / (rate or PCM16_DEFAULT_RATE))
+    # Compressed formats (mp3, ogg...): duration unknown without decoding.
+    return 0

@@ -1,0 +1,179 @@
+"""The application factory and the lifespan that owns every resource."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any, Literal
+
+from fastapi import FastAPI
+
+from gateway.api.chat.router import router as chat_router
+from gateway.api.demo.router import router as demo_router
+from gateway.api.ops import router as ops_router
+from gateway.api.realtime.router import router as realtime_router
+from gateway.api.sessions import hot_routes
+from gateway.api.sessions.router import router as sessions_router
+from gateway.api.upload.router import UPLOAD_PATH
+from gateway.api.upload.router import router as upload_router
+from gateway.metrics import Metrics
+from gateway.runtime.engine_card import FrontEngine, publish_card
+from gateway.service.sessions import SessionService
+from gateway.settings import Settings
+from gateway.store.connection import open_redis
+from gateway.store.redis_store import SessionStore
+from gateway.web.error_handlers import install_error_handlers
+from gateway.web.identity import IdentityResolver
+from gateway.web.middleware.admission import Admission, AdmissionMiddleware
+from gateway.web.middleware.bounded_body import BoundedBodyMiddleware
+from gateway.web.middleware.request_id import RequestIdMiddleware
+from gateway.web.resources import Resources
+from gateway.work.draining import Draining
+from gateway.work.engine_death import watch_engine
+from gateway.work.pool import RunnerPool
+from gateway.work.runner import SessionRunner
+from gateway.work.tender import Tender
+from omni_adapter.factory import EngineChoice, open_engine, open_request_checks
+from omni_adapter.port import Engine, RequestChecks
+
+logger = logging.getLogger(__name__)
+
+
+#: ``all``: one process does everything (the embedded default, tests);
+#: ``engine``: the engine process of a replica with API workers (it runs the
+#: engine, runners and tender, and publishes its engine card);
+#: ``api``: an API worker (HTTP only; the engine card says what to accept).
+Role = Literal["all", "engine", "api"]
+
+
+def create_app(settings: Settings | None = None, *, engine: Engine | None = None,
+               draining: Draining | None = None, role: Role = "all") -> FastAPI:
+    """Build the app.
+
+    Pass ``engine`` to share one already open (tests); it is then not closed
+    here. ``draining`` is flipped by whoever handles SIGTERM (the CLI).
+    """
+    settings = settings or Settings()
+    draining = draining or Draining()
+    admission = Admission(settings.max_in_flight_requests, settings.max_loop_lag_sec)
+
+    choice = EngineChoice(
+        kind=settings.engine, model=settings.model, served_model_name=settings.served_model_name,
+        dtype=settings.dtype, max_model_len=settings.max_model_len,
+        kv_cache_space_gib=settings.kv_cache_space_gib, max_num_seqs=settings.engine_max_num_seqs,
+        engine_url=settings.engine_url,
+        engine_timeout_sec=settings.engine_timeout_sec,
+        engine_start_timeout_sec=settings.engine_start_timeout_sec,
+        engine_audio=settings.engine_audio)
+
+    async def open_active(store: SessionStore) -> Engine:
+        if role == "api":
+            return await FrontEngine.wait_for(store, settings.replica_id, settings.engine_start_timeout_sec)
+        return engine or await open_engine(choice)
+
+    async def open_checks(active: Engine) -> RequestChecks | None:
+        if isinstance(active, RequestChecks):
+            return active
+        if not isinstance(active, FrontEngine) or not active.checks_requests:
+            return None
+        # An API worker checks what the engine process would, from the same tokenizer.
+        try:
+            return await open_request_checks(choice, active.capabilities)
+        except Exception as exc:
+            logger.warning("API worker: no tokenizer (%s); requests are checked when the engine runs them", exc)
+            return None
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Resources]]:
+        async with open_redis(settings.redis_url, settings.redis_timeout_sec, cluster=settings.redis_cluster) as client:
+            store = SessionStore(client, timeout_sec=settings.redis_timeout_sec)
+            own_engine = engine is None and role != "api"
+            active = await open_active(store)
+            metrics = Metrics()
+            metrics.watch_admission(admission)
+            background = [asyncio.create_task(admission.watch(), name="loop-lag")]
+            runners = RunnerPool(
+                lambda sid, lease: SessionRunner(sid, lease, store, active, metrics, settings.lease_ttl_sec,
+                                                 settings.engine_progress_timeout_sec, settings.idle_park_sec,
+                                                 settings.output_coalesce_ms / 1000, on_engine_dead=draining.fail),
+                # An API worker takes no engine work: what its calls start waits for the engine process.
+                capacity=0 if role == "api" else settings.max_engine_sessions, listening_cap=settings.listening_cap)
+            service = SessionService(settings, store, active.capabilities, runners, metrics, draining,
+                                     await open_checks(active))
+            if isinstance(active, FrontEngine):
+                tender = asyncio.create_task(active.watch(), name="engine-watch")
+            else:
+                background.append(asyncio.create_task(watch_engine(active, draining), name="engine-death"))
+                tender = asyncio.create_task(
+                    Tender(store, runners, metrics, draining, settings.replica_id,
+                           settings.schedule_policy).run(settings.tend_interval_sec),
+                    name="tender")
+            if role == "engine":
+                background.append(asyncio.create_task(
+                    publish_card(store, settings.replica_id, active.capabilities,
+                                 checks_requests=isinstance(active, RequestChecks)), name="engine-card"))
+            identity = IdentityResolver(settings.api_keys, settings.identity_header, settings.trusted_proxies)
+            log_identity = logger.warning if identity.mode == "open" else logger.info
+            log_identity("identity: %s", identity.describe())
+            logger.info("omni-gateway ready: replica %s (%s), models %s", settings.replica_id, role,
+                        ", ".join(active.capabilities.model_names))
+            try:
+                yield {"resources": Resources(settings, store, active, service, metrics, identity, draining,
+                                              tender)}
+            finally:
+                draining.begin()
+                tender.cancel()
+                for task in background:
+                    task.cancel()
+                await asyncio.gather(tender, *background, return_exceptions=True)
+                # A dead engine finishes nothing: its sessions go to other replicas at once.
+                await runners.aclose(0.0 if draining.failure else settings.shutdown_grace_sec)
+                await store.aclose()
+                if own_engine:
+                    await active.aclose()
+
+    app = FastAPI(title="omni-gateway", version="0.1.0", lifespan=lifespan,
+                  description="Streaming-input sessions in front of vLLM / vLLM-Omni. Besides these routes, "
+                              "`GET /v1/realtime` upgrades to a WebSocket that speaks the OpenAI Realtime "
+                              "protocol (GA event names; `?session_id=&last_event_id=` resumes a broken "
+                              "connection); WebSockets are outside what OpenAPI describes.")
+    # Last added runs first: request ids wrap everything, then load shedding
+    # (before any other work), then bounded bodies.
+    app.add_middleware(BoundedBodyMiddleware, max_bytes=settings.max_request_bytes,
+                       idle_timeout_sec=settings.body_idle_timeout_sec,
+                       max_header_bytes=settings.max_header_bytes,
+                       streamed_paths=frozenset({UPLOAD_PATH}), streamed_idle_sec=settings.session_timeout_sec)
+    app.add_middleware(AdmissionMiddleware, admission=admission)
+    app.add_middleware(RequestIdMiddleware)
+    app.include_router(sessions_router)
+    app.include_router(upload_router)
+    app.include_router(chat_router)
+    app.include_router(realtime_router)
+    app.include_router(ops_router)
+    if settings.demo:
+        app.include_router(demo_router)
+    hot_routes.install(app)
+    install_error_handlers(app)
+    # FastAPI's documented way to customise the schema is to replace this method.
+    app.openapi = lambda: _openapi_with_envelope(app)  # type: ignore[method-assign]
+    return app
+
+
+def _openapi_with_envelope(app: FastAPI) -> dict[str, Any]:
+    """FastAPI documents its own 422 body; ours is the error envelope, so say so."""
+    if app.openapi_schema is None:
+        from fastapi.openapi.utils import get_openapi
+
+        spec = get_openapi(title=app.title, version=app.version, description=app.description,
+                           routes=app.routes)
+        envelope = {"$ref": "#/components/schemas/ErrorEnvelope"}
+        for operation in (op for path in spec["paths"].values() for op in path.values()):
+            invalid = operation["responses"].get("422")
+            if invalid is not None:
+                invalid["content"] = {"application/json": {"schema": envelope}}
+        for name in ("HTTPValidationError", "ValidationError"):
+            spec.get("components", {}).get("schemas", {}).pop(name, None)
+        app.openapi_schema = spec
+    return app.openapi_schema

@@ -1,0 +1,275 @@
+"""A replica on every core: N API worker processes beside one engine process.
+
+One Python process tops out near one core, and a replica's HTTP work (parse,
+check, one Redis call, answer) is stateless: Redis holds every session. So
+``omni-gateway serve`` with a real Redis runs:
+
+- N **API workers** (``api-worker``), sharing the one listening socket this
+  process bound: the kernel spreads connections over them. Each serves the
+  whole API but opens no engine and runs no session work (``role="api"``);
+- this process as the **engine process** (``role="engine"``): the engine,
+  the runners and the tender, serving the same app on a loopback port of
+  its own (``--engine-port``) for its metrics and its own probes.
+
+Work an API worker's call starts is left in Redis and announced; the engine
+process's tender claims it at once (``gateway/runtime/engine_card.py``). SIGTERM
+reaches every process (forwarded here), and each drains as a replica does.
+Workers start through ``omni-gateway-child``, so they die with this process
+even on SIGKILL; one that dies alone is started again.
+
+The embedded default (no ``OMNI_GATEWAY_REDIS_URL``: fakeredis in process)
+cannot be shared, so it stays one process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+
+import uvicorn
+from prometheus_client.multiprocess import mark_process_dead
+
+from gateway.metrics import SHARED_DIR_ENV
+from gateway.settings import Settings
+from gateway.work.draining import Draining
+from omni_adapter.port import Engine
+from omni_adapter.process_lifetime import CHILD_LAUNCHER
+
+logger = logging.getLogger(__name__)
+
+#: How long uvicorn waits for open connections once the listener is closed.
+CONNECTION_DRAIN_SEC = 30
+#: Pending connections the shared socket holds while every worker is busy.
+BACKLOG = 2048
+#: The collector's thresholds once a server runs: Python's (700, 10, 10), but a full
+#: collection 10x less often. With the start-up heap frozen, a full collection
+#: walks the live sessions' objects: 15-25 ms with 200 streaming sessions, every
+#: 1.6 s at 20,000 tokens/s, and every stream waited through it (the relay's
+#: P99 at 200 sessions x 10 tokens/s went from 85 to 42 ms; bench/README.md,
+#: section 2). What it would find is rare: those collections found nothing, as
+#: short-lived cycles die in the young generations, still collected as often.
+GC_THRESHOLDS = (700, 10, 100)
+
+
+def api_workers(settings: Settings) -> int:
+    """The setting, else one worker per core but one (the engine process's), at least one.
+
+    0 means one process doing everything, as the embedded store must.
+    """
+    if settings.redis_url is None:
+        return 0
+    if settings.api_workers is not None:
+        return settings.api_workers
+    # The cores this process may run on (a cpuset), not the machine's; a
+    # container's CPU quota is not visible here, so charts set the number.
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores - 1)
+
+
+def uvicorn_config(app: object, **kwargs: object) -> uvicorn.Config:
+    return uvicorn.Config(app, log_config=None, timeout_graceful_shutdown=CONNECTION_DRAIN_SEC,  # type: ignore[arg-type]
+                          # The Realtime WebSocket: websockets' sans-I/O core (the
+                          # "websockets" choice is its deprecated legacy API).
+                          ws="websockets-sansio", **kwargs)  # type: ignore[arg-type]
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server with a drain period between SIGTERM and closing the listener.
+
+    SIGTERM flips ``draining`` at once (``/readyz`` 503, no new engine work);
+    the listener closes ``drain_sec`` later, then uvicorn waits for open
+    connections and the lifespan gives owned sessions their grace period and
+    releases the rest to other replicas. A second signal exits at once.
+    ``on_signal``: told of every signal this one gets (the API workers get it too).
+
+    Once started, what the start made (modules, the app, the engine) is put
+    out of the garbage collector's reach (``gc.freeze``): it lives as long as
+    the process, and a full collection walked all of it while every stream
+    waited (measured: a 29 ms stall of 20 streams half a second after they
+    started, on the stamping engine; more with vLLM's heap in the process).
+    Full collections then come less often (``GC_THRESHOLDS``).
+    """
+
+    def __init__(self, config: uvicorn.Config, draining: Draining, drain_sec: float,
+                 on_signal: Callable[[int], None] | None = None) -> None:
+        super().__init__(config)
+        self._draining = draining
+        self._drain_sec = drain_sec
+        self._on_signal = on_signal
+        draining.stop_server = self._stop_now
+
+    def _stop_now(self) -> None:
+        """Stop without a drain period (``Draining.fail``): the lifespan still hands the
+        sessions over, and API workers are stopped with the engine process."""
+        self.should_exit = True
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        gc.collect()  # the start's own garbage, before the rest is frozen for good
+        gc.freeze()
+        gc.set_threshold(*GC_THRESHOLDS)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        # However the server was told to stop: open SSE streams end first, or
+        # uvicorn would wait out its graceful timeout for their connections.
+        self._draining.close()
+        await super().shutdown(sockets=sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self._on_signal is not None:
+            self._on_signal(sig)
+        if self._draining.active or self._drain_sec <= 0:
+            self._draining.begin()
+            super().handle_exit(sig, frame)
+            return
+        self._draining.begin()
+        # A signal handler may interrupt the loop anywhere: schedule thread-safely.
+        loop = asyncio.get_event_loop()
+        loop.call_soon_threadsafe(loop.call_later, self._drain_sec, super().handle_exit, sig, frame)
+
+
+def serve(settings: Settings, host: str, port: int, log_level: str, *, engine_port: int | None = None,
+          engine: Engine | None = None) -> None:
+    """Run a replica: one process, or API workers beside an engine process (see the module doc)."""
+    from gateway.runtime.app import create_app
+
+    draining = Draining()
+    workers = api_workers(settings)
+    if workers == 0:
+        app = create_app(settings, engine=engine, draining=draining)
+        DrainingServer(uvicorn_config(app, host=host, port=port), draining, settings.drain_sec).run()
+        exit_if_failed(draining)
+        return
+    shared_metrics = share_metrics(settings.replica_id)
+    listener = socket.create_server((host, port), backlog=BACKLOG, reuse_port=False)
+    listener.set_inheritable(True)
+    pool = WorkerPool(listener, workers, settings.replica_id, log_level, shared_metrics)
+    pool.start()
+    logger.info("replica %s: %d API workers on %s:%d, the engine process on 127.0.0.1:%d", settings.replica_id,
+                workers, host, port, engine_port or port + 1)
+    try:
+        app = create_app(settings, engine=engine, draining=draining, role="engine")
+        config = uvicorn_config(app, host="127.0.0.1", port=engine_port or port + 1)
+        DrainingServer(config, draining, settings.drain_sec, on_signal=pool.signal).run()
+    finally:
+        pool.stop()
+        listener.close()
+        shutil.rmtree(shared_metrics, ignore_errors=True)
+    exit_if_failed(draining)
+
+
+def exit_if_failed(draining: Draining) -> None:
+    """Exit non-zero when the replica stopped because it could not go on (``Draining.fail``
+    logged why), so its supervisor starts it again."""
+    if draining.failure is not None:
+        raise SystemExit(1)
+
+
+def share_metrics(replica_id: str) -> str:
+    """A folder where this process and its workers keep their metrics, so a scrape of the
+    public port, answered by any worker, gives the replica's (``gateway/metrics.py``).
+
+    Named after the replica and emptied first: a replica started again after
+    a kill (in a pod, ``/tmp`` outlives the container) starts from zero, as a
+    single process does, and leaves no folder behind per restart. Set before
+    any metric exists: the workers inherit it, and this process's metrics are
+    made after this, by ``create_app``'s lifespan.
+    """
+    folder = Path(tempfile.gettempdir()) / ("omni-gateway-metrics-" + re.sub(r"[^A-Za-z0-9._-]", "_", replica_id))
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    os.environ[SHARED_DIR_ENV] = str(folder)
+    # prometheus_client picks how values are kept when it is first imported.
+    values = sys.modules.get("prometheus_client.values")
+    if values is not None:
+        values.ValueClass = values.get_value_class()  # type: ignore[attr-defined]
+    return str(folder)
+
+
+def serve_api_worker(settings: Settings, fd: int) -> None:
+    """``omni-gateway api-worker --fd N``: serve the socket the engine process bound."""
+    from gateway.runtime.app import create_app
+
+    draining = Draining()
+    app = create_app(settings, draining=draining, role="api")
+    DrainingServer(uvicorn_config(app), draining, settings.drain_sec).run(sockets=[socket.socket(fileno=fd)])
+
+
+class WorkerPool:
+    """The API workers: started, restarted when one dies alone, stopped with the replica."""
+
+    def __init__(self, listener: socket.socket, count: int, replica_id: str, log_level: str,
+                 shared_metrics: str) -> None:
+        self._listener = listener
+        self._shared_metrics = shared_metrics
+        self._count = count
+        self._replica_id = replica_id
+        self._log_level = log_level
+        self.processes: list[subprocess.Popen[bytes]] = []
+        self._stopping = threading.Event()
+        #: Signals already passed on: a second SIGTERM would make a worker exit at once.
+        self._signalled = False
+        self._watcher = threading.Thread(target=self._watch, name="api-workers", daemon=True)
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        launcher = Path(sys.executable).with_name(CHILD_LAUNCHER)
+        # Through the launcher the worker dies with this process, even on SIGKILL.
+        program = [str(launcher)] if launcher.exists() else [sys.executable]
+        fd = self._listener.fileno()
+        return subprocess.Popen(
+            [*program, "-m", "gateway.runtime.cli", "api-worker", "--fd", str(fd), "--log-level", self._log_level],
+            pass_fds=(fd,), stdin=subprocess.DEVNULL,
+            # The workers are this replica: the engine card they read is under its id.
+            env=os.environ | {"OMNI_GATEWAY_REPLICA_ID": self._replica_id})
+
+    def start(self) -> None:
+        self.processes.extend(self._spawn() for _ in range(self._count))
+        self._watcher.start()
+
+    def _watch(self) -> None:
+        # Never returns: PR_SET_PDEATHSIG fires when the *thread* that started
+        # a worker ends, so the thread that starts replacements lives as long
+        # as the process (a daemon thread), and only stops replacing.
+        while True:
+            time.sleep(1.0)
+            if self._stopping.is_set():
+                continue
+            for index, process in enumerate(self.processes):
+                if process.poll() is not None and not self._stopping.is_set():
+                    logger.warning("API worker %d exited with %s; starting another", process.pid, process.returncode)
+                    # Its counters still count; what it had live (connections) no longer does.
+                    mark_process_dead(process.pid, self._shared_metrics)  # type: ignore[no-untyped-call]
+                    self.processes[index] = self._spawn()
+
+    def signal(self, sig: int) -> None:
+        """Pass a signal on to every worker (they drain as this process does)."""
+        self._stopping.set()
+        self._signalled = True
+        for process in self.processes:
+            if process.poll() is None:
+                process.send_signal(sig)
+
+    def stop(self, timeout_sec: float = CONNECTION_DRAIN_SEC + 5) -> None:
+        self._stopping.set()
+        if not self._signalled:
+            self.signal(signal.SIGTERM)
+        for process in self.processes:
+            try:
+                process.wait(timeout=timeout_sec)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()

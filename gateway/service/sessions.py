@@ -1,0 +1,290 @@
+"""The session use cases: create, append, finish, view, events, cancel, result.
+
+Routers call these with parsed input and get domain objects or domain
+errors back. Every state change is delegated to one store call (one Lua
+script); the service adds validation against the engine's capabilities,
+start-policy thresholds, metrics, and hands started sessions to the runners
+(``gateway.work``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from sse_starlette import ServerSentEvent
+
+from gateway import errors
+from gateway.domain.identities import owner_check
+from gateway.domain.policies import StartThresholds
+from gateway.domain.states import SessionState
+from gateway.metrics import Metrics
+from gateway.output.sse import session_events
+from gateway.service.models import CreateSessionRequest
+from gateway.settings import Settings
+from gateway.store.records import ChunkRecord, InputOutcome, event_id_key
+from gateway.store.redis_store import SessionStore
+from gateway.store.session_hash import NewSession, SessionRecord, StoredRequest
+from gateway.work.draining import Draining
+from gateway.work.pool import RunnerPool
+from omni_adapter.port import (
+    Capabilities,
+    EngineRejectedError,
+    RequestChecks,
+    SamplingOptions,
+)
+
+#: Upper bound of ``/result?wait=``, so a poll never pins a connection for long.
+MAX_RESULT_WAIT_SEC = 60.0
+
+
+@dataclass(frozen=True)
+class Replacement:
+    """A replaced chunk (update mode): the store's outcome and the tokens it keeps."""
+
+    outcome: InputOutcome
+    #: Tokens at the start of the streamed input left unchanged; ``None`` when
+    #: the engine cannot count them or the input is not all text.
+    kept_tokens: int | None
+    input_tokens: int | None
+
+
+class SessionService:
+    def __init__(self, settings: Settings, store: SessionStore, capabilities: Capabilities,
+                 runners: RunnerPool, metrics: Metrics, draining: Draining,
+                 checks: RequestChecks | None = None) -> None:
+        self._settings = settings
+        self._store = store
+        self._capabilities = capabilities
+        self._runners = runners
+        self._metrics = metrics
+        self._draining = draining
+        #: The engine's own checks, when it can make them before anything is stored.
+        self._checks = checks
+
+    # --- validation shared by create and append ----------------------------
+
+    def check_enabled(self) -> None:
+        if not self._settings.enabled:
+            raise errors.StreamingInputDisabled("streaming input is disabled on this service")
+
+    async def _checked(self, new: NewSession) -> NewSession:
+        """422 for a request the engine would refuse; its prompt so far counts against the context."""
+        if self._checks is None:
+            return new
+        request = new.request.engine_request("check", new.model)
+        try:
+            # Rendering and tokenizing the history is CPU work: off the event loop.
+            frame_tokens = await asyncio.to_thread(self._checks.check_request, request)
+        except EngineRejectedError as exc:
+            raise errors.ValidationFailed(str(exc)) from exc
+        limit = self._checks.max_input_tokens
+        if frame_tokens >= limit:
+            raise errors.ContextLengthExceeded(
+                f"the messages alone take {frame_tokens} tokens; the model's context leaves {limit} "
+                "for the input", param="messages", prompt_tokens=frame_tokens, max_input_tokens=limit)
+        return dataclasses.replace(new, max_input_tokens=limit, input_tokens=frame_tokens)
+
+    async def _counted(self, chunk: ChunkRecord) -> ChunkRecord:
+        """The chunk with the fewest tokens it adds, so the store can refuse what overflows."""
+        if self._checks is None or chunk.modality != "text":
+            return chunk
+        text = chunk.payload.decode("utf-8", errors="replace")
+        return dataclasses.replace(chunk, min_tokens=await asyncio.to_thread(self._checks.input_tokens_at_least, text))
+
+    def check_input_modality(self, chunk: ChunkRecord, param: str = "modality") -> None:
+        """422 for input the engine cannot take, before anything is stored."""
+        if chunk.modality not in self._capabilities.input_modalities:
+            accepted = ", ".join(sorted(self._capabilities.input_modalities))
+            raise errors.UnsupportedModality(
+                f"the engine does not take {chunk.modality} input (it takes: {accepted})", param=param)
+
+    @functools.cached_property
+    def _too_large_json(self) -> str:
+        """The failure a session gets when its input outgrows the cap (the Lua scripts store it)."""
+        return errors.SessionPayloadTooLarge(
+            f"the session's input exceeds {self._settings.max_payload_per_session} bytes; session closed",
+        ).envelope_json()
+
+    # --- use cases -----------------------------------------------------------
+
+    async def create(self, identity: str, body: CreateSessionRequest,
+                     first: ChunkRecord | None) -> tuple[SessionRecord, bool]:
+        self.check_enabled()
+        model = self._resolve_model(body.model)
+        unsupported = set(body.modalities) - self._capabilities.output_modalities
+        if unsupported:
+            produced = ", ".join(sorted(self._capabilities.output_modalities))
+            raise errors.UnsupportedModality(
+                f"the engine cannot produce {', '.join(sorted(unsupported))} output (it produces: {produced})",
+                param="modalities")
+        if first is not None:
+            self.check_input_modality(first, param="first_chunk.modality")
+        session_id = f"sis-{uuid.uuid4().hex}"
+        new = await self._checked(self._new_session(body, model, identity))
+        if first is not None:
+            first = await self._counted(first)
+        # Counted until it ends, or at most for its idle timeout plus the generation budget.
+        until = new.created_at_ms + new.timeout_ms + new.generation_ttl_ms
+        await self._store.admit(identity, session_id, per_identity=self._settings.max_sessions_per_identity,
+                                overall=self._settings.max_open_sessions, until_ms=until)
+        claimant = self._claimant(listening=first is None or not first.end_of_input)
+        outcome = await self._store.create(session_id, new, claimant, first, self._too_large_json)
+        self._metrics.transition(None, SessionState.OPEN)
+        if first is not None:
+            self._count_chunk(first, outcome)
+        self._after_input(session_id, SessionState.OPEN, outcome)
+        return await self._store.view(session_id), outcome.started
+
+    async def append(self, identity: str, session_id: str, chunk: ChunkRecord) -> InputOutcome:
+        self.check_enabled()
+        self.check_input_modality(chunk)
+        chunk = await self._counted(chunk)
+        started_at = time.perf_counter()
+        try:
+            outcome = await self._store.append(session_id, chunk, self._claimant(listening=not chunk.end_of_input),
+                                               self._too_large_json, caller=owner_check(identity))
+        except errors.SessionPayloadTooLarge as exc:
+            self._metrics.transition(exc.previous_state, SessionState.FAILED)
+            raise
+        self._metrics.append_latency.observe(time.perf_counter() - started_at)
+        self._count_chunk(chunk, outcome)
+        self._after_input(session_id, outcome.previous_state, outcome)
+        return outcome
+
+    async def replace(self, identity: str, session_id: str, chunk: ChunkRecord) -> Replacement:
+        """Update mode: swap a chunk already received; the runner restarts from the common prefix."""
+        self.check_enabled()
+        self.check_input_modality(chunk)
+        chunk = await self._counted(chunk)
+        record = await self.view(identity, session_id)
+        kept, total = await self._kept_tokens(session_id, record.next_seq, chunk)
+        outcome = await self._store.replace(session_id, chunk, self._claimant(), kept or 0,
+                                            caller=owner_check(identity))
+        if not outcome.duplicate:
+            self._metrics.replaced_chunks.inc()
+        self._after_input(session_id, outcome.previous_state, outcome)
+        return Replacement(outcome, kept, total)
+
+    async def _kept_tokens(self, session_id: str, next_seq: int,
+                           chunk: ChunkRecord) -> tuple[int | None, int | None]:
+        """The streamed input's tokens before and after the replacement: common prefix, new total."""
+        if self._checks is None:
+            return None, None
+        stored = await self._store.load_chunks(session_id, range(next_seq)) if next_seq else []
+        if chunk.modality != "text" or any(c.modality != "text" for c in stored):
+            return None, None
+        old = b"".join(c.payload for c in stored)
+        new = b"".join(chunk.payload if c.sequence_id == chunk.sequence_id else c.payload for c in stored)
+        if chunk.sequence_id >= next_seq:  # beyond the contiguous input: nothing the engine took changes
+            new = old
+        return await asyncio.to_thread(self._checks.common_prefix_tokens,
+                                       old.decode("utf-8", errors="replace"), new.decode("utf-8", errors="replace"))
+
+    async def finish(self, identity: str, session_id: str, final_sequence_id: int | None) -> InputOutcome:
+        outcome = await self._store.finish(session_id, final_sequence_id, self._claimant(listening=False),
+                                           caller=owner_check(identity))
+        self._after_input(session_id, outcome.previous_state, outcome)
+        return outcome
+
+    async def view(self, identity: str, session_id: str) -> SessionRecord:
+        record = await self._store.view(session_id, caller=owner_check(identity))
+        if record.state is SessionState.EXPIRED:
+            raise errors.SessionExpired(f"session {session_id!r} expired after being idle")
+        return record
+
+    async def events(self, identity: str, session_id: str, after: str) -> AsyncIterator[ServerSentEvent] | None:
+        """The session's frames after ``after``; ``None`` when the client has seen the final one.
+
+        Checked before the first byte, so a missing or expired session is a
+        404 / 410. Browsers' ``EventSource`` reconnects with the last id it
+        saw, even after ``[DONE]``; answering those with an open stream kept
+        one open request per reconnect for the result's lifetime.
+        """
+        await self.view(identity, session_id)
+        final = await self._store.last_frame(session_id)
+        if final is not None and final.last and event_id_key(after) >= event_id_key(final.id):
+            return None
+        return session_events(self._store, session_id, after)
+
+    async def cancel(self, identity: str, session_id: str) -> None:
+        cancelled = errors.SessionCancelled("the session was cancelled by the client").envelope_json()
+        before = await self._store.cancel(session_id, cancelled, caller=owner_check(identity))
+        self._metrics.transition(before, SessionState.CANCELLED)
+
+    async def result(self, identity: str, session_id: str, wait_sec: float) -> SessionRecord:
+        """The session once terminal, or as it is when ``wait_sec`` runs out."""
+        deadline = time.monotonic() + min(max(wait_sec, 0.0), MAX_RESULT_WAIT_SEC)
+        while True:
+            # Read the last frame id before the state: a terminal frame written
+            # in between then wakes the blocking read below at once.
+            last = await self._store.last_frame_id(session_id)
+            record = await self.view(identity, session_id)
+            remaining = deadline - time.monotonic()
+            if record.state.is_terminal or remaining <= 0:
+                return record
+            # Through the replica's one stream reader: a long poll holds no connection of its own.
+            async with self._store.output_stream(session_id, last) as frames:
+                await frames.read(max(1, int(remaining * 1000)))
+
+    # --- helpers ---------------------------------------------------------------
+
+    def _resolve_model(self, requested: str | None) -> str:
+        names = self._capabilities.model_names
+        if requested is None:
+            return names[0]
+        if requested not in names:
+            raise errors.ModelNotFound(f"model {requested!r} is not served here (served: {', '.join(names)})",
+                                       param="model")
+        return requested
+
+    def _new_session(self, body: CreateSessionRequest, model: str, identity: str) -> NewSession:
+        s = self._settings
+        policy = body.start_policy or s.start_policy
+        stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+        sampling = SamplingOptions(
+            max_tokens=body.max_completion_tokens or body.max_tokens, temperature=body.temperature,
+            top_p=body.top_p, top_k=body.top_k, seed=body.seed, stop=tuple(stop),
+            presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
+            repetition_penalty=body.repetition_penalty)
+        request = StoredRequest(
+            messages=tuple(m.model_dump(exclude_none=True) for m in body.messages),
+            modalities=tuple(body.modalities), sampling=sampling,
+            include_usage=bool(body.stream_options and body.stream_options.include_usage),
+            metadata=body.metadata or {})
+        timeout_ms = int(s.session_timeout_sec * 1000)
+        return NewSession(
+            policy=policy, model=model, identity=identity, request=request,
+            created_at_ms=int(time.time() * 1000),
+            start=StartThresholds.for_policy(policy, body.min_length, s.min_length_bytes),
+            max_out_of_order=s.max_out_of_order, max_bytes=s.max_payload_per_session,
+            max_chunks=s.max_chunks_per_session, timeout_ms=timeout_ms,
+            result_ttl_ms=int(s.result_ttl_sec * 1000),
+            # Generation is not idle time; give it at least an hour before keys lapse.
+            generation_ttl_ms=max(timeout_ms, 3_600_000), lease_ttl_ms=int(s.lease_ttl_sec * 1000))
+
+    def _count_chunk(self, chunk: ChunkRecord, outcome: InputOutcome) -> None:
+        self._metrics.chunks.labels(chunk.modality, "duplicate" if outcome.duplicate else "accepted").inc()
+        if not outcome.duplicate:
+            self._metrics.chunk_bytes.labels(chunk.modality).inc(len(chunk.payload))
+
+    def _claimant(self, *, listening: bool = True) -> str:
+        """This replica's id when it can take engine work that a call starts, else ''.
+
+        ``listening``: the work may still be waiting for input, so it needs
+        room among the listening sessions too (input-complete work does not).
+        """
+        room = self._runners.room
+        if self._draining.active or room.total == 0 or (listening and room.listening == 0):
+            return ""
+        return self._settings.replica_id
+
+    def _after_input(self, session_id: str, before: SessionState, outcome: InputOutcome) -> None:
+        self._metrics.transition(before, outcome.state)
+        if outcome.lease is not None:
+            self._runners.start(session_id, outcome.lease)

@@ -1,1 +1,0 @@
-"""The streaming-input session API (Mode B of the RFC)."""

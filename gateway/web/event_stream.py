@@ -1,0 +1,156 @@
+"""The SSE response of every streaming route: session events, chat completions, uploads.
+
+What sse_starlette's ``EventSourceResponse`` did for these routes, with the
+cost per event down to the event itself. That response wrapped every send in
+a cancel scope of its own (its per-send timeout): about 6 µs per event here,
+some 12% of a replica's CPU relaying 20,000 tokens/s (bench/README.md,
+section 2). Here a send is just a send, and one watchdog per stream does the
+rest:
+
+- **keep-alive**: a comment (``: ping - <time>``) every ``ping_sec``, so
+  proxies keep an idle stream open;
+- **a client that stopped reading** (a send blocked ``send_timeout_sec`` on
+  a full socket buffer) is dropped;
+- **the client left** (``http.disconnect``): the stream ends;
+- **the server is stopping** (``Draining.closing``): the stream ends, so the
+  client reconnects to another replica with ``Last-Event-ID`` and continues.
+
+However it ends, the events' generator is closed, so its ``finally`` runs
+(a subscription is left, an abandoned chat is cancelled).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+import anyio
+from sse_starlette import ServerSentEvent
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from gateway.work.draining import Draining
+
+logger = logging.getLogger(__name__)
+
+#: How the API document describes an SSE response: one schema per event, as EventSource
+#: gives it to a client (and as OpenAPI 3.2's ``itemSchema`` and schemathesis read it).
+EVENT_STREAM_CONTENT: dict[str, Any] = {"text/event-stream": {"schema": {
+    "type": "object",
+    "description": "One server-sent event. `data` is a JSON chat.completion.chunk, or [DONE] at the end; "
+                   "a named event carries its own JSON (`transcript`, `error`)",
+    "properties": {"event": {"type": "string", "description": "absent (message) for answer frames"},
+                   "data": {"type": "string"},
+                   "id": {"type": "string", "description": "resume after it with Last-Event-ID"},
+                   "retry": {"type": "integer"}},
+    "required": ["data"]}}}
+
+#: A subscriber whose socket takes no frame for this long is dropped (it stopped reading).
+SEND_TIMEOUT_SEC = 30.0
+#: A generator's clean-up (its ``finally``) gets this long once the stream has ended.
+CLEANUP_TIMEOUT_SEC = 5.0
+
+
+class EventStream(Response):
+    def __init__(self, events: AsyncIterator[ServerSentEvent], *, ping_sec: float, draining: Draining,
+                 headers: Mapping[str, str] | None = None, send_timeout_sec: float = SEND_TIMEOUT_SEC,
+                 status_code: int = 200) -> None:  # FastAPI's docs read the status from this signature
+        self.status_code = status_code
+        # Set here, not on the class: the API document takes a response class's
+        # media type for its error answers too, and those are JSON.
+        self.media_type = "text/event-stream"
+        self.background = None
+        self.init_headers({"Cache-Control": "no-cache", "Connection": "keep-alive", "X-Accel-Buffering": "no",
+                           **(headers or {})})
+        self._events = events
+        self._ping_sec = ping_sec
+        self._draining = draining
+        self._send_timeout_sec = send_timeout_sec
+        #: When the frame being sent started to be (``time.monotonic``); None between frames.
+        self._sending_since: float | None = None
+        #: The events ran out and the response was ended.
+        self._finished = False
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        if scope.get("method") == "HEAD":  # headers only: a stream that never ends would hang HEAD
+            await self._close_events()
+            await send({"type": "http.response.body", "body": b""})
+            return
+        failure: BaseException | None = None
+        async with anyio.create_task_group() as tasks:
+            def ending(part: Callable[[], Awaitable[object]]) -> Callable[[], Coroutine[Any, Any, None]]:
+                async def run() -> None:
+                    nonlocal failure
+                    try:
+                        await part()
+                    except Exception as exc:  # raised below, once the other parts stopped
+                        failure = exc
+                    tasks.cancel_scope.cancel()
+                return run
+
+            tasks.start_soon(ending(lambda: self._stream(send)))
+            tasks.start_soon(ending(lambda: self._until_disconnected(receive)))
+            tasks.start_soon(ending(self._draining.closing.wait))
+            tasks.start_soon(ending(lambda: self._watch(send)))
+        if failure is not None:
+            raise failure
+        if not self._finished and self._draining.closing.is_set():
+            # The server is stopping: end the response cleanly (the client reconnects elsewhere).
+            with anyio.move_on_after(1):
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _stream(self, send: Send) -> None:
+        try:
+            async for event in self._events:
+                await self._send(send, event.encode())
+        finally:
+            # Cancelled while sending, the generator still waits at its yield:
+            # close it, so its clean-up runs (shielded: the stream was cancelled).
+            with anyio.move_on_after(CLEANUP_TIMEOUT_SEC, shield=True):
+                await self._close_events()
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        self._finished = True
+
+    async def _close_events(self) -> None:
+        aclose = getattr(self._events, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+    async def _send(self, send: Send, body: bytes) -> None:
+        self._sending_since = time.monotonic()
+        await send({"type": "http.response.body", "body": body, "more_body": True})
+        self._sending_since = None
+
+    @staticmethod
+    async def _until_disconnected(receive: Receive) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    async def _watch(self, send: Send) -> None:
+        """Keep-alive comments, and the end of a stream whose client stopped reading.
+
+        Frames' sends are only timed (two clock reads); this looks at them
+        every few seconds. A ping is sent only between frames, and bounded.
+        """
+        check_sec = min(self._ping_sec, self._send_timeout_sec / 2)
+        last_ping = time.monotonic()
+        while True:
+            await anyio.sleep(check_sec)
+            now = time.monotonic()
+            if self._sending_since is not None:
+                if now - self._sending_since > self._send_timeout_sec:
+                    logger.warning("SSE client read nothing for %.0f s: stream closed", now - self._sending_since)
+                    return
+                continue  # frames are going out, or trying to: no ping needed
+            if now - last_ping >= self._ping_sec:
+                last_ping = now
+                ping = ServerSentEvent(comment=f"ping - {datetime.now(UTC)}").encode()
+                with anyio.move_on_after(self._send_timeout_sec) as bounded:
+                    await send({"type": "http.response.body", "body": ping, "more_body": True})
+                if bounded.cancel_called:
+                    logger.warning("SSE client read nothing for %.0f s: stream closed", self._send_timeout_sec)
+                    return
