@@ -123,6 +123,9 @@ class SessionService:
             raise errors.UnsupportedModality(
                 f"the engine cannot produce {', '.join(sorted(unsupported))} output (it produces: {produced})",
                 param="modalities")
+        if body.tools and body.tool_choice != "none" and not self._capabilities.tools:
+            raise errors.ValidationFailed("the engine does not call functions: tools are not served here",
+                                          param="tools")
         if first is not None:
             self.check_input_modality(first, param="first_chunk.modality")
         session_id = f"sis-{uuid.uuid4().hex}"
@@ -256,7 +259,11 @@ class SessionService:
             messages=tuple(m.model_dump(exclude_none=True) for m in body.messages),
             modalities=tuple(body.modalities), sampling=sampling,
             include_usage=bool(body.stream_options and body.stream_options.include_usage),
-            metadata=body.metadata or {})
+            metadata=body.metadata or {},
+            tools=tuple(t.model_dump(exclude_none=True) for t in body.tools or ()),
+            tool_choice=(body.tool_choice if isinstance(body.tool_choice, str) or body.tool_choice is None
+                         else body.tool_choice.model_dump()),
+            input_role=body.input_role, input_tool_call_id=body.input_tool_call_id)
         timeout_ms = int(s.session_timeout_sec * 1000)
         return NewSession(
             policy=policy, model=model, identity=identity, request=request,
