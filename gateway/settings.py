@@ -167,6 +167,9 @@ class Settings(BaseSettings):
     #: The engine's ``max_num_seqs`` (requests it runs at once); unset: vLLM's
     #: default. Keep ``max_engine_sessions`` at or below it.
     engine_max_num_seqs: int | None = Field(None, ge=1)
+    #: vLLM's parser of the model's tool-call format (its ``--tool-call-parser``), for
+    #: ``tool_choice: auto``; ``xlam`` reads SmolLM2's. ``required`` and named calls need none.
+    tool_call_parser: str = "xlam"
 
     @model_validator(mode="after")
     def _engine_url_for_http(self) -> Settings:

@@ -27,6 +27,8 @@ class EngineChoice:
     engine_timeout_sec: float = 120.0
     engine_start_timeout_sec: float = 900.0
     engine_audio: bool = False
+    #: ``vllm``: vLLM's parser of the model's own tool-call format.
+    tool_call_parser: str = "xlam"
 
 
 async def open_engine(choice: EngineChoice) -> Engine:
@@ -46,7 +48,7 @@ async def open_engine(choice: EngineChoice) -> Engine:
     thinker = await open_vllm_engine(VllmEngineConfig(
         model=model, served_model_name=name, dtype=choice.dtype,
         max_model_len=choice.max_model_len, kv_cache_space_gib=choice.kv_cache_space_gib,
-        max_num_seqs=choice.max_num_seqs))
+        max_num_seqs=choice.max_num_seqs, tool_call_parser=choice.tool_call_parser))
     # A text model hears through the CPU Listener (pocketsphinx) and speaks
     # through the CPU Talker (hibari), if installed; vLLM-Omni has its own stages.
     return with_talker(with_listener(thinker))

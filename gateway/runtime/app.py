@@ -66,7 +66,7 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
         engine_url=settings.engine_url,
         engine_timeout_sec=settings.engine_timeout_sec,
         engine_start_timeout_sec=settings.engine_start_timeout_sec,
-        engine_audio=settings.engine_audio)
+        engine_audio=settings.engine_audio, tool_call_parser=settings.tool_call_parser)
 
     async def open_active(store: SessionStore) -> Engine:
         if role == "api":
