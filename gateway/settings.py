@@ -63,6 +63,13 @@ class Settings(BaseSettings):
     #: Requests one identity may send at once; unset: two seconds' worth of the
     #: rate, so lowering the rate lowers the burst too.
     rate_limit_burst: int | None = Field(None, ge=1)
+    #: A Realtime connection's own budget of events a second (0: none): audio frames of
+    #: 20 ms are 50 a second; the identity's rate above is charged per connection and turn.
+    realtime_events_per_sec: float = Field(100.0, ge=0)
+    #: The most audio one ``input_audio_buffer.append`` may carry (clients send 20-100 ms).
+    realtime_max_append_ms: int = Field(5_000, ge=20)
+    #: The largest Realtime event (an item with a whole utterance's audio is the largest).
+    realtime_max_event_bytes: int = Field(4 * MiB, ge=64 * 1024)
     #: Open sessions across all identities and replicas (0: no limit).
     max_open_sessions: int = Field(10_000, ge=0)
 
@@ -77,6 +84,17 @@ class Settings(BaseSettings):
     #: Stop waiting for a request body that stalls this long (slow clients).
     body_idle_timeout_sec: float = Field(30.0, gt=0)
     max_header_bytes: int = Field(16 * 1024, ge=1024)
+
+    @property
+    def realtime_max_append_chars(self) -> int:
+        """``realtime_max_append_ms`` of 24 kHz pcm16 as base64 characters."""
+        return -(-self.realtime_max_append_ms * 48 * 4 // 3)
+
+    @property
+    def ws_max_size(self) -> int:
+        """uvicorn's WebSocket message cap: above the event cap, so an oversized event is
+        refused with an ``error`` event (the socket stays) rather than closed with 1009."""
+        return 2 * self.realtime_max_event_bytes
 
     @property
     def token_burst(self) -> int:

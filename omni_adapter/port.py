@@ -63,9 +63,10 @@ class EngineRequest:
     #: ``auto`` (the default with tools), ``none``, ``required``, or
     #: ``{"type": "function", "function": {"name": ...}}``.
     tool_choice: str | dict[str, Any] | None = None
-    #: Whose words the streamed input is: the user's, or a function's result
-    #: (``tool``, answering ``input_tool_call_id``) fed back to the model.
-    input_role: Literal["user", "tool"] = "user"
+    #: Whose words the streamed input is: the user's, a function's result
+    #: (``tool``, answering ``input_tool_call_id``) fed back to the model, or a
+    #: system note (the assistant speaks without the user: a greeting, a nudge).
+    input_role: Literal["user", "tool", "system"] = "user"
     input_tool_call_id: str | None = None
 
 

@@ -151,7 +151,7 @@ def serve(settings: Settings, host: str, port: int, log_level: str, *, engine_po
     workers = api_workers(settings)
     if workers == 0:
         app = create_app(settings, engine=engine, draining=draining)
-        DrainingServer(uvicorn_config(app, host=host, port=port), draining, settings.drain_sec).run()
+        DrainingServer(uvicorn_config(app, host=host, port=port, ws_max_size=settings.ws_max_size), draining, settings.drain_sec).run()
         exit_if_failed(draining)
         return
     shared_metrics = share_metrics(settings.replica_id)
@@ -163,7 +163,7 @@ def serve(settings: Settings, host: str, port: int, log_level: str, *, engine_po
                 workers, host, port, engine_port or port + 1)
     try:
         app = create_app(settings, engine=engine, draining=draining, role="engine")
-        config = uvicorn_config(app, host="127.0.0.1", port=engine_port or port + 1)
+        config = uvicorn_config(app, host="127.0.0.1", port=engine_port or port + 1, ws_max_size=settings.ws_max_size)
         DrainingServer(config, draining, settings.drain_sec, on_signal=pool.signal).run()
     finally:
         pool.stop()
@@ -206,7 +206,7 @@ def serve_api_worker(settings: Settings, fd: int) -> None:
 
     draining = Draining()
     app = create_app(settings, draining=draining, role="api")
-    DrainingServer(uvicorn_config(app), draining, settings.drain_sec).run(sockets=[socket.socket(fileno=fd)])
+    DrainingServer(uvicorn_config(app, ws_max_size=settings.ws_max_size), draining, settings.drain_sec).run(sockets=[socket.socket(fileno=fd)])
 
 
 class WorkerPool:

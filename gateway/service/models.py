@@ -162,8 +162,9 @@ class GenerationOptions(StrictModel):
 class CreateSessionRequest(GenerationOptions):
     messages: list[ChatMessage] = Field(
         default_factory=list, description="system prompt / history placed before the streamed input")
-    input_role: Literal["user", "tool"] = Field(
-        "user", description="whose words the streamed input is: the user's, or a function's result (tool)")
+    input_role: Literal["user", "tool", "system"] = Field(
+        "user", description="whose words the streamed input is: the user's, a function's result (tool), or a "
+        "system note (a turn the assistant takes without the user: a greeting, a nudge)")
     input_tool_call_id: str | None = Field(None, description="with input_role tool: the call it answers")
     start_policy: StartPolicy | None = None
     min_length: dict[MinLengthKind, int] | None = None

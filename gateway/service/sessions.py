@@ -16,6 +16,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 from sse_starlette import ServerSentEvent
 
@@ -25,7 +26,7 @@ from gateway.domain.policies import StartThresholds
 from gateway.domain.states import SessionState
 from gateway.metrics import Metrics
 from gateway.output.sse import session_events
-from gateway.service.models import CreateSessionRequest
+from gateway.service.models import ChatMessage, CreateSessionRequest
 from gateway.settings import Settings
 from gateway.store.records import ChunkRecord, InputOutcome, event_id_key
 from gateway.store.redis_store import SessionStore
@@ -35,6 +36,7 @@ from gateway.work.pool import RunnerPool
 from omni_adapter.port import (
     Capabilities,
     EngineRejectedError,
+    EngineRequest,
     RequestChecks,
     SamplingOptions,
 )
@@ -96,6 +98,24 @@ class SessionService:
             return chunk
         text = chunk.payload.decode("utf-8", errors="replace")
         return dataclasses.replace(chunk, min_tokens=await asyncio.to_thread(self._checks.input_tokens_at_least, text))
+
+    @property
+    def max_input_tokens(self) -> int | None:
+        """The most prompt tokens a request may take; ``None`` when the engine cannot count."""
+        return None if self._checks is None else self._checks.max_input_tokens
+
+    async def prompt_tokens(self, messages: list[ChatMessage], tools: list[dict[str, Any]]) -> int:
+        """The tokens ``messages`` take before a turn's input (template included), counted as the
+        engine counts them (a worker thread: it is tokenizing)."""
+        if self._checks is None:
+            return 0
+        request = EngineRequest("count", self._capabilities.model_names[0],
+                                tuple(m.model_dump(exclude_none=True) for m in messages), SamplingOptions(),
+                                tools=tuple(tools))
+        try:
+            return await asyncio.to_thread(self._checks.check_request, request)
+        except EngineRejectedError as exc:
+            raise errors.ValidationFailed(str(exc)) from exc
 
     def check_input_modality(self, chunk: ChunkRecord, param: str = "modality") -> None:
         """422 for input the engine cannot take, before anything is stored."""

@@ -59,7 +59,7 @@ class StoredRequest:
     metadata: dict[str, str] = field(default_factory=dict)
     tools: tuple[dict[str, Any], ...] = ()
     tool_choice: str | dict[str, Any] | None = None
-    input_role: Literal["user", "tool"] = "user"
+    input_role: Literal["user", "tool", "system"] = "user"
     input_tool_call_id: str | None = None
 
     def to_json(self) -> str:

@@ -86,7 +86,8 @@ async def live_app(settings: Settings, engine: Engine) -> AsyncIterator[str]:
     real server; an in-process engine is bound to this loop); its URL."""
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(settings, engine=engine), host="127.0.0.1", port=port,
-                                           log_level="warning", ws="websockets-sansio"))
+                                           log_level="warning", ws="websockets-sansio",
+                                           ws_max_size=settings.ws_max_size))
     task = asyncio.create_task(server.serve())
     while not server.started:  # noqa: ASYNC110 - uvicorn offers no event for this
         assert not task.done(), "the app did not start"
