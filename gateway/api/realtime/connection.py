@@ -621,6 +621,7 @@ class RealtimeConnection:
         await self._answer_from_items(list(self.conversation.items), params, in_conversation=True)
 
     async def _finish_turn(self, turn: Run, params: Params) -> None:
+        await self._charge_turn()
         if turn.audio_item_id is not None and not turn.committed:
             await self._commit()  # the audio so far is this turn's input
         turn.answer = Answer(self._emit, list(params.modalities), ev.new_id("resp"), self.conversation,
@@ -707,7 +708,8 @@ class RealtimeConnection:
         return system + self.conversation.messages(kept_items)
 
     async def _charge_turn(self) -> None:
-        """A turn takes one request of the identity's rate (its audio frames take none)."""
+        """A response takes one request of the identity's rate; the input before it (its audio
+        frames) takes none, so a refusal is one ``error`` for the response, and the turn stays."""
         if self._settings.rate_limit_rps > 0:
             await self._store.take_token(self._identity, self._settings.rate_limit_rps, self._settings.token_burst)
 
@@ -721,7 +723,6 @@ class RealtimeConnection:
             raise errors.ActiveResponse("a response is in progress; wait for response.done or cancel it")
         params = self._params({})
         request = await self._session_request(list(self.conversation.items), params, trim=True, streaming=True)
-        await self._charge_turn()
         record, _ = await self._service.create(self._identity, request, None)
         turn = Run(record.session_id, streaming=True, basis=self._basis(params))
         self._turn = turn
