@@ -126,7 +126,11 @@ async def test_response_parameters_and_an_out_of_band_answer(served: tuple[str, 
         assert done["max_output_tokens"] == 7
         request = engine.sessions[-1].request
         assert request.sampling.max_tokens == 7 and history(engine) == [("system", "Classify.")]
-        second = await text_turn(conn, "second")
+        # Null fields are fields not given (LiveKit's plugin sends instructions: null).
+        await conn.conversation.item.create(item={
+            "type": "message", "role": "user", "content": [{"type": "input_text", "text": "second"}]})
+        await conn.response.create(response={"instructions": None, "conversation": None, "input": None})
+        second = await until(conn, "response.done")
         assert answer_text(second) == "echo: second"
     assert history(engine) == [("system", "You are a helpful assistant."), ("user", "first"),
                                ("assistant", "echo: first")], "the out-of-band answer is not in the history"

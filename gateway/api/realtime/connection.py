@@ -520,11 +520,11 @@ class RealtimeConnection:
         body = message.get("response") or {}
         if not isinstance(body, dict):
             raise errors.ValidationFailed("response is an object", param="response")
-        conversation = body.get("conversation", "auto")
+        conversation = body.get("conversation") or "auto"
         if conversation not in ("auto", "none"):
             raise errors.ValidationFailed('conversation is "auto" or "none"', param="response.conversation")
         params = self._params(body)
-        given = body.get("input")
+        given = body.get("input")  # null: not given
         items = None if given is None else self._input_items(given)
         if conversation == "none":
             await self._answer_from_items(items if items is not None else list(self.conversation.items), params,
@@ -563,7 +563,8 @@ class RealtimeConnection:
     }
 
     def _params(self, body: dict[str, Any]) -> Params:
-        """The session's settings with a response's own on top."""
+        """The session's settings with a response's own on top (a null field is one not given)."""
+        body = {k: v for k, v in body.items() if v is not None}
         c = self.config
         instructions = body.get("instructions", c.instructions)
         if not isinstance(instructions, str):
