@@ -95,6 +95,8 @@ class VllmEngineConfig:
     enforce_eager: bool = False
     #: vLLM's parser of the model's own tool-call format (``--tool-call-parser``), for ``tool_choice: auto``.
     tool_call_parser: str = DEFAULT_TOOL_CALL_PARSER
+    #: KV cache block size, the prefix cache's granularity (``None``: vLLM's, 128 on the CPU).
+    block_size: int | None = None
 
 
 async def open_vllm_engine(config: VllmEngineConfig) -> VllmEngine:
@@ -125,6 +127,7 @@ async def open_vllm_engine(config: VllmEngineConfig) -> VllmEngine:
         seed=config.seed,
         enforce_eager=config.enforce_eager,
         max_num_seqs=config.max_num_seqs,
+        block_size=config.block_size,
         disable_log_stats=True,
     )
     try:
