@@ -74,6 +74,12 @@ class Settings(BaseSettings):
     #: Refuse new calls while the event loop runs this late (0: never).
     max_loop_lag_sec: float = Field(0.25, ge=0)
 
+    #: The largest Realtime event (a WebSocket message); a bigger one closes the
+    #: socket (1009) before it is read. 2 MiB holds ~30 s of 24 kHz audio in
+    #: one append; voice clients send 20-100 ms. uvicorn's own default was
+    #: 16 MiB, whose reading alone held the event loop for ~0.1 s.
+    realtime_max_event_bytes: int = Field(2 * MiB, ge=64 * 1024)
+
     #: Stop waiting for a request body that stalls this long (slow clients).
     body_idle_timeout_sec: float = Field(30.0, gt=0)
     max_header_bytes: int = Field(16 * 1024, ge=1024)

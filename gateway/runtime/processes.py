@@ -80,11 +80,13 @@ def api_workers(settings: Settings) -> int:
     return max(1, cores - 1)
 
 
-def uvicorn_config(app: object, **kwargs: object) -> uvicorn.Config:
+def uvicorn_config(app: object, settings: Settings, **kwargs: object) -> uvicorn.Config:
     return uvicorn.Config(app, log_config=None, timeout_graceful_shutdown=CONNECTION_DRAIN_SEC,  # type: ignore[arg-type]
                           # The Realtime WebSocket: websockets' sans-I/O core (the
-                          # "websockets" choice is its deprecated legacy API).
-                          ws="websockets-sansio", **kwargs)  # type: ignore[arg-type]
+                          # "websockets" choice is its deprecated legacy API). A message
+                          # over the cap closes the socket (1009) before it is assembled.
+                          ws="websockets-sansio", ws_max_size=settings.realtime_max_event_bytes,
+                          **kwargs)  # type: ignore[arg-type]
 
 
 class DrainingServer(uvicorn.Server):
@@ -151,7 +153,7 @@ def serve(settings: Settings, host: str, port: int, log_level: str, *, engine_po
     workers = api_workers(settings)
     if workers == 0:
         app = create_app(settings, engine=engine, draining=draining)
-        DrainingServer(uvicorn_config(app, host=host, port=port), draining, settings.drain_sec).run()
+        DrainingServer(uvicorn_config(app, settings, host=host, port=port), draining, settings.drain_sec).run()
         exit_if_failed(draining)
         return
     shared_metrics = share_metrics(settings.replica_id)
@@ -163,7 +165,7 @@ def serve(settings: Settings, host: str, port: int, log_level: str, *, engine_po
                 workers, host, port, engine_port or port + 1)
     try:
         app = create_app(settings, engine=engine, draining=draining, role="engine")
-        config = uvicorn_config(app, host="127.0.0.1", port=engine_port or port + 1)
+        config = uvicorn_config(app, settings, host="127.0.0.1", port=engine_port or port + 1)
         DrainingServer(config, draining, settings.drain_sec, on_signal=pool.signal).run()
     finally:
         pool.stop()
@@ -206,7 +208,7 @@ def serve_api_worker(settings: Settings, fd: int) -> None:
 
     draining = Draining()
     app = create_app(settings, draining=draining, role="api")
-    DrainingServer(uvicorn_config(app), draining, settings.drain_sec).run(sockets=[socket.socket(fileno=fd)])
+    DrainingServer(uvicorn_config(app, settings), draining, settings.drain_sec).run(sockets=[socket.socket(fileno=fd)])
 
 
 class WorkerPool:
