@@ -13,7 +13,8 @@ the handler knows HTTP.
     ├── ValidationFailed (422 validation_error)
     │   ├── InvalidPayload (422 invalid_payload)
     │   ├── UnsupportedModality (422 unsupported_modality)
-    │   └── EmptyInput (422 empty_input)
+    │   ├── EmptyInput (422 empty_input)
+    │   └── IdempotencyKeyReused (422 idempotency_key_reused)  the key came with another request
     ├── Unauthorized (401 missing_credentials)
     │   └── InvalidApiKey (401 invalid_api_key)
     ├── TooManyRequests (429 rate_limit_exceeded)          Retry-After
@@ -22,6 +23,7 @@ the handler knows HTTP.
     ├── ModelNotFound (404 model_not_found)
     ├── SessionExpired (410 session_expired)
     ├── ConflictError (409 conflict)
+    │   ├── SessionExists (409 session_exists)  a create under an id already taken
     │   ├── SequenceConflict (409 sequence_conflict)
     │   ├── SequenceOutOfWindow (409 sequence_out_of_window)
     │   ├── InputClosed (409 input_closed)
@@ -122,6 +124,10 @@ class EmptyInput(ValidationFailed):
     code = "empty_input"
 
 
+class IdempotencyKeyReused(ValidationFailed):
+    code = "idempotency_key_reused"
+
+
 class Unauthorized(GatewayError):
     status_code = HTTPStatus.UNAUTHORIZED
     code = "missing_credentials"
@@ -168,6 +174,10 @@ class ConflictError(GatewayError):
     status_code = HTTPStatus.CONFLICT
     code = "conflict"
     type = "invalid_request_error"
+
+
+class SessionExists(ConflictError):
+    code = "session_exists"
 
 
 class SequenceConflict(ConflictError):

@@ -74,6 +74,10 @@ class Settings(BaseSettings):
     #: Refuse new calls while the event loop runs this late (0: never).
     max_loop_lag_sec: float = Field(0.25, ge=0)
 
+    #: A non-streaming chat completion whose answer no replica took up for this
+    #: long (every engine slot busy) is dropped: 503 ``capacity_exhausted``.
+    chat_queue_timeout_sec: float = Field(60.0, gt=0)
+
     #: The largest Realtime event (a WebSocket message); a bigger one closes the
     #: socket (1009) before it is read. 2 MiB holds ~30 s of 24 kHz audio in
     #: one append; voice clients send 20-100 ms. uvicorn's own default was
@@ -82,6 +86,13 @@ class Settings(BaseSettings):
 
     #: Stop waiting for a request body that stalls this long (slow clients).
     body_idle_timeout_sec: float = Field(30.0, gt=0)
+    #: Every request body may take this long to arrive, counted from its
+    #: headers; a longer one must keep up ``body_min_bytes_per_sec`` on top
+    #: (a 21 MiB chunk at that rate: about 11 minutes). A body that trickles
+    #: slower gets 408: it would hold a socket for ever. A Mode A upload is
+    #: a session's whole input and has no deadline.
+    body_timeout_sec: float = Field(10.0, gt=0)
+    body_min_bytes_per_sec: int = Field(32 * 1024, ge=1)
     max_header_bytes: int = Field(16 * 1024, ge=1024)
 
     @property

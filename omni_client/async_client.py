@@ -8,6 +8,7 @@ client works the same against one gateway or a cluster behind a load balancer.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncGenerator
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
@@ -76,10 +77,15 @@ class AsyncClient:
     async def aclose(self) -> None:
         await self._http.aclose()
 
-    async def create_session(self, **body: Any) -> AsyncSession:
+    async def create_session(self, *, idempotency_key: str | None = None, **body: Any) -> AsyncSession:
         """A new session; ``body`` is the create body (``messages``, ``start_policy``,
-        ``modalities``, ``max_tokens``, ``temperature``, ...), sent as is."""
-        response = await self.request("POST", SESSIONS, idempotent=False, json=body)
+        ``modalities``, ``max_tokens``, ``temperature``, ...), sent as is.
+
+        Sent with an ``Idempotency-Key`` (``idempotency_key``, else a new UUID),
+        so it is retried like any other call: a repeat the gateway already
+        served returns the same session, never a second one."""
+        key = idempotency_key or str(uuid.uuid4())
+        response = await self.request("POST", SESSIONS, json=body, headers={"Idempotency-Key": key})
         first = (body.get("first_chunk") or {}).get("sequence_id")
         return AsyncSession(self, response.json()["session_id"], 0 if first is None else first + 1)
 
@@ -109,7 +115,7 @@ class AsyncClient:
                     return response
                 retry_after = retry_after_of(response)
                 error = api_error(response.status_code, response.content, retry_after)
-                retry = retryable_status(response.status_code, idempotent)
+                retry = retryable_status(response.status_code, idempotent, error.code)
             delay = self.retry.delay(attempt, retry_after) if retry else None
             if delay is None:
                 raise error

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 from sse_starlette import ServerSentEvent
 
 from gateway import errors
+from gateway.domain.states import SessionState
 from gateway.store.redis_store import SessionStore
 
 logger = logging.getLogger(__name__)
@@ -37,6 +38,12 @@ def parse_last_event_id(value: str | None) -> str:
     return value
 
 
+def _ended(state: SessionState | None) -> bool:
+    if state is None:
+        raise errors.SessionNotFound("the session's keys are gone")
+    return state.is_terminal
+
+
 async def session_events(store: SessionStore, session_id: str, after: str) -> AsyncIterator[ServerSentEvent]:
     try:
         # Followed through the replica's one stream reader: no Redis connection per
@@ -49,7 +56,7 @@ async def session_events(store: SessionStore, session_id: str, after: str) -> As
                     after = frame.id
                     if frame.last:
                         return
-                if not frames and (await store.view(session_id)).state.is_terminal:
+                if not frames and _ended(await store.state(session_id)):
                     # Frames are written only while the engine work runs: a terminal session
                     # gets none after this read, so end rather than wait for its
                     # keys to expire (the read may have raced the final frame).

@@ -27,6 +27,7 @@ from gateway.store.redis_store import SessionStore
 from gateway.web.error_handlers import install_error_handlers
 from gateway.web.identity import IdentityResolver
 from gateway.web.middleware.admission import Admission, AdmissionMiddleware
+from gateway.web.middleware.authentication import AuthenticationMiddleware
 from gateway.web.middleware.bounded_body import BoundedBodyMiddleware
 from gateway.web.middleware.request_id import RequestIdMiddleware
 from gateway.web.resources import Resources
@@ -101,14 +102,14 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
                 # An API worker takes no engine work: what its calls start waits for the engine process.
                 capacity=0 if role == "api" else settings.max_engine_sessions, listening_cap=settings.listening_cap)
             service = SessionService(settings, store, active.capabilities, runners, metrics, draining,
-                                     await open_checks(active))
+                                     await open_checks(active), admission.sheds_new_work)
             if isinstance(active, FrontEngine):
                 tender = asyncio.create_task(active.watch(), name="engine-watch")
             else:
                 background.append(asyncio.create_task(watch_engine(active, draining), name="engine-death"))
                 tender = asyncio.create_task(
                     Tender(store, runners, metrics, draining, settings.replica_id,
-                           settings.schedule_policy).run(settings.tend_interval_sec),
+                           settings.schedule_policy, admission.sheds_new_work).run(settings.tend_interval_sec),
                     name="tender")
             if role == "engine":
                 background.append(asyncio.create_task(
@@ -140,11 +141,15 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
                               "protocol (GA event names; `?session_id=&last_event_id=` resumes a broken "
                               "connection); WebSockets are outside what OpenAPI describes.")
     # Last added runs first: request ids wrap everything, then load shedding
-    # (before any other work), then bounded bodies.
+    # (before any other work), then the caller's identity (before any body
+    # is read), then bounded bodies.
     app.add_middleware(BoundedBodyMiddleware, max_bytes=settings.max_request_bytes,
                        idle_timeout_sec=settings.body_idle_timeout_sec,
                        max_header_bytes=settings.max_header_bytes,
-                       streamed_paths=frozenset({UPLOAD_PATH}), streamed_idle_sec=settings.session_timeout_sec)
+                       streamed_paths=frozenset({UPLOAD_PATH}), streamed_idle_sec=settings.session_timeout_sec,
+                       body_timeout_sec=settings.body_timeout_sec,
+                       min_bytes_per_sec=settings.body_min_bytes_per_sec)
+    app.add_middleware(AuthenticationMiddleware)
     app.add_middleware(AdmissionMiddleware, admission=admission)
     app.add_middleware(RequestIdMiddleware)
     app.include_router(sessions_router)

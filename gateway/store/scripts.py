@@ -20,7 +20,7 @@ from gateway.domain.states import TERMINAL_STATES, TRANSITIONS
 SESSION_SCRIPTS = ("create", "append", "finish", "cancel", "tend", "renew", "release", "publish", "fail",
                    "view", "claim", "park", "replace")
 #: Scripts on keys of their own (limits), standing alone.
-STANDALONE_SCRIPTS = ("admit", "rate", "rescore")
+STANDALONE_SCRIPTS = ("admit", "rate", "rescore", "quarantine")
 
 
 def _lua_table() -> str:

@@ -160,6 +160,15 @@ local function started_flag(started, state, now)
   return started
 end
 
+-- The reply of a script that found its session ended: {'gone', state,
+-- identity}; state and identity '' when its keys are gone.
+local function ended_reply(state)
+  if not state then return {'gone', '', ''} end
+  local identity = ''
+  if TERMINAL[state] then identity = redis.call('HGET', META, 'identity') or '' end
+  return {'gone', state, identity}
+end
+
 -- Sessions are visible only to the identity that created them; to anyone
 -- else they do not exist (no existence leak). Internal callers pass ''.
 local function foreign(caller)
