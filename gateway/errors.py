@@ -41,6 +41,7 @@ the handler knows HTTP.
     │   ├── CapacityExhausted (503 capacity_exhausted)    Retry-After
     │   ├── StoreUnavailable (503 store_unavailable)
     │   ├── Overloaded (503 overloaded)                   Retry-After  this replica sheds load
+    │   ├── ReplicaStopping (503 replica_stopping)  a stream's end at shutdown: resume it elsewhere
     │   └── EngineUnavailable (503 engine_unavailable)
     └── EngineTimeout (504 engine_timeout)  stored when an answer stops making progress
 """
@@ -256,6 +257,13 @@ class Overloaded(ServiceUnavailable):
     """The replica is saturated and refused the call before doing anything (gateway/web/middleware/admission.py)."""
 
     code = "overloaded"
+
+
+class ReplicaStopping(ServiceUnavailable):
+    """The replica serving a stream stopped before the answer ended; the session goes on
+    (gateway/work/draining.py): resume the stream with ``Last-Event-ID``."""
+
+    code = "replica_stopping"
 
 
 class EngineUnavailable(ServiceUnavailable):

@@ -18,7 +18,15 @@ from typing import Any
 import anyio
 import httpx
 
-from omni_client.answer import AnswerEvent, Result, SseParser, TextDelta, events_of, result_of
+from omni_client.answer import (
+    AnswerEvent,
+    Result,
+    SseParser,
+    TextDelta,
+    events_of,
+    replica_stopped,
+    result_of,
+)
 from omni_client.chunks import chunk_of
 from omni_client.errors import APIError, OmniError, TransportFailed, api_error
 from omni_client.retry import (
@@ -166,7 +174,9 @@ class AsyncSession:
     async def answer(self, last_event_id: str | None = None) -> AsyncGenerator[AnswerEvent, None]:
         """The answer's events as they stream; a broken stream is resumed from its last event id.
 
-        Ends after the final frame; an ``error`` event raises :class:`SessionFailed`.
+        Ends after the final frame; an ``error`` event raises :class:`SessionFailed`, but for
+        ``replica_stopping`` (the replica serving the stream stopped; the session goes on),
+        which is read on from the last event id like a stream that broke.
         Gives up (the last error) after ``retry.attempts`` reconnects in a row without a frame.
         """
         failures = 0
@@ -191,6 +201,8 @@ class AsyncSession:
                         async for line in response.aiter_lines():
                             if (event := parser.line(line)) is None:
                                 continue
+                            if replica_stopped(event):
+                                break  # the session goes on elsewhere: read on from the last id
                             if event.id:
                                 last_event_id, failures = event.id, 0
                             for item in events_of(event):

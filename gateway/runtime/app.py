@@ -57,7 +57,7 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
     here. ``draining`` is flipped by whoever handles SIGTERM (the CLI).
     """
     settings = settings or Settings()
-    draining = draining or Draining()
+    draining = draining or Draining(settings.shutdown_grace_sec)
     admission = Admission(settings.max_in_flight_requests, settings.max_loop_lag_sec)
 
     choice = EngineChoice(
@@ -129,8 +129,9 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
                 for task in background:
                     task.cancel()
                 await asyncio.gather(tender, *background, return_exceptions=True)
-                # A dead engine finishes nothing: its sessions go to other replicas at once.
-                await runners.aclose(0.0 if draining.failure else settings.shutdown_grace_sec)
+                # What is left of the grace period that began when the server stopped (streams
+                # had it too); a dead engine finishes nothing: its sessions go to other replicas at once.
+                await runners.aclose(0.0 if draining.failure else draining.grace_left())
                 await store.aclose()
                 if own_engine:
                     await active.aclose()

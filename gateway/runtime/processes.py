@@ -149,7 +149,7 @@ def serve(settings: Settings, host: str, port: int, log_level: str, *, engine_po
     """Run a replica: one process, or API workers beside an engine process (see the module doc)."""
     from gateway.runtime.app import create_app
 
-    draining = Draining()
+    draining = Draining(settings.shutdown_grace_sec)
     workers = api_workers(settings)
     if workers == 0:
         app = create_app(settings, engine=engine, draining=draining)
@@ -206,7 +206,7 @@ def serve_api_worker(settings: Settings, fd: int) -> None:
     """``omni-gateway api-worker --fd N``: serve the socket the engine process bound."""
     from gateway.runtime.app import create_app
 
-    draining = Draining()
+    draining = Draining(settings.shutdown_grace_sec)
     app = create_app(settings, draining=draining, role="api")
     DrainingServer(uvicorn_config(app, settings), draining, settings.drain_sec).run(sockets=[socket.socket(fileno=fd)])
 

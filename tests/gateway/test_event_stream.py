@@ -119,15 +119,27 @@ async def test_an_idle_client_that_stopped_reading_is_dropped_at_a_ping() -> Non
     assert events.cleaned_up
 
 
-async def test_a_stopping_server_ends_its_streams_cleanly() -> None:
-    client, events, draining = Client(), Events(2, then_wait=True), Draining()
+async def test_a_stopping_server_ends_an_unfinished_stream_with_an_error_after_its_grace() -> None:
+    client, events, draining = Client(), Events(2, then_wait=True), Draining(grace_sec=0.3)
     response = asyncio.create_task(stream(events, draining)(HTTP_GET, client.receive, client.send))
     await asyncio.sleep(0.05)
     draining.close()
+    await asyncio.sleep(0.15)
+    assert not response.done(), "a stream goes on for the grace period"
     await asyncio.wait_for(response, 2)
     assert client.body.count(b"data: frame") == 2
-    assert client.ended, "the response ends cleanly: the client reconnects elsewhere"
+    # Never a bare end, which a client takes for a complete answer: an explicit error, then the end.
+    tail = client.body.rsplit(b"data: frame", 1)[1]
+    assert b"event: error" in tail and b"replica_stopping" in tail
+    assert client.ended
     assert events.cleaned_up
+
+
+async def test_a_stream_that_ends_within_the_grace_period_ends_as_it_would() -> None:
+    client, events, draining = Client(), Events(2), Draining(grace_sec=5)
+    draining.close()
+    await asyncio.wait_for(stream(events, draining)(HTTP_GET, client.receive, client.send), 2)
+    assert client.body.count(b"data: frame") == 2 and b"replica_stopping" not in client.body and client.ended
 
 
 async def test_head_sends_the_headers_only() -> None:

@@ -146,9 +146,10 @@ def test_the_workers_die_with_the_engine_process_and_a_worker_that_dies_alone_co
     wait_until(gone, 20, "the API workers gone with their engine process", replica.tail)
 
 
-def test_open_sse_streams_end_cleanly_when_the_replica_stops(replica: Replica) -> None:
-    """SIGTERM: each worker ends its open streams (their clients reconnect to another replica
-    with Last-Event-ID) instead of holding the shutdown for uvicorn's 30 s graceful timeout."""
+def test_open_sse_streams_end_with_an_explicit_error_when_the_replica_stops(replica: Replica) -> None:
+    """SIGTERM: each worker ends its open streams once the grace period (0 here) is over, with
+    an ``error`` event that says so (their clients resume on another replica with Last-Event-ID),
+    instead of holding the shutdown for uvicorn's 30 s graceful timeout."""
     with httpx.Client(base_url=replica.url, timeout=30) as client:
         sids = [client.post(BASE, json={"start_policy": "on_end_only"}).json()["session_id"] for _ in range(4)]
         with ExitStack() as streams:
@@ -157,7 +158,8 @@ def test_open_sse_streams_end_cleanly_when_the_replica_stops(replica: Replica) -
             stopped = time.monotonic()
             replica.proc.send_signal(signal.SIGTERM)
             for response in opened:
-                assert list(response.iter_bytes()) == []  # no frames were written; the end is clean
+                body = b"".join(response.iter_bytes())  # no frames were written: only the explicit end
+                assert body.startswith(b"event: error") and b"replica_stopping" in body, body
             assert time.monotonic() - stopped < 10, "the streams ended with the shutdown"
     assert replica.proc.wait(timeout=20) in (0, -signal.SIGTERM), replica.tail()
     assert "ASGI callable returned without completing response" not in replica.log.read_text(), replica.tail()

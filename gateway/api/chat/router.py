@@ -25,7 +25,7 @@ Identity = Annotated[str, Depends(get_identity)]
 
 async def get_chat(request: Request) -> ChatService:
     resources = get_resources(request)
-    return ChatService(resources.service, resources.settings.max_chunk_bytes)
+    return ChatService(resources.service, resources.settings.max_chunk_bytes, resources.draining)
 
 
 _ANSWER = {

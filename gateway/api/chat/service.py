@@ -31,14 +31,16 @@ from gateway.domain.states import SessionState
 from gateway.service.models import ChatMessage, ChunkIn, CreateSessionRequest, GenerationOptions
 from gateway.service.sessions import MAX_RESULT_WAIT_SEC, SessionService
 from gateway.store.records import ChunkRecord
+from gateway.work.draining import Draining
 
 _DATA_URL = re.compile(r"^data:(?P<mime>[\w.+-]+/[\w.+-]+);base64,(?P<data>.*)$", re.DOTALL)
 
 
 class ChatService:
-    def __init__(self, sessions: SessionService, max_chunk_bytes: int) -> None:
+    def __init__(self, sessions: SessionService, max_chunk_bytes: int, draining: Draining) -> None:
         self._sessions = sessions
         self._max_chunk_bytes = max_chunk_bytes
+        self._draining = draining
 
     async def start(self, identity: str, body: ChatCompletionRequest, idempotency_key: str | None = None) -> str:
         """Open the session of a request, its input complete; returns the session id.
@@ -95,7 +97,11 @@ class ChatService:
             await self._sessions.cancel(identity, session_id)
 
     async def stream(self, identity: str, session_id: str) -> AsyncIterator[ServerSentEvent]:
-        """The session's frames; a client that leaves early cancels the session."""
+        """The session's frames; a client that leaves early cancels the session.
+
+        A stream this replica ends because it stops (gateway/work/draining.py)
+        leaves the session running: its client resumes it from another replica.
+        """
         ended = False
         try:
             events = await self._sessions.events(identity, session_id, "0-0")
@@ -104,7 +110,7 @@ class ChatService:
                     yield event
             ended = True
         finally:
-            if not ended:
+            if not ended and not self._draining.closing.is_set():
                 # Nobody will read the rest of this answer: stop the engine work.
                 await self.cancel(identity, session_id)
 
