@@ -118,6 +118,22 @@ class Settings(BaseSettings):
     redis_timeout_sec: float = Field(2.0, gt=0)
     #: Redis Cluster (keys of one session share a hash tag) instead of one server.
     redis_cluster: bool = False
+    #: What a 2xx on input (create, append, finish, replace, cancel) survives
+    #: (gateway/store/durability.py; bench/README.md, the durability table):
+    #: ``everysec``: Redis's AOF, fsynced every second: a crash of Redis can
+    #: take up to ~2 s of acknowledged input; ``always``: every write fsynced
+    #: before Redis answers (slower appends); ``replica``: a replica holds it
+    #: too before the 2xx (``WAIT 1``), with Sentinel promoting the replica
+    #: when the primary dies. The first two are Redis's own settings, which
+    #: the deployment sets (chart, deploy/local/cluster.sh) and the gateway
+    #: checks at start; the third is the gateway's doing.
+    redis_durability: Literal["everysec", "always", "replica"] = "everysec"
+    #: ``replica``: how long a write waits for the replica's acknowledgement (then 503).
+    redis_replica_wait_ms: int = Field(1000, ge=1)
+    #: Find the primary through Sentinel: comma-separated ``host:port`` of the
+    #: sentinels (the URL's host is then ignored, its password and db kept).
+    redis_sentinels: str | None = None
+    redis_sentinel_master: str = "omni-gateway"
 
     # Processes of a replica (gateway/runtime/processes.py)
     #: API worker processes beside the engine process; unset: one per core but

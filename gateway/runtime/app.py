@@ -88,8 +88,13 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Resources]]:
-        async with open_redis(settings.redis_url, settings.redis_timeout_sec, cluster=settings.redis_cluster) as client:
-            store = SessionStore(client, timeout_sec=settings.redis_timeout_sec)
+        async with open_redis(settings.redis_url, settings.redis_timeout_sec, cluster=settings.redis_cluster,
+                              sentinels=settings.redis_sentinels,
+                              sentinel_master=settings.redis_sentinel_master) as client:
+            store = SessionStore(client, timeout_sec=settings.redis_timeout_sec,
+                                 durability=settings.redis_durability, replica_wait_ms=settings.redis_replica_wait_ms)
+            if settings.redis_url is not None:
+                await store.check_durability(settings.redis_durability)
             own_engine = engine is None and role != "api"
             active = await open_active(store)
             metrics = Metrics()

@@ -26,6 +26,11 @@ SCHEDULE_FAILURES = "{" + SCHEDULE + "}:failures"
 DEAD_LETTERS = "{" + SCHEDULE + "}:dead-letters"
 
 
+#: Counter: written after each acknowledged script with ``redis_durability=replica``, so the
+#: connection's ``WAIT`` covers what the script stored, even a duplicate (store/durability.py).
+DURABLE_MARK = f"{PREFIX}:durable-mark"
+
+
 #: Pub/sub channel: engine work was left waiting for an owner (an API worker,
 #: or a replica without room, started it). Tenders wake on it instead of
 #: waiting for their next round; the schedule stays the truth.

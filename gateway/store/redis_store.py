@@ -29,6 +29,8 @@ from gateway import errors
 from gateway.domain.scheduling import SchedulePolicy, WaitingWork, ranked
 from gateway.domain.states import SessionState
 from gateway.store.connection import translate_redis_errors
+from gateway.store.durability import ACKNOWLEDGED, Durability, run_replicated
+from gateway.store.durability import check as check_durability
 from gateway.store.keys import (
     DEAD_LETTERS,
     OPEN_SESSIONS,
@@ -212,9 +214,12 @@ def _input_outcome(reply: Reply, replica: str) -> InputOutcome:
 
 
 class SessionStore:
-    def __init__(self, client: aioredis.Redis, *, timeout_sec: float) -> None:
+    def __init__(self, client: aioredis.Redis, *, timeout_sec: float, durability: Durability = "everysec",
+                 replica_wait_ms: int = 1000) -> None:
         self._redis = client
         self._timeout = timeout_sec
+        #: ``replica``: acknowledged scripts wait for a replica (store/durability.py).
+        self._replica_wait_ms = replica_wait_ms if durability == "replica" else 0
         self._scripts = LuaScripts(client)
         #: The per-token call (publish) goes through here: one round trip for many sessions.
         #: Redis Cluster refuses scripts in a pipeline (redis-py blocks them): one call each there.
@@ -244,6 +249,9 @@ class SessionStore:
             # waits for that one first, so it fails after two timeouts at most.
             with translate_redis_errors():
                 raw = await self._pipe.run(name, keys, args)
+        elif self._replica_wait_ms and name in ACKNOWLEDGED:
+            async with self._call():
+                raw = await run_replicated(self._redis, self._scripts, name, keys, args, self._replica_wait_ms)
         else:
             async with self._call():
                 raw = await self._scripts.run(name, keys, args)
@@ -254,6 +262,15 @@ class SessionStore:
     async def ping(self) -> None:
         async with self._call():
             await self._redis.ping()
+
+    async def check_durability(self, level: Durability) -> list[str]:
+        """Warn at start when Redis's settings do not give ``level`` (store/durability.py)."""
+        try:
+            async with self._call():
+                return await check_durability(self._redis, level)
+        except errors.StoreUnavailable as exc:
+            logger.warning("durability: not checked, %s", exc.message)
+            return []
 
     # --- input side -----------------------------------------------------
 

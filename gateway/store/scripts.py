@@ -72,5 +72,8 @@ class LuaScripts:
         try:
             return await self._client.evalsha(self._shas[name], len(keys), *keys, *args)
         except NoScriptError:
-            await self._client.script_load(self._sources[name])
+            await self.load(name)
             return await self._client.evalsha(self._shas[name], len(keys), *keys, *args)
+
+    async def load(self, name: str) -> None:
+        await self._client.script_load(self._sources[name])
