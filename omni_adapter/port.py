@@ -43,6 +43,19 @@ class SamplingOptions:
 
 
 @dataclass(frozen=True)
+class HeardInput:
+    """What a Listener settled from a session's audio, so that a new holder (a
+    resume after parking, a takeover) goes on from there instead of hearing
+    all the audio again."""
+
+    #: Each piece of recognized text as it was fed: (the sequence id of the
+    #: chunk it was fed at, the text).
+    pieces: tuple[tuple[int, str], ...] = ()
+    #: Every audio chunk up to this sequence id is heard and in ``pieces``.
+    through: int = -1
+
+
+@dataclass(frozen=True)
 class EngineRequest:
     """Everything an engine session needs except the streamed input itself."""
 
@@ -55,6 +68,11 @@ class EngineRequest:
     #: Text the assistant has already emitted (replayed after a hand-off);
     #: generation continues after it.
     assistant_prefix: str = ""
+    #: The end of ``assistant_prefix`` that no audio has spoken yet: a Talker
+    #: speaks it first, so the answer's audio is complete after a hand-off.
+    unspoken_prefix: str = ""
+    #: What earlier holders heard of the audio input (a Listener goes on from it).
+    heard: HeardInput = HeardInput()
 
 
 @dataclass(frozen=True)
@@ -112,6 +130,8 @@ class InputTranscript:
     """What a speech recognizer heard in the session's audio input (before the answer)."""
 
     text: str
+    #: The pieces settled since the last event, and how far the audio is heard.
+    heard: HeardInput = HeardInput()
 
 
 OutputEvent = TextDelta | AudioDelta | InputTranscript | Finished | EngineError
