@@ -9,7 +9,7 @@ This module holds types only: no logic, no engine imports.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal, Protocol, runtime_checkable
 
 Modality = Literal["text", "audio", "image", "video"]
@@ -40,6 +40,19 @@ class SamplingOptions:
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
+
+    @classmethod
+    def known(cls, values: dict[str, Any]) -> SamplingOptions:
+        """The options among ``values`` (a model's generation defaults), the rest left out."""
+        names = {f.name for f in fields(cls)} - {"stop"}
+        return cls(**{k: v for k, v in values.items() if k in names and v is not None})
+
+    def or_defaults(self, defaults: SamplingOptions) -> SamplingOptions:
+        """These options, with the default for each one not given (a request names no
+        ``temperature``: the served model's own, not 1.0)."""
+        unset = {f.name: getattr(defaults, f.name) for f in fields(self)
+                 if getattr(self, f.name) in (None, ()) and getattr(defaults, f.name) not in (None, ())}
+        return replace(self, **unset) if unset else self
 
 
 @dataclass(frozen=True)

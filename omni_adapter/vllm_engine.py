@@ -35,7 +35,7 @@ import os
 import re
 import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
@@ -86,6 +86,9 @@ class VllmEngineConfig:
     gpu_memory_utilization: float = 0.5
     seed: int = 0
     enforce_eager: bool = False
+    #: Sampling for what a request leaves unset, over the model's own defaults
+    #: (its generation_config.json; the embedded model's: temperature 0.2, top-p 0.9).
+    sampling_overrides: SamplingOptions = field(default_factory=SamplingOptions)
 
 
 async def open_vllm_engine(config: VllmEngineConfig) -> VllmEngine:
@@ -127,7 +130,9 @@ async def open_vllm_engine(config: VllmEngineConfig) -> VllmEngine:
     except BaseException:
         llm.shutdown()
         raise
-    return VllmEngine(llm, streaming, config.served_model_name)
+    model_defaults = SamplingOptions.known(llm.model_config.get_diff_sampling_param())
+    return VllmEngine(llm, streaming, config.served_model_name,
+                      config.sampling_overrides.or_defaults(model_defaults))
 
 
 class TokenizerChecks:
@@ -197,8 +202,11 @@ def load_tokenizer_checks(model: str, max_model_len: int, capabilities: Capabili
 class VllmEngine:
     """One ``AsyncLLM`` shared by every session of the process."""
 
-    def __init__(self, llm: EngineClient, streaming: StreamingTokenizer, model_name: str) -> None:
+    def __init__(self, llm: EngineClient, streaming: StreamingTokenizer, model_name: str,
+                 sampling_defaults: SamplingOptions | None = None) -> None:
         self._llm = llm
+        #: What a request's unset sampling fields become (the served model's defaults).
+        self.sampling_defaults = sampling_defaults or SamplingOptions()
         self._streaming = streaming
         self._max_model_len: int = llm.model_config.max_model_len
         self._sessions: weakref.WeakSet[VllmSession] = weakref.WeakSet()
@@ -232,6 +240,7 @@ class VllmEngine:
     def open_session(self, request: EngineRequest) -> VllmSession:
         if self._closed:
             raise EngineUnavailableError("the engine is closed")
+        request = replace(request, sampling=request.sampling.or_defaults(self.sampling_defaults))
         prefix, suffix = self._checks.frame(request)
         tokens = self._streaming.open(prefix, suffix + client(request.assistant_prefix))
         # After a hand-off the answer so far is part of the prompt; it still
@@ -665,7 +674,8 @@ def sampling_params(options: SamplingOptions, *, max_tokens: int) -> SamplingPar
 
     fields: dict[str, Any] = {
         "max_tokens": max_tokens,
-        # OpenAI's default; vLLM would otherwise apply the model's defaults.
+        # OpenAI's default, for a model with none of its own (the engine fills
+        # in the served model's defaults before this: VllmEngine.open_session).
         "temperature": 1.0 if options.temperature is None else options.temperature,
     }
     optional = {
