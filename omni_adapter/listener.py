@@ -231,6 +231,7 @@ class ListeningSession:
         """
         answer = aiter(self._thinker.events())
         first = asyncio.ensure_future(anext(answer, None))
+        heard: asyncio.Future[Any] | None = None
         try:
             while not first.done():
                 heard = asyncio.ensure_future(self._heard_words.wait())
@@ -240,7 +241,10 @@ class ListeningSession:
                 if self._untold and not first.done():
                     yield self._tell()
         finally:
-            first.cancel()  # a no-op once it is done; the caller stopped reading otherwise
+            # No-ops once they are done; the caller stopped reading otherwise.
+            first.cancel()
+            if heard is not None:
+                heard.cancel()
         if self._untold:
             yield self._tell()
         event = first.result()

@@ -155,7 +155,7 @@ class PhraseStream:
     """A stream's samples -> its phrases: the VAD's probabilities fed to a :class:`PhraseCutter`."""
 
     def __init__(self, vad: SileroVad | LoudnessVad, cutter: PhraseCutter | None = None) -> None:
-        self._probability = vad.stream()
+        self._probability: SpeechProbability | LoudnessProbability = vad.stream()
         self._cutter = cutter or PhraseCutter()
         self._pending = np.zeros(0, dtype=np.int16)
 
@@ -184,17 +184,26 @@ class PhraseStream:
 class LoudnessVad:
     """The fallback when Silero's model is missing: a window is speech when it is loud.
 
-    Noise and music open phrases here; it only keeps a Listener working on an
+    Noise and music open phrases here; it only keeps voice working on an
     installation whose setup did not make the speech models.
     """
+
+    def stream(self) -> LoudnessProbability:
+        return LoudnessProbability()
+
+
+class LoudnessProbability:
+    """One stream: 1.0 for each whole window whose loudness is speech's, else 0.0."""
 
     #: RMS of int16 samples that counts as speech (speech at a normal level is ~1000-5000).
     SPEECH_RMS = 300.0
 
-    def stream(self) -> LoudnessVad:
-        return self
+    def __init__(self) -> None:
+        self._pending = np.zeros(0, dtype=np.int16)
 
     def push(self, samples: np.ndarray) -> list[float]:
-        whole = len(samples) // WINDOW * WINDOW
-        windows = samples[:whole].astype(np.float64).reshape(-1, WINDOW)
+        self._pending = np.concatenate([self._pending, samples])
+        whole = len(self._pending) // WINDOW * WINDOW
+        windows = self._pending[:whole].astype(np.float64).reshape(-1, WINDOW)
+        self._pending = self._pending[whole:]
         return [float(rms >= self.SPEECH_RMS) for rms in np.sqrt(np.mean(windows * windows, axis=1))]
