@@ -6,7 +6,7 @@ likeliest token each step, with a cache of the keys and values so far). It
 is not a streaming model, so the Listener hands it a phrase at each pause.
 The models are the ones ``omni_adapter/speech_models.py`` converted from the
 ``moonshine-cpp`` wheel at setup: the encoder, the decoder's first step and
-its later steps (with the cache), all int8 per channel.
+its later steps (with the cache), float32.
 
 onnxruntime releases the GIL while a model runs, which is nearly all of a
 transcription, so a transcription in a worker thread leaves the event loop
@@ -94,6 +94,8 @@ class Moonshine:
             if token == END_TOKEN:
                 break
             ids.append(token)
+            if (repeated := _restart(self.text_of(ids))) is not None:
+                return repeated
             feeds["input_ids"] = np.array([[token]], dtype=np.int64)
             logits, *cache = self._next.run(None, feeds)
             # The encoder's keys and values stay those of the first step (the
@@ -113,3 +115,19 @@ class Moonshine:
     def text_of(self, ids: list[int]) -> str:
         raw = b"".join(self._tokens[i] for i in ids if i > END_TOKEN)
         return raw.replace(_SPACE, b" ").decode("utf-8", errors="replace").strip()
+
+
+def _restart(text: str) -> str | None:
+    """The text before it, when the text starts over (the phrase said again).
+
+    On noise after the speech, greedy decoding sometimes says the phrase a
+    second time ("Why is the sky blue? Why is"); two words that repeat the
+    first two are taken for that, and the decoding ends there.
+    """
+    words = text.split()
+    if len(words) < 4:
+        return None
+    plain = [w.strip(".,?!;:\"'").lower() for w in words]
+    if plain[-2:] == plain[:2]:
+        return " ".join(words[:-2])
+    return None

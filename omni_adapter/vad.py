@@ -95,7 +95,9 @@ class PhraseCutter:
     A phrase opens at a window of speech (``threshold``), with up to
     ``padding_ms`` of the audio before it (the recognizer hears the onset),
     and closes after ``pause_ms`` below ``threshold - 0.15`` (Silero's own
-    hysteresis), keeping a little of the pause. Phrases of fewer than
+    hysteresis). It keeps ``tail_ms`` after its last window of speech: the
+    rest of the pause, or of a noise the VAD half believes, only invites the
+    recognizer to say more than was said. Phrases of fewer than
     ``min_speech_ms`` of speech are dropped as clicks; one that grows past
     ``max_phrase_sec`` is cut where it is (Moonshine's encoder reads the whole
     phrase at once).
@@ -104,12 +106,15 @@ class PhraseCutter:
     threshold: float = 0.5
     pause_ms: int = 300
     padding_ms: int = 200
+    tail_ms: int = 160
     min_speech_ms: int = 90
     max_phrase_sec: float = 20.0
     _before: list[np.ndarray] = field(default_factory=list)
     _phrase: list[np.ndarray] = field(default_factory=list)
     _speech_windows: int = 0
     _quiet_windows: int = 0
+    #: How many windows of the phrase end with its last window of speech.
+    _through_speech: int = 0
 
     @property
     def in_phrase(self) -> bool:
@@ -123,29 +128,31 @@ class PhraseCutter:
                 if probability >= self.threshold:
                     self._phrase = [*self._before, window]
                     self._before, self._speech_windows, self._quiet_windows = [], 1, 0
+                    self._through_speech = len(self._phrase)
                 else:
                     self._before = [*self._before, window][-max(0, self.padding_ms // WINDOW_MS):]
                 continue
             self._phrase.append(window)
+            if probability >= self.threshold:
+                self._speech_windows += 1
+                self._through_speech = len(self._phrase)
             if probability >= self.threshold - 0.15:
                 self._quiet_windows = 0
-                self._speech_windows += probability >= self.threshold
             else:
                 self._quiet_windows += 1
             long = len(self._phrase) * WINDOW >= self.max_phrase_sec * RATE
             if self._quiet_windows * WINDOW_MS >= self.pause_ms or long:
-                phrase = self._close(keep_quiet=min(self._quiet_windows, 4))
+                phrase = self._close()
                 if phrase is not None:
                     closed.append(phrase)
         return closed
 
     def flush(self) -> np.ndarray | None:
         """The phrase still open (at the end of the input), if it has speech."""
-        return self._close(keep_quiet=self._quiet_windows) if self._phrase else None
+        return self._close() if self._phrase else None
 
-    def _close(self, keep_quiet: int) -> np.ndarray | None:
-        drop = self._quiet_windows - keep_quiet
-        phrase = self._phrase[:len(self._phrase) - drop] if drop else self._phrase
+    def _close(self) -> np.ndarray | None:
+        phrase = self._phrase[:self._through_speech + self.tail_ms // WINDOW_MS]
         enough = self._speech_windows * WINDOW_MS >= self.min_speech_ms
         self._phrase, self._speech_windows, self._quiet_windows = [], 0, 0
         return np.concatenate(phrase) if enough else None
@@ -172,13 +179,8 @@ class PhraseStream:
         return self._cutter.push(windows, self._probability.push(np.concatenate(windows))) if windows else []
 
     def flush(self) -> np.ndarray | None:
-        tail = self._pending
-        self._pending = np.zeros(0, dtype=np.int16)
-        phrase = self._cutter.flush()
-        if phrase is None:
-            return None
-        whole: np.ndarray = np.concatenate([phrase, tail])
-        return whole
+        self._pending = np.zeros(0, dtype=np.int16)  # under a window: not speech the VAD could see
+        return self._cutter.flush()
 
 
 class LoudnessVad:

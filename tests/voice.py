@@ -53,8 +53,9 @@ _NUMBERS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eigh
 
 
 def normalize(text: str) -> list[str]:
-    """Words as a WER compares them: lower case, no punctuation, small numbers spelled out."""
-    words = re.sub(r"[^a-z0-9' ]+", " ", text.lower().replace("-", " ")).split()
+    """Words as a WER compares them: lower case, no punctuation, hyphens joined ("to-night"),
+    small numbers spelled out."""
+    words = re.sub(r"[^a-z0-9' ]+", " ", text.lower().replace("-", "")).split()
     return [_NUMBERS[int(w)] if w.isdigit() and int(w) < len(_NUMBERS) else w.strip("'") for w in words]
 
 
