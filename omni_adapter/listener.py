@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 from collections import defaultdict
 from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -92,21 +91,25 @@ class MoonshineRecognizer:
 
 
 class PocketsphinxRecognizer:
-    """pocketsphinx's US English model: ~30 MB where Moonshine takes ~350 MB, but it
-    misheard a fifth of the words of our noisy clips, and it holds the GIL while it decodes.
+    """pocketsphinx's US English model, in a process of its own.
 
-    Its decoders (0.3 s to load) are made up front and lent to one phrase at a time.
+    It takes ~30 MB where Moonshine takes ~350 MB, but it misheard a fifth of
+    the words of our noisy clips, and it holds the GIL for all of a decode (a
+    5 s phrase stalled the event loop 1.8 s, bench/README.md): in the
+    gateway's process it would starve every other session. So its decoder
+    lives in one worker process; the Listener's threads (two) bound the
+    phrases waiting for it.
     """
 
-    def __init__(self, ready: int = LISTENER_THREADS) -> None:
-        self._lock = threading.Lock()
-        self._idle = [self._load() for _ in range(ready)]
+    def __init__(self) -> None:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
 
-    @staticmethod
-    def _load() -> Any:
-        from pocketsphinx import Decoder
+        import pocketsphinx  # noqa: F401  (fails here, not in the worker, when it is missing)
 
-        return Decoder(samprate=LISTEN_RATE, loglevel="FATAL")
+        self._worker = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
+                                           initializer=_load_pocketsphinx)
+        self._worker.submit(_decode_with_pocketsphinx, b"").result()  # loaded now, not in the first phrase
 
     @classmethod
     def load(cls) -> PocketsphinxRecognizer | None:
@@ -116,18 +119,31 @@ class PocketsphinxRecognizer:
             return None
 
     def transcribe(self, samples: np.ndarray) -> str:
-        with self._lock:
-            decoder = self._idle.pop() if self._idle else None
-        decoder = decoder or self._load()
-        try:
-            decoder.start_utt()
-            decoder.process_raw(samples.astype("<i2").tobytes(), False, True)
-            decoder.end_utt()
-            hypothesis = decoder.hyp()
-            return hypothesis.hypstr if hypothesis is not None else ""
-        finally:
-            with self._lock:
-                self._idle.append(decoder)
+        return str(self._worker.submit(_decode_with_pocketsphinx, samples.astype("<i2").tobytes()).result())
+
+    def close(self) -> None:
+        self._worker.shutdown(wait=False, cancel_futures=True)
+
+
+#: The worker process's decoder (pocketsphinx's worker only).
+_decoder: Any = None
+
+
+def _load_pocketsphinx() -> None:
+    global _decoder
+    from pocketsphinx import Decoder
+
+    _decoder = Decoder(samprate=LISTEN_RATE, loglevel="FATAL")
+
+
+def _decode_with_pocketsphinx(pcm16: bytes) -> str:
+    if not pcm16:
+        return ""
+    _decoder.start_utt()
+    _decoder.process_raw(pcm16, False, True)
+    _decoder.end_utt()
+    hypothesis = _decoder.hyp()
+    return hypothesis.hypstr if hypothesis is not None else ""
 
 
 class Hearing:
@@ -162,6 +178,8 @@ class Hearing:
 
     def close(self) -> None:
         self.executor.shutdown(wait=False, cancel_futures=True)
+        if isinstance(self.recognizer, PocketsphinxRecognizer):
+            self.recognizer.close()
 
 
 class ListeningSession:

@@ -8,7 +8,7 @@ import itertools
 import numpy as np
 import pytest
 
-from omni_adapter.listener import Hearing, ListeningSession
+from omni_adapter.listener import Hearing, ListeningSession, PocketsphinxRecognizer
 from omni_adapter.port import EngineRejectedError, HeardInput, InputChunk, InputTranscript
 from omni_adapter.scripted import ScriptedSession
 from tests.loop_lag import assert_loop_keeps_up
@@ -155,3 +155,22 @@ async def _collect(session: ListeningSession, told: list[InputTranscript]) -> No
     async for event in session.events():
         if isinstance(event, InputTranscript):
             told.append(event)
+
+
+async def test_pocketsphinx_is_a_setting_and_decodes_in_a_process_of_its_own() -> None:
+    ears = Hearing.load("pocketsphinx")
+    assert ears is not None and isinstance(ears.recognizer, PocketsphinxRecognizer)
+    thinker = ScriptedSession()
+
+    async def hear() -> None:
+        session = ListeningSession(thinker, ears)
+        for chunk in audio_chunks(speech(TWO_PHRASES)):
+            await session.feed([chunk])
+        await session.end_input()
+
+    try:
+        # It holds the GIL for all of a decode: in this process the loop would stall for seconds.
+        await assert_loop_keeps_up(hear, bound_sec=0.05)
+    finally:
+        ears.close()
+    assert "short story about a dog" in thinker.input_text.lower(), thinker.input_text
