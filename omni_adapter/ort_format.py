@@ -4,9 +4,8 @@ Moonshine's weights reach us only as ``.ort`` files inside the
 ``moonshine-cpp`` wheel. onnxruntime runs them as they are, but they keep
 every weight as int8 plus a ``Cast -> Mul -> Add`` chain that rebuilds the
 float weight on every run (every decoded token), ~30x slower than real time
-here. Back in ONNX, :func:`fold_constants` computes those chains once, and
-onnxruntime's own quantizer can then quantize the weights the way its int8
-kernels want (dynamic, per channel). Used once, at setup
+here. Back in ONNX, :func:`fold_constants` computes those chains once. Used
+once, at setup
 (``omni_adapter/speech_models.py``); nothing here runs while serving.
 
 The flatbuffer's tables mirror ONNX's protos nearly one to one (the enum
@@ -200,32 +199,3 @@ def _names_used(nodes: Any) -> set[str]:
                 used |= _names_used(attribute.g.node) | {o.name for o in attribute.g.output}
     return used
 
-
-def branch_model(model: Any, branch: str) -> Any:
-    """The model whose graph is one branch of its single top-level ``If`` (after folding).
-
-    Moonshine's merged decoder is one ``If`` on ``use_cache_branch`` over two
-    subgraphs (the first token; the later ones, with the cache) that read the
-    weights from the outer graph. onnxruntime's quantizer does not follow
-    weights into subgraphs, so each branch becomes a model of its own, with
-    the weights it reads as its own initializers.
-    """
-    from onnx import helper
-
-    graph = model.graph
-    (conditional,) = graph.node
-    if conditional.op_type != "If":
-        raise ValueError(f"expected one If node at the top level, found {conditional.op_type}")
-    body = next(a.g for a in conditional.attribute if a.name == branch)
-    used = _names_used(body.node) | {o.name for o in body.output}
-    renames = [helper.make_node("Identity", [inner.name], [outer], name=f"{branch}_{outer}")
-               for inner, outer in zip(body.output, conditional.output, strict=True)
-               if inner.name != outer]
-    outputs = {o.name: o for o in graph.output}
-    sub = helper.make_graph(
-        [*body.node, *renames], f"{graph.name}_{branch}",
-        [i for i in graph.input if i.name in used],
-        [outputs[name] for name in conditional.output],
-        initializer=[*(t for t in graph.initializer if t.name in used), *body.initializer])
-    return helper.make_model(sub, opset_imports=model.opset_import, ir_version=model.ir_version,
-                             producer_name=model.producer_name)

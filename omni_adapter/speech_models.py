@@ -6,8 +6,7 @@ GGUF, ``omni_adapter/model_bootstrap.py``), and are cached beside the LLM:
 - **Moonshine base-en** (MIT) ships as ``.ort`` files inside ``moonshine-cpp``
   (its C++ library is built for AVX-512 and crashes on this CPU; we use only
   the weights). Read back into ONNX, its weight-rebuilding chains folded into
-  float32 weights, and the merged decoder split into its first step and its
-  later steps (``omni_adapter/ort_format.py``). Re-quantizing the MatMuls
+  float32 weights (``omni_adapter/ort_format.py``). Re-quantizing the MatMuls
   int8 per channel saved ~25 % CPU but lost words here: 3 of 8 espeak-ng
   phrases came back empty or wrong that float32 heard (bench/README.md).
   About a minute, once.
@@ -34,7 +33,7 @@ logger = logging.getLogger(__name__)
 MOONSHINE_REQUIREMENT = "moonshine-cpp==0.1.4"
 _MOONSHINE_MEMBERS = "moonshine_cpp-0.1.4.data/purelib/moonshine_cpp/models/base-en/"
 #: Bump when the conversion changes: a cached folder of another version is converted again.
-MOONSHINE_DIR_NAME = "moonshine-base-en-float-v1"
+MOONSHINE_DIR_NAME = "moonshine-base-en-float-v2"
 SILERO_REQUIREMENT = "silero-vad==6.2.3"
 _SILERO_MEMBER = "silero_vad/data/silero_vad.onnx"
 SILERO_DIR_NAME = "silero-vad-6.2.3"
@@ -42,7 +41,7 @@ SILERO_DIR_NAME = "silero-vad-6.2.3"
 
 @dataclass(frozen=True)
 class SpeechModels:
-    #: encoder.onnx, decoder_first.onnx, decoder_next.onnx, tokenizer.bin
+    #: encoder.onnx, decoder.onnx, tokenizer.bin
     moonshine: Path
     #: silero_vad.onnx
     silero_vad: Path
@@ -85,20 +84,15 @@ def _make_silero(scratch: Path, out: Path) -> str:
 def _make_moonshine(scratch: Path, out: Path) -> str:
     import onnx
 
-    from omni_adapter.ort_format import branch_model, fold_constants, load_ort_model
+    from omni_adapter.ort_format import fold_constants, load_ort_model
 
     names = ["encoder_model.ort", "decoder_model_merged.ort", "tokenizer.bin"]
     encoder, decoder, tokenizer = take_from_wheel(
         MOONSHINE_REQUIREMENT, [_MOONSHINE_MEMBERS + n for n in names], scratch)
     tokenizer.rename(out / "tokenizer.bin")
-    merged = load_ort_model(decoder)
-    fold_constants(merged)
-    models = {"decoder_first": branch_model(merged, "else_branch"),
-              "decoder_next": branch_model(merged, "then_branch")}
-    del merged
-    models["encoder"] = load_ort_model(encoder)
-    fold_constants(models["encoder"])
-    for name, model in models.items():
+    for source, name in ((encoder, "encoder"), (decoder, "decoder")):
+        model = load_ort_model(source)
+        fold_constants(model)
         onnx.save(model, out / f"{name}.onnx")
     return MOONSHINE_REQUIREMENT
 
