@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import itertools
+import json
 import time
 from collections.abc import AsyncIterator
 
@@ -16,10 +17,11 @@ import pytest
 
 from gateway.output.frames import unspoken_end
 from gateway.settings import Settings
+from omni_adapter.audio import OPENAI_PCM16_RATE
 from omni_adapter.listener import with_listener
 from omni_adapter.talker import with_talker
 from omni_adapter.vllm_engine import VllmEngine
-from tests.gateway.client import BASE, app_client, content_of, make_settings, parse_sse
+from tests.gateway.client import BASE, app_client, content_of, live_app, make_settings, parse_sse
 from tests.gateway.test_api import assert_error, view, wav_header_with_rate
 from tests.loop_lag import LoopLagMonitor
 from tests.voice import SPEECH_RATE, pieces, recognize, speech, word_error_rate
@@ -177,3 +179,29 @@ async def test_voice_sessions_are_never_refused_by_their_own_replica(redis_url: 
         text = content_of(one["events"])
         frames = [e.data for e in one["events"] if e.event is None and e.data != "[DONE]"]
         assert text.strip() and unspoken_end(text, frames).strip() == "", (text, unspoken_end(text, frames))
+
+
+@pytest.mark.engine
+async def test_the_spoken_answer_never_starves_a_real_time_player(redis_url: str, vllm_engine: VllmEngine) -> None:
+    """After the first audio, each next piece arrives before a player that started
+    playing at once has played everything before it (issue 28)."""
+    engine = with_talker(vllm_engine)
+    async with live_app(make_settings(redis_url=redis_url), engine) as url, \
+            httpx.AsyncClient(base_url=url, timeout=120) as client:
+        sid = (await client.post(BASE, json={
+            "messages": [{"role": "system", "content": "You are a helpful assistant. Answer in three sentences."}],
+            "modalities": ["text", "audio"], "max_tokens": 60,
+            "first_chunk": {"sequence_id": 0, "text": "Tell me about Paris.", "end_of_input": True}})).json()["session_id"]
+        arrivals: list[tuple[float, float]] = []  # (arrival, seconds of audio)
+        async with client.stream("GET", f"{BASE}/{sid}/events") as stream:
+            async for line in stream.aiter_lines():
+                if line.startswith("data: {") and '"audio"' in line:
+                    for choice in json.loads(line[6:])["choices"]:
+                        if audio := choice["delta"].get("audio"):
+                            pcm = base64.b64decode(audio["data"])
+                            arrivals.append((time.perf_counter(), len(pcm) / 2 / OPENAI_PCM16_RATE))
+    assert len(arrivals) >= 3, arrivals
+    played_until = arrivals[0][0] + arrivals[0][1]
+    for at, seconds in arrivals[1:]:
+        assert at <= played_until, f"the player ran dry {at - played_until:.2f} s before the next audio"
+        played_until += seconds
