@@ -97,7 +97,7 @@ def test_exit_codes_and_messages(gateway: LiveGateway, tmp_path: Path, question:
 
 @pytest.fixture
 def voice_gateway(settings: Settings) -> Iterator[LiveGateway]:
-    """The real Listener (pocketsphinx) and Talker (hibari) around the scripted Thinker."""
+    """The real Listener (Moonshine) and Talker (hibari) around the scripted Thinker."""
     thinker = ScriptedEngine()
     with live_server(create_app(settings, engine=with_talker(with_listener(thinker)))) as url:
         yield LiveGateway(url, thinker, settings)

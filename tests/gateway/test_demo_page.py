@@ -1,6 +1,6 @@
 """The voice page (/demo) in a real Chromium: Debian's ``chromium`` driven by
 Playwright, its fake microphone playing a spoken question from a WAV file,
-against a real gateway (uvicorn, real Redis) whose engine hears (pocketsphinx)
+against a real gateway (uvicorn, real Redis) whose engine hears (Moonshine)
 and speaks (hibari). The page talks to /v1/realtime like any browser client.
 
 Screenshots go to ``test-artifacts/`` (gitignored); each test prints its path.

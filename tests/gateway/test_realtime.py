@@ -3,7 +3,7 @@
 Every event the server sends is validated against the SDK's own models of
 server events (``RealtimeServerEvent``): a conformance check, not asserts
 written from memory. The scripted engine answers ``echo: <input>``; the
-spoken turns use the real Listener (pocketsphinx) on speech made by hibari,
+spoken turns use the real Listener (Silero VAD + Moonshine) on speech made by hibari,
 and the last test the real vLLM engine with the Talker.
 """
 
