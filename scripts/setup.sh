@@ -27,5 +27,7 @@ fi
 # torch; they break `import transformers` and a text model needs none of them.
 .venv/bin/pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 
-# Fetch and convert the embedded default model once (cached in ~/.cache).
+# Fetch and convert the embedded models once (cached in ~/.cache): the LLM, and
+# the speech models (Moonshine from the moonshine-cpp wheel, Silero VAD from
+# the silero-vad wheel, taken without their dependencies).
 .venv/bin/python -m omni_adapter.model_bootstrap
