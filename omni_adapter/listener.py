@@ -230,7 +230,7 @@ class ListeningSession:
                 words = await self._in_thread(self._hear, chunk)
                 self._settle(chunk.sequence_id, words)
             else:
-                words = await self._in_thread(self._end_phrase)
+                words = await self._end_phrase_off_the_loop()
                 self._settle(chunk.sequence_id, words)
             if words:
                 texts.append(self._as_text(chunk.sequence_id, words))
@@ -241,7 +241,7 @@ class ListeningSession:
             await self._thinker.feed(texts)
 
     async def end_input(self) -> None:
-        words = await self._in_thread(self._end_phrase)
+        words = await self._end_phrase_off_the_loop()
         self._settle(self._last_sequence_id, words, through=self._last_sequence_id)
         if words:
             await self._thinker.feed([self._as_text(self._last_sequence_id, words)])
@@ -284,6 +284,13 @@ class ListeningSession:
         await self._thinker.abort()
 
     # -- internals --------------------------------------------------------------------
+
+    async def _end_phrase_off_the_loop(self) -> str:
+        """The words of the open phrase; without one (a typed session), no trip to the
+        Listener's threads, which may be busy recognizing other sessions' phrases."""
+        if not self._heard_audio:
+            return ""
+        return await self._in_thread(self._end_phrase)
 
     async def _in_thread(self, work: Any, *args: Any) -> str:
         return str(await asyncio.get_running_loop().run_in_executor(self._hearing.executor, work, *args))
