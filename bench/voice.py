@@ -71,6 +71,15 @@ class Refusals:
     def __init__(self) -> None:
         self.appends = 0
         self.refused: list[str] = []
+        #: New sessions refused (load shedding may refuse new work; issue 33 asks only for appends).
+        self.creates_refused: list[str] = []
+
+    async def create(self, client: httpx.AsyncClient, body: dict) -> str | None:
+        response = await client.post("/v1/streaming_input/sessions", json=body)
+        if response.status_code != 201:
+            self.creates_refused.append(f"{response.status_code} {response.text[:120]}")
+            return None
+        return str(response.json()["session_id"])
 
     async def append(self, client: httpx.AsyncClient, sid: str, **request: object) -> httpx.Response:
         response = await client.post(f"/v1/streaming_input/sessions/{sid}/chunks", **request)  # type: ignore[arg-type]
@@ -80,12 +89,12 @@ class Refusals:
         return response
 
 
-async def one_turn(client: httpx.AsyncClient, audio: bytes, first: str, refusals: Refusals) -> dict:
-    created = await client.post("/v1/streaming_input/sessions", json={
+async def one_turn(client: httpx.AsyncClient, audio: bytes, first: str, refusals: Refusals) -> dict | None:
+    sid = await refusals.create(client, {
         "messages": [{"role": "system", "content": FIRST_SENTENCE[first]}], "modalities": ["text", "audio"],
         "max_tokens": 48 if first == "long" else 24})
-    created.raise_for_status()
-    sid = created.json()["session_id"]
+    if sid is None:
+        return None
     first_sound = asyncio.get_running_loop().create_future()
 
     async def listen() -> None:
@@ -117,7 +126,9 @@ async def one_turn(client: httpx.AsyncClient, audio: bytes, first: str, refusals
 
 
 async def texter(client: httpx.AsyncClient, n: int, refusals: Refusals) -> None:
-    sid = (await client.post("/v1/streaming_input/sessions", json={"max_tokens": 8})).json()["session_id"]
+    sid = await refusals.create(client, {"max_tokens": 8})
+    if sid is None:
+        return
     words = f"Please count from {n} to {n + 3} in words, separated by commas.".split()
     for seq, word in enumerate(words):
         await refusals.append(client, sid, json={"sequence_id": seq, "text": word + " ",
@@ -149,6 +160,7 @@ async def measure(url: str, rounds: int) -> dict:
                 for first in FIRST_SENTENCE:
                     for release in RELEASES_MS:
                         turn = await one_turn(client, audio[(question, release)], first, Refusals())
+                        assert turn is not None, "one voice alone was refused"
                         turns.append({"voices": 1, "release_ms": release, **turn})
         stop = asyncio.Event()
         watcher = asyncio.create_task(watch_loop_lag(client, lag, stop))
@@ -157,7 +169,7 @@ async def measure(url: str, rounds: int) -> dict:
                 together = await asyncio.gather(
                     *(one_turn(client, audio[(q, RELEASES_MS[0])], first, refusals) for q in QUESTIONS[:4]),
                     *(texter(client, n, refusals) for n in range(TEXTERS)))
-                turns += [{"voices": 4, "release_ms": RELEASES_MS[0], **t} for t in together[:4]]
+                turns += [{"voices": 4, "release_ms": RELEASES_MS[0], **t} for t in together[:4] if t]
         stop.set()
         await watcher
     cases = [(1, first, release) for first in FIRST_SENTENCE for release in RELEASES_MS]
@@ -172,6 +184,8 @@ async def measure(url: str, rounds: int) -> dict:
             "goal_met": one_voice["p50"] <= GOAL_P50_SEC and one_voice["p99"] <= GOAL_P99_SEC,
             "beside_4_voices": {"text_sessions": TEXTERS, "appends": refusals.appends,
                                 "refused_appends": len(refusals.refused), "refusals": refusals.refused[:10],
+                                "refused_creates": len(refusals.creates_refused),
+                                "create_refusals": refusals.creates_refused[:10],
                                 "loop_lag_sec": summary(lag)},
             "turns": turns}
 
@@ -263,7 +277,7 @@ def report(result: dict) -> str:
         f"One voice, all turns: P50 {one['p50']} s, P99 {one['p99']} s; goal P50 <= {GOAL_P50_SEC} s and "
         f"P99 <= {GOAL_P99_SEC} s: {'met' if result['goal_met'] else 'missed'}.", "",
         f"Beside the 4 voices, {beside['text_sessions']} text sessions appending: {beside['refused_appends']} of "
-        f"{beside['appends']} appends refused; the gateway's loop lag P50 {lag['p50'] * 1000:.0f} ms, "
+        f"{beside['appends']} appends refused ({beside['refused_creates']} new sessions refused); the gateway's loop lag P50 {lag['p50'] * 1000:.0f} ms, "
         f"P99 {lag['p99'] * 1000:.0f} ms, max {lag['max'] * 1000:.0f} ms ({lag['n']} samples).", "",
         "## Word error rate (24 clips, tests/wer.py)", "", *wer, "",
         "## Native calls beside the event loop", "", *native, ""])
