@@ -45,12 +45,17 @@ def server(module_args: list[str], *, port: int, env: dict[str, str], log: Path,
         yield proc
     finally:
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+            stop_group(proc)
+
+
+def stop_group(proc: subprocess.Popen[bytes], timeout_sec: float = 30) -> None:
+    """SIGTERM to the process's group, SIGKILL if it is still there after ``timeout_sec``."""
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout_sec)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def rss_bytes(pid: int) -> int:

@@ -167,6 +167,10 @@ class Settings(BaseSettings):
     #: The engine's ``max_num_seqs`` (requests it runs at once); unset: vLLM's
     #: default. Keep ``max_engine_sessions`` at or below it.
     engine_max_num_seqs: int | None = Field(None, ge=1)
+    #: torch.compile the in-process vLLM model. Unset: not on the CPU, where it
+    #: made the first start 4 min and restarts 20-40 s slower for decode about
+    #: a sixth faster (bench/README.md, "Engine start"); vLLM's default elsewhere.
+    engine_compile: bool | None = None
 
     @model_validator(mode="after")
     def _engine_url_for_http(self) -> Settings:
