@@ -47,7 +47,7 @@ fi
 # What the last successful install was made from; the same again needs no pip.
 # An editable install: the code itself may change without reinstalling.
 stamp=.venv/.omni-gateway-setup
-hash=$(cat pyproject.toml "$0" | sha256sum | cut -c1-16)
+hash=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
 read -r installed_hash installed_extras <<<"$(cat "$stamp" 2>/dev/null || true)" || true
 covered=1
 [ "${installed_hash:-}" = "$hash" ] || { covered=0; installed_extras=""; }
