@@ -96,6 +96,8 @@ def _running(replica: Replica) -> Iterator[Replica]:
         if replica.proc.poll() is None:
             os.killpg(replica.proc.pid, signal.SIGKILL)
             replica.proc.wait(timeout=30)
+        # Killed, it could not remove its runtime folder (a replica started again empties it).
+        ReplicaDir(replica.replica_id).remove()
 
 
 def test_api_workers_hand_started_work_to_the_engine_process_at_once(replica: Replica) -> None:
