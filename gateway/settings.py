@@ -174,6 +174,10 @@ class Settings(BaseSettings):
     #: How a text model hears audio input: ``moonshine`` (accurate; ~350 MB) or
     #: ``pocketsphinx`` (~30 MB, misses more words, holds the GIL while it decodes).
     recognizer: Literal["moonshine", "pocketsphinx"] = "moonshine"
+    #: torch.compile the in-process vLLM model. Unset: not on the CPU, where it
+    #: made the first start 4 min and restarts 20-40 s slower for decode about
+    #: a sixth faster (bench/README.md, "Engine start"); vLLM's default elsewhere.
+    engine_compile: bool | None = None
 
     @model_validator(mode="after")
     def _engine_url_for_http(self) -> Settings:

@@ -26,6 +26,8 @@ class EngineChoice:
     max_model_len: int = 4096
     kv_cache_space_gib: int = 2
     max_num_seqs: int | None = None
+    #: torch.compile the model (``None``: not on the CPU; see ``VllmEngineConfig.compile``).
+    compile: bool | None = None
     #: ``openai-http`` only: where the engine serves, and how long to wait for it.
     engine_url: str | None = None
     engine_timeout_sec: float = 120.0
@@ -54,7 +56,8 @@ async def open_engine(choice: EngineChoice) -> Engine:
     thinker = await open_vllm_engine(VllmEngineConfig(
         model=model, served_model_name=name, dtype=choice.dtype,
         max_model_len=choice.max_model_len, kv_cache_space_gib=choice.kv_cache_space_gib,
-        max_num_seqs=choice.max_num_seqs, sampling_overrides=choice.sampling_defaults))
+        max_num_seqs=choice.max_num_seqs, compile=choice.compile,
+        sampling_overrides=choice.sampling_defaults))
     # A text model hears through the CPU Listener (Moonshine) and speaks
     # through the CPU Talker (hibari), if installed; vLLM-Omni has its own stages.
     return with_talker(with_listener(thinker, choice.recognizer))

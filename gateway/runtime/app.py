@@ -63,6 +63,7 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
         kind=settings.engine, model=settings.model, served_model_name=settings.served_model_name,
         dtype=settings.dtype, max_model_len=settings.max_model_len,
         kv_cache_space_gib=settings.kv_cache_space_gib, max_num_seqs=settings.engine_max_num_seqs,
+        compile=settings.engine_compile,
         engine_url=settings.engine_url,
         engine_timeout_sec=settings.engine_timeout_sec,
         engine_start_timeout_sec=settings.engine_start_timeout_sec,
