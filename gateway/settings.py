@@ -200,6 +200,17 @@ class Settings(BaseSettings):
     #: The engine's ``max_num_seqs`` (requests it runs at once); unset: vLLM's
     #: default. Keep ``max_engine_sessions`` at or below it.
     engine_max_num_seqs: int | None = Field(None, ge=1)
+    #: Sampling for a request that names none, on every front door; unset: the
+    #: served model's defaults (the embedded model's card: temperature 0.2, top-p 0.9).
+    default_temperature: float | None = Field(None, ge=0, le=2)
+    default_top_p: float | None = Field(None, gt=0, le=1)
+    #: How a text model hears audio input: ``moonshine`` (accurate; ~350 MB) or
+    #: ``pocketsphinx`` (~30 MB, misses more words, holds the GIL while it decodes).
+    recognizer: Literal["moonshine", "pocketsphinx"] = "moonshine"
+    #: torch.compile the in-process vLLM model. Unset: not on the CPU, where it
+    #: made the first start 4 min and restarts 20-40 s slower for decode about
+    #: a sixth faster (bench/README.md, "Engine start"); vLLM's default elsewhere.
+    engine_compile: bool | None = None
 
     @model_validator(mode="after")
     def _engine_url_for_http(self) -> Settings:

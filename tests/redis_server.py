@@ -37,18 +37,23 @@ def free_port() -> int:
         return port
 
 
-def free_cluster_port() -> int:
-    """A free port whose cluster bus port (+10000) is a valid, free port too."""
+def free_port_and(offset: int) -> int:
+    """A free port whose port + ``offset`` is a valid, free port too."""
     while True:
         port = free_port()
-        if port + 10_000 > 65_535:
+        if port + offset > 65_535:
             continue
-        with socket.socket() as bus:
+        with socket.socket() as other:
             try:
-                bus.bind(("127.0.0.1", port + 10_000))
+                other.bind(("127.0.0.1", port + offset))
             except OSError:
                 continue
         return port
+
+
+def free_cluster_port() -> int:
+    """A free port whose cluster bus port (+10000) is free too."""
+    return free_port_and(10_000)
 
 
 def _answers_ping(port: int) -> bool:

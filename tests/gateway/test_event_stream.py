@@ -12,8 +12,11 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from sse_starlette import ServerSentEvent
 
+from gateway.output.sse import FrameEvent
 from gateway.web.event_stream import EventStream
 from gateway.work.draining import Draining
 
@@ -157,3 +160,12 @@ async def test_a_failing_generator_fails_the_response_after_its_other_parts_stop
     with pytest.raises(RuntimeError, match="boom"):
         await asyncio.wait_for(EventStream(failing(), ping_sec=60, draining=Draining())(
             HTTP_GET, client.receive, client.send), 2)
+
+
+@given(data=st.text(), event=st.one_of(st.none(), st.sampled_from(["transcript", "error", "a\nb"])),
+       frame_id=st.one_of(st.none(), st.from_regex(r"\A[0-9]{1,13}-[0-9]{1,3}\Z")))
+def test_a_stored_frame_encodes_as_server_sent_event_does(data: str, event: str | None,
+                                                           frame_id: str | None) -> None:
+    """The relay's lean encoding of a frame: byte for byte sse_starlette's, line breaks and all."""
+    lean = FrameEvent(data=data, event=event, id=frame_id).encode()
+    assert lean == ServerSentEvent(data=data, event=event, id=frame_id).encode()

@@ -250,6 +250,21 @@ async def test_publish_only_while_generating(store: SessionStore) -> None:
     assert [f.data for f in frames] == ["hi", "[DONE]"] and frames[-1].last
 
 
+async def test_a_publish_reads_the_session_hash_once(redis_url: str) -> None:
+    """The relay publishes every delta: its lease and frame checks are one HMGET, not four HGETs."""
+    async with open_redis(redis_url, timeout_sec=2.0) as client:
+        store = SessionStore(client, timeout_sec=2.0)
+        await new_session(store)
+        lease = (await store.append("s1", text(0, "a", end=True), "r1", TOO_LARGE)).lease
+        assert lease is not None
+        await client.config_resetstat()
+        for index in range(10):
+            assert await store.publish("s1", lease, index, [("", f"t{index}", False)]) is not None
+        stats = await client.info("commandstats")
+    assert "cmdstat_hget" not in stats, stats.get("cmdstat_hget")
+    assert stats["cmdstat_hmget"]["calls"] == 10, stats["cmdstat_hmget"]
+
+
 async def test_first_chunk_is_atomic_with_create(store: SessionStore) -> None:
     with pytest.raises(errors.SequenceOutOfWindow):
         await store.create("s1", new(), "r1", text(9, "far"), TOO_LARGE)

@@ -72,9 +72,13 @@ local function claim(replica, now)
   return epoch
 end
 
+-- The lease check on fields already read (owner, lease_epoch as stored).
+local function holds_as(owner, stored_epoch, replica, epoch)
+  return replica ~= '' and owner == replica and num(stored_epoch) == tonumber(epoch)
+end
+
 local function holds(replica, epoch)
-  return replica ~= '' and redis.call('HGET', META, 'owner') == replica
-    and meta_num('lease_epoch') == tonumber(epoch)
+  return holds_as(redis.call('HGET', META, 'owner'), redis.call('HGET', META, 'lease_epoch'), replica, epoch)
 end
 
 local function runnable(state)
