@@ -1,20 +1,25 @@
-"""Engine start time and decode speed: eager, vLLM's AOT compile cache, ours.
+"""Engine start and speed on the embedded model: eager against torch.compile, cold and warm.
 
-Every engine start on this machine used to recompile the model for minutes
-(vLLM's AOT compile cache is saved but fails to load with this torch), so a
-restart, a rollout or a test run paid that each time. This measures, each in
-a fresh process so nothing is shared in memory: the time until the engine
-answers its first request, and the decode speed of a short greedy answer.
+Each start runs in a fresh process, so it pays what a replica pays: Python's
+imports, vLLM's engine process, the model load, torch.compile (or not), the
+profiling / warm-up run and the KV cache. Measured, per start:
 
-- ``eager``: no torch.compile (``enforce_eager``);
-- ``aot``: torch.compile with vLLM's AOT cache (vLLM's default here);
-- ``default``: torch.compile without the AOT cache (what the gateway runs:
-  torch's own caches serve a restart).
+- ``ready_sec``: from the process's start to the first answer (a one-token request);
+- what vLLM says the start spent: loading the model, torch.compile, and the
+  engine's init (profiling run, KV cache, warm-up), from its own log lines;
+- ``prefill_tokens_per_sec``: a prompt of about ``PREFILL_TOKENS`` tokens, one token out;
+- ``decode_tokens_per_sec``: ``DECODE_TOKENS`` greedy tokens after a short prompt.
 
-Compiled modes run twice: the second start is the one a restart pays.
+Modes: ``eager`` (``enforce_eager``: no torch.compile) and ``compiled``
+(vLLM's default on the CPU: Dynamo traced once, Inductor). ``compiled`` starts
+``cold`` (empty compile caches: a fresh machine, or a new model or vLLM) and
+``warm`` (the caches the cold start left: a restart). The caches live in a
+folder of this run (``VLLM_CACHE_ROOT``, ``TORCHINDUCTOR_CACHE_DIR``), so the
+cold start is truly cold and the machine's own caches are left alone. The
+modes alternate, so the machine's noise falls on both.
 
-    python -m bench.engine_start            # every mode, writes results/engine_start.{json,md}
-    python -m bench.engine_start --mode eager
+    python -m bench.engine_start              # writes results/engine_start.{json,md}
+    python -m bench.engine_start --rounds 1
 """
 
 from __future__ import annotations
@@ -22,80 +27,108 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import re
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 RESULTS = Path(__file__).parent / "results"
 PROMPT = "Write a short story about a lighthouse keeper."
 DECODE_TOKENS = 96
+PREFILL_TOKENS = 1000
+#: vLLM's own log lines about its start: (name, pattern of the seconds).
+VLLM_PHASES = {
+    "load_model_sec": re.compile(r"Model loading took [\d.]+ GiB memory and ([\d.]+) seconds"),
+    "torch_compile_sec": re.compile(r"torch\.compile took ([\d.]+) s in total"),
+    "init_engine_sec": re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s"),
+}
 
 
-async def _measure_in_process(mode: str) -> dict:
-    import os
-
-    if mode == "aot":
-        os.environ["VLLM_USE_AOT_COMPILE"] = "1"
+async def _measure_in_process(mode: str, process_started: float) -> dict:
     from vllm import SamplingParams
 
     from omni_adapter.model_bootstrap import ensure_default_model
     from omni_adapter.vllm_engine import VllmEngineConfig, open_vllm_engine
 
     model = str(ensure_default_model())
-    started = time.perf_counter()
     engine = await open_vllm_engine(VllmEngineConfig(
-        model=model, served_model_name="bench", enforce_eager=mode == "eager"))
+        model=model, served_model_name="bench", compile=mode == "compiled"))
     llm = engine._llm  # the raw AsyncLLM: measure the engine, not the session plumbing
-    try:
-        params = SamplingParams(max_tokens=1, temperature=0.0)
-        async for _ in llm.generate({"prompt": "warm up"}, params, request_id="warm"):
-            pass
-        ready_sec = time.perf_counter() - started
-        params = SamplingParams(max_tokens=DECODE_TOKENS, min_tokens=DECODE_TOKENS, temperature=0.0)
+
+    async def timed(prompt: str | list[int], params: SamplingParams, request_id: str) -> tuple[float, float, int]:
+        """Seconds to the first output, seconds from it to the last, tokens out."""
+        started = time.perf_counter()
         first: float | None = None
         tokens = 0
-        t0 = time.perf_counter()
-        async for out in llm.generate({"prompt": PROMPT}, params, request_id="decode"):
-            if first is None:
-                first = time.perf_counter()
+        async for out in llm.generate({"prompt_token_ids": prompt} if isinstance(prompt, list)
+                                      else {"prompt": prompt}, params, request_id=request_id):
+            first = first or time.perf_counter()
             tokens = len(out.outputs[0].token_ids)
-        done = time.perf_counter()
         assert first is not None
-        return {"mode": mode, "ready_sec": round(ready_sec, 1),
-                "first_token_sec": round(first - t0, 3), "decode_tokens": tokens,
-                "decode_tokens_per_sec": round((tokens - 1) / (done - first), 1)}
+        return first - started, time.perf_counter() - first, tokens
+
+    try:
+        await timed("warm up", SamplingParams(max_tokens=1, temperature=0.0), "warm")
+        ready_sec = time.time() - process_started
+        tokenizer = llm.get_tokenizer()
+        words = tokenizer.encode(" ".join(["the lighthouse keeper watched the sea"] * 200))
+        prefill_sec, _, _ = await timed(words[:PREFILL_TOKENS], SamplingParams(max_tokens=1, temperature=0.0),
+                                        "prefill")
+        params = SamplingParams(max_tokens=DECODE_TOKENS, min_tokens=DECODE_TOKENS, temperature=0.0)
+        first_token_sec, decode_sec, tokens = await timed(PROMPT, params, "decode")
+        return {"mode": mode, "ready_sec": round(ready_sec, 1), "first_token_sec": round(first_token_sec, 3),
+                "prefill_tokens_per_sec": round(PREFILL_TOKENS / prefill_sec, 1),
+                "decode_tokens_per_sec": round((tokens - 1) / decode_sec, 1)}
     finally:
         await engine.aclose()
 
 
-def _run_fresh(mode: str) -> dict:
-    """One mode in its own process: start costs include everything a restart pays."""
-    out = subprocess.run([sys.executable, "-m", "bench.engine_start", "--mode", mode, "--child"],
-                         check=True, capture_output=True, text=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+def _run_fresh(mode: str, label: str, caches: Path) -> dict:
+    """One start in its own process, its compile caches in ``caches``."""
+    env = os.environ | {"VLLM_CACHE_ROOT": str(caches / "vllm"), "TORCHINDUCTOR_CACHE_DIR": str(caches / "inductor")}
+    out = subprocess.run([sys.executable, "-m", "bench.engine_start", "--mode", mode, "--child", str(time.time())],
+                         check=True, capture_output=True, text=True, env=env)
+    run = json.loads(out.stdout.strip().splitlines()[-1]) | {"start": label}
+    for name, pattern in VLLM_PHASES.items():
+        found = pattern.findall(out.stdout + out.stderr)  # vLLM logs to stdout
+        run[name] = round(sum(float(seconds) for seconds in found), 1) if found else None
+    return run
+
+
+def _table(runs: list[dict]) -> str:
+    lines = ["| mode | start | ready after (s) | model load (s) | torch.compile (s) | engine init: profile, "
+             "KV, warm-up (s) | prefill tokens/s | decode tokens/s |", "|---" * 8 + "|"]
+    lines += [f"| {r['mode']} | {r['start']} | {r['ready_sec']} | {r['load_model_sec']} | {r['torch_compile_sec']} "
+              f"| {r['init_engine_sec']} | {r['prefill_tokens_per_sec']} | {r['decode_tokens_per_sec']} |"
+              for r in runs]
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mode", choices=["eager", "aot", "default", "all"], default="all")
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--mode", choices=["eager", "compiled"], default=None)
+    parser.add_argument("--child", type=float, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--rounds", type=int, default=2, help="eager + compiled (warm) starts, alternating")
     parser.add_argument("--results", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
-    if args.child:
-        print(json.dumps(asyncio.run(_measure_in_process(args.mode))))
+    if args.child is not None:
+        print(json.dumps(asyncio.run(_measure_in_process(args.mode, args.child))))
         return
-    modes = ["eager", "aot", "default"] if args.mode == "all" else [args.mode]
-    # Compiled twice: the second start is the one a restart pays (cache warm).
-    runs = [_run_fresh(m) for m in modes for _ in range(1 if m == "eager" else 2)]
-    for run in runs:
-        print(json.dumps(run))
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="engine-start-") as scratch:
+        caches = Path(scratch)
+        runs.append(_run_fresh("compiled", "cold", caches))
+        print(json.dumps(runs[-1]), flush=True)
+        for _ in range(args.rounds):
+            for mode, label in (("eager", "-"), ("compiled", "warm")):
+                runs.append(_run_fresh(mode, label, caches))
+                print(json.dumps(runs[-1]), flush=True)
     args.results.mkdir(parents=True, exist_ok=True)
     (args.results / "engine_start.json").write_text(json.dumps(runs, indent=2) + "\n")
-    lines = ["| mode | ready after (s) | first token (s) | decode tokens/s |", "|---|---|---|---|"]
-    lines += [f"| {r['mode']} | {r['ready_sec']} | {r['first_token_sec']} | {r['decode_tokens_per_sec']} |"
-              for r in runs]
-    (args.results / "engine_start.md").write_text("\n".join(lines) + "\n")
+    (args.results / "engine_start.md").write_text(_table(runs))
 
 
 if __name__ == "__main__":

@@ -17,12 +17,17 @@ import httpx
 
 @contextmanager
 def server(module_args: list[str], *, port: int, env: dict[str, str], log: Path,
-           ready_path: str = "/healthz", start_timeout_sec: float = 900) -> Iterator[subprocess.Popen[bytes]]:
-    """Run ``python -m <module_args>`` until the block ends; wait until ``ready_path`` answers 200."""
+           ready_path: str = "/healthz", start_timeout_sec: float = 900,
+           cwd: Path | None = None) -> Iterator[subprocess.Popen[bytes]]:
+    """Run ``python -m <module_args>`` until the block ends; wait until ``ready_path`` answers 200.
+
+    ``cwd``: the tree whose modules run (``-m`` looks there first), e.g. another commit's.
+    """
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", *module_args], env=os.environ | env, stdout=out,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                                cwd=cwd)
     try:
         deadline = time.monotonic() + start_timeout_sec
         while True:
@@ -40,12 +45,17 @@ def server(module_args: list[str], *, port: int, env: dict[str, str], log: Path,
         yield proc
     finally:
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+            stop_group(proc)
+
+
+def stop_group(proc: subprocess.Popen[bytes], timeout_sec: float = 30) -> None:
+    """SIGTERM to the process's group, SIGKILL if it is still there after ``timeout_sec``."""
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout_sec)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def rss_bytes(pid: int) -> int:

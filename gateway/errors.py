@@ -17,8 +17,9 @@ the handler knows HTTP.
     ├── ValidationFailed (422 validation_error)
     │   ├── InvalidPayload (422 invalid_payload)
     │   ├── UnsupportedModality (422 unsupported_modality)
-    │   └── EmptyInput (422 empty_input)
-    │       └── EmptyAudioBuffer (422 input_audio_buffer_commit_empty)
+    │   ├── EmptyInput (422 empty_input)
+    │   │   └── EmptyAudioBuffer (422 input_audio_buffer_commit_empty)
+    │   └── IdempotencyKeyReused (422 idempotency_key_reused)  the key came with another request
     ├── Unauthorized (401 missing_credentials)
     │   └── InvalidApiKey (401 invalid_api_key)
     ├── TooManyRequests (429 rate_limit_exceeded)          Retry-After
@@ -28,6 +29,7 @@ the handler knows HTTP.
     ├── SessionExpired (410 session_expired)
     ├── ConflictError (409 conflict)
     │   ├── ActiveResponse (409 conversation_already_has_active_response)
+    │   ├── SessionExists (409 session_exists)  a create under an id already taken
     │   ├── SequenceConflict (409 sequence_conflict)
     │   ├── SequenceOutOfWindow (409 sequence_out_of_window)
     │   ├── InputClosed (409 input_closed)
@@ -45,6 +47,7 @@ the handler knows HTTP.
     │   ├── CapacityExhausted (503 capacity_exhausted)    Retry-After
     │   ├── StoreUnavailable (503 store_unavailable)
     │   ├── Overloaded (503 overloaded)                   Retry-After  this replica sheds load
+    │   ├── ReplicaStopping (503 replica_stopping)  a stream's end at shutdown: resume it elsewhere
     │   └── EngineUnavailable (503 engine_unavailable)
     └── EngineTimeout (504 engine_timeout)  stored when an answer stops making progress
 """
@@ -148,6 +151,8 @@ class EmptyInput(ValidationFailed):
 
 class EmptyAudioBuffer(EmptyInput):
     code = "input_audio_buffer_commit_empty"
+class IdempotencyKeyReused(ValidationFailed):
+    code = "idempotency_key_reused"
 
 
 class Unauthorized(GatewayError):
@@ -202,6 +207,8 @@ class ActiveResponse(ConflictError):
     """A Realtime conversation has a response running already (OpenAI's code, which SDKs check)."""
 
     code = "conversation_already_has_active_response"
+class SessionExists(ConflictError):
+    code = "session_exists"
 
 
 class SequenceConflict(ConflictError):
@@ -280,6 +287,13 @@ class Overloaded(ServiceUnavailable):
     """The replica is saturated and refused the call before doing anything (gateway/web/middleware/admission.py)."""
 
     code = "overloaded"
+
+
+class ReplicaStopping(ServiceUnavailable):
+    """The replica serving a stream stopped before the answer ended; the session goes on
+    (gateway/work/draining.py): resume the stream with ``Last-Event-ID``."""
+
+    code = "replica_stopping"
 
 
 class EngineUnavailable(ServiceUnavailable):

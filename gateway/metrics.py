@@ -71,6 +71,11 @@ class Metrics:
                                      registry=r)
         self.tender_failures = Counter("omni_gateway_tender_failures", "Tender rounds that failed (it retries)",
                                        ["code"], registry=r)
+        self.slots_healed = Counter("omni_gateway_cap_slots_healed", "Cap slots the tender freed because no "
+                                    "release had (it failed, or never ran)", registry=r)
+        self.sessions_quarantined = Counter(
+            "omni_gateway_sessions_quarantined", "Due sessions whose own script failed in a tender round: "
+            "backed off (retry) or out of the schedule for good (dead)", ["outcome"], registry=r)
         # Scheduling (many sessions, one engine).
         self.parks = Counter("omni_gateway_sessions_parked", "Idle streaming sessions whose engine request was "
                              "aborted to free its KV cache", ["reason"], registry=r)

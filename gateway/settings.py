@@ -68,8 +68,11 @@ class Settings(BaseSettings):
     realtime_events_per_sec: float = Field(100.0, ge=0)
     #: The most audio one ``input_audio_buffer.append`` may carry (clients send 20-100 ms).
     realtime_max_append_ms: int = Field(5_000, ge=20)
-    #: The largest Realtime event (an item with a whole utterance's audio is the largest).
-    realtime_max_event_bytes: int = Field(4 * MiB, ge=64 * 1024)
+    #: The largest Realtime event (an item with a whole utterance's audio is the largest):
+    #: 2 MiB holds ~30 s of 24 kHz audio; a bigger one is refused with an ``error`` event.
+    #: uvicorn reads up to ``ws_max_size`` (twice this) and closes the socket (1009) past
+    #: it; its own default was 16 MiB, whose reading alone held the event loop ~0.1 s.
+    realtime_max_event_bytes: int = Field(2 * MiB, ge=64 * 1024)
     #: Open sessions across all identities and replicas (0: no limit).
     max_open_sessions: int = Field(10_000, ge=0)
 
@@ -81,8 +84,19 @@ class Settings(BaseSettings):
     #: Refuse new calls while the event loop runs this late (0: never).
     max_loop_lag_sec: float = Field(0.25, ge=0)
 
+    #: A non-streaming chat completion whose answer no replica took up for this
+    #: long (every engine slot busy) is dropped: 503 ``capacity_exhausted``.
+    chat_queue_timeout_sec: float = Field(60.0, gt=0)
+
     #: Stop waiting for a request body that stalls this long (slow clients).
     body_idle_timeout_sec: float = Field(30.0, gt=0)
+    #: Every request body may take this long to arrive, counted from its
+    #: headers; a longer one must keep up ``body_min_bytes_per_sec`` on top
+    #: (a 21 MiB chunk at that rate: about 11 minutes). A body that trickles
+    #: slower gets 408: it would hold a socket for ever. A Mode A upload is
+    #: a session's whole input and has no deadline.
+    body_timeout_sec: float = Field(10.0, gt=0)
+    body_min_bytes_per_sec: int = Field(32 * 1024, ge=1)
     max_header_bytes: int = Field(16 * 1024, ge=1024)
 
     @property
@@ -119,6 +133,22 @@ class Settings(BaseSettings):
     redis_timeout_sec: float = Field(2.0, gt=0)
     #: Redis Cluster (keys of one session share a hash tag) instead of one server.
     redis_cluster: bool = False
+    #: What a 2xx on input (create, append, finish, replace, cancel) survives
+    #: (gateway/store/durability.py; bench/README.md, the durability table):
+    #: ``everysec``: Redis's AOF, fsynced every second: a crash of Redis can
+    #: take up to ~2 s of acknowledged input; ``always``: every write fsynced
+    #: before Redis answers (slower appends); ``replica``: a replica holds it
+    #: too before the 2xx (``WAIT 1``), with Sentinel promoting the replica
+    #: when the primary dies. The first two are Redis's own settings, which
+    #: the deployment sets (chart, deploy/local/cluster.sh) and the gateway
+    #: checks at start; the third is the gateway's doing.
+    redis_durability: Literal["everysec", "always", "replica"] = "everysec"
+    #: ``replica``: how long a write waits for the replica's acknowledgement (then 503).
+    redis_replica_wait_ms: int = Field(1000, ge=1)
+    #: Find the primary through Sentinel: comma-separated ``host:port`` of the
+    #: sentinels (the URL's host is then ignored, its password and db kept).
+    redis_sentinels: str | None = None
+    redis_sentinel_master: str = "omni-gateway"
 
     # Processes of a replica (gateway/runtime/processes.py)
     #: API worker processes beside the engine process; unset: one per core but
@@ -188,6 +218,17 @@ class Settings(BaseSettings):
     #: vLLM's parser of the model's tool-call format (its ``--tool-call-parser``), for
     #: ``tool_choice: auto``; ``xlam`` reads SmolLM2's. ``required`` and named calls need none.
     tool_call_parser: str = "xlam"
+    #: Sampling for a request that names none, on every front door; unset: the
+    #: served model's defaults (the embedded model's card: temperature 0.2, top-p 0.9).
+    default_temperature: float | None = Field(None, ge=0, le=2)
+    default_top_p: float | None = Field(None, gt=0, le=1)
+    #: How a text model hears audio input: ``moonshine`` (accurate; ~350 MB) or
+    #: ``pocketsphinx`` (~30 MB, misses more words, holds the GIL while it decodes).
+    recognizer: Literal["moonshine", "pocketsphinx"] = "moonshine"
+    #: torch.compile the in-process vLLM model. Unset: not on the CPU, where it
+    #: made the first start 4 min and restarts 20-40 s slower for decode about
+    #: a sixth faster (bench/README.md, "Engine start"); vLLM's default elsewhere.
+    engine_compile: bool | None = None
 
     @model_validator(mode="after")
     def _engine_url_for_http(self) -> Settings:

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from omni_adapter.port import Capabilities, Engine, RequestChecks
+from omni_adapter.port import Capabilities, Engine, RequestChecks, SamplingOptions
+
+if TYPE_CHECKING:
+    from omni_adapter.listener import RecognizerName
 
 DEFAULT_SERVED_NAME = "SmolLM2-135M-Instruct"
 
@@ -22,6 +26,8 @@ class EngineChoice:
     max_model_len: int = 4096
     kv_cache_space_gib: int = 2
     max_num_seqs: int | None = None
+    #: torch.compile the model (``None``: not on the CPU; see ``VllmEngineConfig.compile``).
+    compile: bool | None = None
     #: ``openai-http`` only: where the engine serves, and how long to wait for it.
     engine_url: str | None = None
     engine_timeout_sec: float = 120.0
@@ -29,6 +35,10 @@ class EngineChoice:
     engine_audio: bool = False
     #: ``vllm``: vLLM's parser of the model's own tool-call format.
     tool_call_parser: str = "xlam"
+    #: Sampling for what a request leaves unset; unset here too: the served model's defaults.
+    sampling_defaults: SamplingOptions = field(default_factory=SamplingOptions)
+    #: The CPU Listener's recognizer (a text model's audio input).
+    recognizer: RecognizerName = "moonshine"
 
 
 async def open_engine(choice: EngineChoice) -> Engine:
@@ -48,10 +58,11 @@ async def open_engine(choice: EngineChoice) -> Engine:
     thinker = await open_vllm_engine(VllmEngineConfig(
         model=model, served_model_name=name, dtype=choice.dtype,
         max_model_len=choice.max_model_len, kv_cache_space_gib=choice.kv_cache_space_gib,
-        max_num_seqs=choice.max_num_seqs, tool_call_parser=choice.tool_call_parser))
-    # A text model hears through the CPU Listener (pocketsphinx) and speaks
+        max_num_seqs=choice.max_num_seqs, compile=choice.compile,
+        sampling_overrides=choice.sampling_defaults, tool_call_parser=choice.tool_call_parser))
+    # A text model hears through the CPU Listener (Moonshine) and speaks
     # through the CPU Talker (hibari), if installed; vLLM-Omni has its own stages.
-    return with_talker(with_listener(thinker))
+    return with_talker(with_listener(thinker, choice.recognizer))
 
 
 async def open_request_checks(choice: EngineChoice, capabilities: Capabilities) -> RequestChecks | None:
@@ -84,4 +95,5 @@ async def _open_http(choice: EngineChoice) -> Engine:
         raise ValueError("the openai-http engine needs an engine URL")
     return await open_http_engine(HttpEngineConfig(
         base_url=choice.engine_url, timeout_sec=choice.engine_timeout_sec,
-        start_timeout_sec=choice.engine_start_timeout_sec, audio=choice.engine_audio))
+        start_timeout_sec=choice.engine_start_timeout_sec, audio=choice.engine_audio,
+        sampling_overrides=choice.sampling_defaults))

@@ -33,7 +33,7 @@ import time
 import weakref
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import httpx
@@ -77,6 +77,9 @@ class HttpEngineConfig:
     audio: bool = False
     #: Warm the engine's prefix cache while input streams (early start policies).
     warmup: bool = True
+    #: Sampling for what a request leaves unset, over the served model's defaults
+    #: (which the engine applies to whatever is still unset).
+    sampling_overrides: SamplingOptions = field(default_factory=SamplingOptions)
 
 
 async def open_http_engine(
@@ -151,6 +154,7 @@ class HttpEngine:
         if self._closed:
             raise EngineUnavailableError("the engine is closed")
         check_servable(self.capabilities, request)
+        request = replace(request, sampling=request.sampling.or_defaults(self._config.sampling_overrides))
         session = HttpSession(self._client, request, self.capabilities.input_modalities,
                               warmup=self._config.warmup)
         self._sessions.add(session)
@@ -425,8 +429,8 @@ def openai_sampling(options: SamplingOptions) -> dict[str, Any]:
     """The session's sampling fields as an OpenAI request (vLLM reads top_k, repetition_penalty)."""
     fields: dict[str, Any] = {
         "max_tokens": options.max_tokens,
-        # OpenAI's default; vLLM would otherwise apply the model's defaults.
-        "temperature": 1.0 if options.temperature is None else options.temperature,
+        # Unset: vLLM applies the served model's defaults (its generation config).
+        "temperature": options.temperature,
         "top_p": options.top_p,
         "top_k": options.top_k,
         "seed": options.seed,

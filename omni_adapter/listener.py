@@ -1,195 +1,239 @@
 """A Listener stage on the CPU: hear spoken input while it streams.
 
 The embedded default is a text model. This module gives it speech input the
-way vLLM-Omni's audio encoder does for an omni model, but as text: each audio
-chunk is recognized as it arrives (pocketsphinx, models inside its wheel),
-and the words the recognizer has *settled* go into the Thinker session as
-text right away, so a spoken question is prefilled while it is spoken:
+way vLLM-Omni's audio encoder does for an omni model, but as text: the audio
+of each chunk is resampled to 16 kHz (one stateful resampler per session),
+cut into phrases at pauses by a voice-activity detector (Silero VAD), and
+each phrase is recognized as soon as it ends (Moonshine, not a streaming
+model); its words go into the Thinker session as text right away, so a long
+spoken question is prefilled phrase by phrase while it is spoken:
 
-    audio chunk ──► pcm16 16 kHz ──► Recognizer (worker thread) ──► settled words
-    text chunk  ───────────────────────────────────────────────┐        │
-                                                               ▼        ▼
-                                                 Thinker EngineSession.feed(text)
+    audio chunk ─► 16 kHz (soxr stream) ─► VAD ─► phrase at a pause ─► recognizer ─► words
+    text chunk  ───────────────────────────── (ends the open phrase first) ──────────┐   │
+                                                                                     ▼   ▼
+                                                              Thinker EngineSession.feed(text)
 
-A word is settled once it is not among the last two words of the partial
-hypothesis and has kept its place there for two updates in a row (the
-recognizer still revises the tail), or when the utterance ends: at a text
-chunk, or at the end of input. Words once fed cannot be taken back, so the
-final hypothesis only adds the words after them.
+A typed text chunk, and the end of input, end the phrase still open, so the
+words keep the order they were said and typed in. All of it runs on the
+Listener's own small thread pool, never the default one; onnxruntime
+releases the GIL while its models run, so the event loop keeps its turns.
+
+What was heard is told as it grows (``InputTranscript``) with the pieces fed
+and how far the audio is heard, so a new holder of the session (a resume
+after parking, a takeover) feeds those pieces again instead of hearing all
+the audio again (``EngineRequest.heard``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-import threading
-import time
+from collections import defaultdict
 from collections.abc import AsyncIterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import Any
+from pathlib import Path
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
-from omni_adapter.audio import pcm16_of, resample
+from omni_adapter.audio import StreamResampler, pcm16_of
 from omni_adapter.port import (
     Engine,
     EngineRejectedError,
     EngineRequest,
     EngineSession,
+    HeardInput,
     InputChunk,
     InputTranscript,
     OutputEvent,
 )
 from omni_adapter.stage import EngineStage
+from omni_adapter.vad import LoudnessVad, PhraseStream, SileroVad
 
 logger = logging.getLogger(__name__)
 
-#: The recognizer's rate (its acoustic model's).
+#: The recognizers' rate (their models').
 LISTEN_RATE = 16_000
-#: The trailing words of a partial hypothesis that are never settled yet.
-UNSETTLED_TAIL = 2
-#: Updates a word must keep its place for before it is settled.
-STABLE_UPDATES = 2
-#: Samples are decoded in slices of this many bytes (100 ms): pocketsphinx
-#: holds the GIL while it decodes, so the event loop gets a turn between slices.
-DECODE_SLICE_BYTES = LISTEN_RATE // 10 * 2
-#: Slices quieter than this (RMS of int16 samples, about -54 dBFS) are not
-#: decoded: decoding silence costs as much CPU as speech (ten minutes of it
-#: took over a minute), and it has nothing to recognize.
-SILENCE_RMS = 64.0
+#: Threads that resample, detect speech and recognize for every session of the
+#: process: one per core of this machine; more would only split the same cores.
+LISTENER_THREADS = 2
+
+RecognizerName = Literal["moonshine", "pocketsphinx"]
 
 
-class Recognizer:
-    """One utterance stream of pocketsphinx: pcm16 at 16 kHz in, settled words out.
+class Recognizer(Protocol):
+    """Speech to text, one phrase at a time (thread-safe)."""
 
-    Not thread-safe; a session calls it from one worker thread at a time.
+    def transcribe(self, samples: np.ndarray) -> str:
+        """The words of one phrase: int16 samples at 16 kHz."""
+        ...
+
+
+class MoonshineRecognizer:
+    """Moonshine base-en (``omni_adapter/moonshine.py``): 0 % WER on our clean clips."""
+
+    def __init__(self, model: Any) -> None:
+        self._model = model
+
+    @classmethod
+    def load(cls) -> MoonshineRecognizer | None:
+        from omni_adapter.speech_models import cached_speech_models
+
+        models = cached_speech_models()
+        return cls(_moonshine(models.moonshine)) if models is not None else None
+
+    def transcribe(self, samples: np.ndarray) -> str:
+        return str(self._model.transcribe(samples.astype(np.float32) / 32768.0))
+
+
+@functools.cache
+def _moonshine(folder: Path) -> Any:
+    """One Moonshine per process, however many engines are wrapped in a Listener
+    (a test process wraps many): its weights are ~300 MB, read-only, and
+    onnxruntime sessions are thread-safe."""
+    from omni_adapter.moonshine import Moonshine
+
+    return Moonshine(folder)
+
+
+class PocketsphinxRecognizer:
+    """pocketsphinx's US English model, in a process of its own.
+
+    It takes ~30 MB where Moonshine takes ~350 MB, but it misheard a fifth of
+    the words of our noisy clips, and it holds the GIL for all of a decode (a
+    5 s phrase stalled the event loop 1.8 s, bench/README.md): in the
+    gateway's process it would starve every other session. So its decoder
+    lives in one worker process; the Listener's threads (two) bound the
+    phrases waiting for it.
     """
 
-    def __init__(self, decoder: Any) -> None:
-        self._decoder = decoder
-        self._in_utterance = False
-        self._settled: list[str] = []
-        self._history: list[list[str]] = []
-        #: Every word recognized so far, all utterances.
-        self.transcript: list[str] = []
+    def __init__(self) -> None:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
 
-    def hear(self, pcm16: bytes) -> list[str]:
-        """Process samples; return the words that became settled."""
-        if not self._in_utterance:
-            self._decoder.start_utt()
-            self._in_utterance, self._settled, self._history = True, [], []
-        for at in range(0, len(pcm16), DECODE_SLICE_BYTES):
-            piece = pcm16[at:at + DECODE_SLICE_BYTES]
-            if _rms(piece) < SILENCE_RMS:
-                continue
-            self._decoder.process_raw(piece, False, False)
-            time.sleep(0)  # let another thread (the event loop) take the GIL
-        hypothesis = self._decoder.hyp()
-        words = hypothesis.hypstr.split() if hypothesis is not None else []
-        self._history = [*self._history, words][-STABLE_UPDATES:]
-        candidates = words[:max(0, len(words) - UNSETTLED_TAIL)]
-        if len(self._history) < STABLE_UPDATES or candidates[:len(self._settled)] != self._settled:
-            return []
-        settled = len(self._settled)
-        while settled < len(candidates) and all(
-                len(h) > settled and h[settled] == candidates[settled] for h in self._history):
-            settled += 1
-        return self._settle(candidates[len(self._settled):settled])
+        import pocketsphinx  # noqa: F401  (fails here, not in the worker, when it is missing)
 
-    def end_utterance(self) -> list[str]:
-        """End the utterance; return the words not settled before."""
-        if not self._in_utterance:
-            return []
-        self._decoder.end_utt()
-        self._in_utterance = False
-        hypothesis = self._decoder.hyp()
-        words = hypothesis.hypstr.split() if hypothesis is not None else []
-        # Words already fed stay; the final hypothesis only adds what follows them.
-        return self._settle(words[len(self._settled):])
+        self._worker = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
+                                           initializer=_load_pocketsphinx)
+        self._worker.submit(_decode_with_pocketsphinx, b"").result()  # loaded now, not in the first phrase
 
-    def _settle(self, words: list[str]) -> list[str]:
-        self._settled += words
-        self.transcript += words
-        return words
-
-
-def _rms(pcm16: bytes) -> float:
-    samples = np.frombuffer(pcm16[:len(pcm16) // 2 * 2], dtype="<i2").astype(np.float32)
-    return float(np.sqrt(np.mean(samples * samples))) if samples.size else 0.0
-
-
-class RecognizerPool:
-    """pocketsphinx decoders, made once and lent to one session at a time.
-
-    Loading the models takes about 0.3 s and a few tens of MB, so sessions
-    borrow a decoder for their lifetime instead of each loading its own.
-    """
-
-    def __init__(self, ready: int = 0) -> None:
-        self._idle: list[Any] = []
-        self._lock = threading.Lock()
-        # Made up front (at engine start): loading holds the GIL for ~0.3 s,
-        # which would stall the event loop if the first sessions paid it.
-        self._idle = [self._load() for _ in range(ready)]
-
-    @staticmethod
-    def _load() -> Any:
-        from pocketsphinx import Decoder
-
-        return Decoder(samprate=LISTEN_RATE, loglevel="FATAL")
-
-    def take(self) -> Any:
-        with self._lock:
-            if self._idle:
-                return self._idle.pop()
-        return self._load()
-
-    def give_back(self, decoder: Any) -> None:
-        with self._lock:
-            self._idle.append(decoder)
-
-    @staticmethod
-    def available() -> bool:
+    @classmethod
+    def load(cls) -> PocketsphinxRecognizer | None:
         try:
-            import pocketsphinx  # noqa: F401
+            return cls()
         except ImportError:
-            return False
-        return True
+            return None
+
+    def transcribe(self, samples: np.ndarray) -> str:
+        return str(self._worker.submit(_decode_with_pocketsphinx, samples.astype("<i2").tobytes()).result())
+
+    def close(self) -> None:
+        self._worker.shutdown(wait=False, cancel_futures=True)
+
+
+#: The worker process's decoder (pocketsphinx's worker only).
+_decoder: Any = None
+
+
+def _load_pocketsphinx() -> None:
+    global _decoder
+    from pocketsphinx import Decoder
+
+    _decoder = Decoder(samprate=LISTEN_RATE, loglevel="FATAL")
+
+
+def _decode_with_pocketsphinx(pcm16: bytes) -> str:
+    if not pcm16:
+        return ""
+    _decoder.start_utt()
+    _decoder.process_raw(pcm16, False, True)
+    _decoder.end_utt()
+    hypothesis = _decoder.hyp()
+    return hypothesis.hypstr if hypothesis is not None else ""
+
+
+class Hearing:
+    """What every listening session of the process shares: the recognizer, the VAD, the threads."""
+
+    def __init__(self, recognizer: Recognizer, vad: SileroVad | LoudnessVad,
+                 threads: int = LISTENER_THREADS) -> None:
+        self.recognizer = recognizer
+        self.vad = vad
+        self.executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="listener")
+
+    @classmethod
+    def load(cls, name: RecognizerName = "moonshine") -> Hearing | None:
+        """The recognizer asked for (else the other one), Silero VAD (else loudness); ``None`` when
+        no recognizer is installed."""
+        loaders = {"moonshine": MoonshineRecognizer.load, "pocketsphinx": PocketsphinxRecognizer.load}
+        order = [name, *(other for other in loaders if other != name)]
+        recognizer: Recognizer | None = None
+        for candidate in order:
+            recognizer = loaders[candidate]()
+            if recognizer is not None:
+                if candidate != name:
+                    logger.warning("the %s recognizer is not available: hearing with %s", name, candidate)
+                break
+        if recognizer is None:
+            return None
+        vad: SileroVad | LoudnessVad | None = SileroVad.load()
+        if vad is None:
+            logger.warning("Silero VAD's model is not cached (scripts/setup.sh): phrases are cut by loudness")
+            vad = LoudnessVad()
+        return cls(recognizer, vad)
+
+    def close(self) -> None:
+        self.executor.shutdown(wait=False, cancel_futures=True)
+        if isinstance(self.recognizer, PocketsphinxRecognizer):
+            self.recognizer.close()
 
 
 class ListeningSession:
     """A Thinker session that also takes spoken input; see the module docstring."""
 
-    def __init__(self, thinker: EngineSession, pool: RecognizerPool) -> None:
+    def __init__(self, thinker: EngineSession, hearing: Hearing, heard: HeardInput | None = None) -> None:
+        heard = heard or HeardInput()
         self._thinker = thinker
-        self._pool = pool
-        self._decoder: Any = None
-        self._recognizer: Recognizer | None = None
+        self._hearing = hearing
+        self._resampler = StreamResampler(LISTEN_RATE)
+        self._phrases = PhraseStream(hearing.vad)
         self._text_so_far = ""
         self._heard_audio = False
+        #: What an earlier holder heard: fed again as it was, without hearing that audio.
+        self._replay: dict[int, list[str]] = defaultdict(list)
+        for sequence_id, text in heard.pieces:
+            self._replay[sequence_id].append(text)
+        self._replay_through = heard.through
+        self._pieces: list[str] = [text for _, text in heard.pieces]
+        self._untold: list[tuple[int, str]] = []
+        self._through = heard.through
+        self._last_sequence_id = -1
         #: Set when words were settled: ``events`` tells the transcript so far.
         self._heard_words = asyncio.Event()
-        #: One decoder call at a time: an abort (the runner's feed was cancelled,
-        #: its worker thread still decoding) must not end the utterance or hand
-        #: the decoder to another session under a running decode (a segfault).
-        self._decoding = threading.Lock()
 
     @property
     def input_transcript(self) -> str:
-        return " ".join(self._recognizer.transcript) if self._recognizer else ""
+        return " ".join(self._pieces)
 
     async def feed(self, chunks: Sequence[InputChunk]) -> None:
         texts: list[InputChunk] = []
         for chunk in chunks:
-            if chunk.modality == "audio":
-                words = await asyncio.to_thread(self._hear, chunk)
-            elif chunk.modality == "text":
-                words = await asyncio.to_thread(self._end_utterance)
-            else:
+            if chunk.modality not in ("audio", "text"):
                 raise EngineRejectedError(f"this engine does not take {chunk.modality} input")
+            self._last_sequence_id = chunk.sequence_id
+            if chunk.sequence_id <= self._replay_through:
+                words = " ".join(self._replay.pop(chunk.sequence_id, []))
+                self._heard_audio |= chunk.modality == "audio"
+            elif chunk.modality == "audio":
+                words = await self._in_thread(self._hear, chunk)
+                self._settle(chunk.sequence_id, words)
+            else:
+                words = await self._end_phrase_off_the_loop()
+                self._settle(chunk.sequence_id, words)
             if words:
-                texts.append(self._as_text(chunk.sequence_id, " ".join(words)))
-                self._heard_words.set()
+                texts.append(self._as_text(chunk.sequence_id, words))
             if chunk.modality == "text":
                 texts.append(chunk)
                 self._text_so_far += chunk.data.decode("utf-8", errors="replace")
@@ -197,10 +241,10 @@ class ListeningSession:
             await self._thinker.feed(texts)
 
     async def end_input(self) -> None:
-        words = await asyncio.to_thread(self._end_utterance)
+        words = await self._end_phrase_off_the_loop()
+        self._settle(self._last_sequence_id, words, through=self._last_sequence_id)
         if words:
-            await self._thinker.feed([self._as_text(-1, " ".join(words))])
-        await asyncio.to_thread(self._give_back)
+            await self._thinker.feed([self._as_text(self._last_sequence_id, words)])
         if self._heard_audio and not self._text_so_far.strip():
             raise EngineRejectedError("no speech was recognized in the audio input")
         await self._thinker.end_input()
@@ -213,20 +257,22 @@ class ListeningSession:
         """
         answer = aiter(self._thinker.events())
         first = asyncio.ensure_future(anext(answer, None))
-        told = ""
+        heard: asyncio.Future[Any] | None = None
         try:
             while not first.done():
                 heard = asyncio.ensure_future(self._heard_words.wait())
                 await asyncio.wait({first, heard}, return_when=asyncio.FIRST_COMPLETED)
                 heard.cancel()
                 self._heard_words.clear()
-                if self.input_transcript != told and not first.done():
-                    told = self.input_transcript
-                    yield InputTranscript(told)
+                if self._untold and not first.done():
+                    yield self._tell()
         finally:
-            first.cancel()  # a no-op once it is done; the caller stopped reading otherwise
-        if self._heard_audio and self.input_transcript != told:
-            yield InputTranscript(self.input_transcript)
+            # No-ops once they are done; the caller stopped reading otherwise.
+            first.cancel()
+            if heard is not None:
+                heard.cancel()
+        if self._untold:
+            yield self._tell()
         event = first.result()
         if event is None:
             return
@@ -235,26 +281,50 @@ class ListeningSession:
             yield event
 
     async def abort(self) -> None:
-        await asyncio.to_thread(self._give_back)  # waits for a decode in flight, off the loop
         await self._thinker.abort()
 
-    # -- internals (worker thread) ----------------------------------------------------
+    # -- internals --------------------------------------------------------------------
 
-    def _hear(self, chunk: InputChunk) -> list[str]:
+    async def _end_phrase_off_the_loop(self) -> str:
+        """The words of the open phrase; without one (a typed session), no trip to the
+        Listener's threads, which may be busy recognizing other sessions' phrases."""
+        if not self._heard_audio:
+            return ""
+        return await self._in_thread(self._end_phrase)
+
+    async def _in_thread(self, work: Any, *args: Any) -> str:
+        return str(await asyncio.get_running_loop().run_in_executor(self._hearing.executor, work, *args))
+
+    def _settle(self, sequence_id: int, words: str, through: int | None = None) -> None:
+        if words:
+            self._pieces.append(words)
+            self._untold.append((sequence_id, words))
+        if through is not None or not self._phrases.in_phrase:
+            # Nothing of the audio so far is left unheard: a new holder may start after it.
+            self._through = through if through is not None else sequence_id
+        if words or through is not None:
+            self._heard_words.set()
+
+    def _tell(self) -> InputTranscript:
+        pieces, self._untold = tuple(self._untold), []
+        return InputTranscript(self.input_transcript, HeardInput(pieces, self._through))
+
+    def _hear(self, chunk: InputChunk) -> str:
+        """(Listener thread) The words of the phrases this chunk's audio ended."""
         pcm, rate = pcm16_of(chunk)
         if rate <= 0:
             raise EngineRejectedError("audio needs a sample rate above 0")
-        samples = resample(pcm, rate, LISTEN_RATE)
-        with self._decoding:
-            if self._recognizer is None:
-                self._decoder = self._pool.take()
-                self._recognizer = Recognizer(self._decoder)
-            self._heard_audio = True
-            return self._recognizer.hear(samples)
+        self._heard_audio = True
+        phrases = self._phrases.push(self._resampler.push(pcm, rate))
+        return " ".join(filter(None, (self._hearing.recognizer.transcribe(p).strip() for p in phrases)))
 
-    def _end_utterance(self) -> list[str]:
-        with self._decoding:
-            return self._recognizer.end_utterance() if self._recognizer else []
+    def _end_phrase(self) -> str:
+        """(Listener thread) The words of the phrase still open, if any."""
+        phrase = self._phrases.flush()
+        tail = self._resampler.flush()
+        if phrase is None:
+            return ""
+        return self._hearing.recognizer.transcribe(np.concatenate([phrase, tail])).strip()
 
     def _as_text(self, sequence_id: int, words: str) -> InputChunk:
         # Words join what came before with a space, as they were spoken.
@@ -262,35 +332,29 @@ class ListeningSession:
         self._text_so_far += text
         return InputChunk(sequence_id, "text", text.encode())
 
-    def _give_back(self) -> None:
-        with self._decoding:
-            self._give_back_now()
-
-    def _give_back_now(self) -> None:
-        if self._decoder is not None:
-            if self._recognizer is not None and self._recognizer._in_utterance:
-                self._decoder.end_utt()
-            self._pool.give_back(self._decoder)
-            self._decoder = None
-
 
 class ListeningEngine(EngineStage):
     """A text engine plus a Listener: ``audio`` input for every session."""
 
-    def __init__(self, thinker: Engine, pool: RecognizerPool) -> None:
+    def __init__(self, thinker: Engine, hearing: Hearing) -> None:
         caps = thinker.capabilities
         super().__init__(thinker, replace(caps, input_modalities=caps.input_modalities | {"audio"}))
-        self._pool = pool
+        self.hearing = hearing
 
     def open_session(self, request: EngineRequest) -> EngineSession:
-        return ListeningSession(self._thinker.open_session(request), self._pool)
+        return ListeningSession(self._thinker.open_session(request), self.hearing, request.heard)
+
+    async def aclose(self) -> None:
+        self.hearing.close()
+        await super().aclose()
 
 
-def with_listener(engine: Engine) -> Engine:
-    """The engine with a CPU Listener when pocketsphinx is installed; as it is otherwise."""
+def with_listener(engine: Engine, recognizer: RecognizerName = "moonshine") -> Engine:
+    """The engine with a CPU Listener when a recognizer is installed; as it is otherwise."""
     if "audio" in engine.capabilities.input_modalities:
         return engine
-    if not RecognizerPool.available():
-        logger.warning("pocketsphinx is not installed: audio input is off")
+    hearing = Hearing.load(recognizer)
+    if hearing is None:
+        logger.warning("no recognizer (Moonshine's converted model or pocketsphinx): audio input is off")
         return engine
-    return ListeningEngine(engine, RecognizerPool(ready=2))
+    return ListeningEngine(engine, hearing)

@@ -9,7 +9,7 @@ This module holds types only: no logic, no engine imports.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal, Protocol, runtime_checkable
 
 Modality = Literal["text", "audio", "image", "video"]
@@ -43,6 +43,32 @@ class SamplingOptions:
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
 
+    @classmethod
+    def known(cls, values: dict[str, Any]) -> SamplingOptions:
+        """The options among ``values`` (a model's generation defaults), the rest left out."""
+        names = {f.name for f in fields(cls)} - {"stop"}
+        return cls(**{k: v for k, v in values.items() if k in names and v is not None})
+
+    def or_defaults(self, defaults: SamplingOptions) -> SamplingOptions:
+        """These options, with the default for each one not given (a request names no
+        ``temperature``: the served model's own, not 1.0)."""
+        unset = {f.name: getattr(defaults, f.name) for f in fields(self)
+                 if getattr(self, f.name) in (None, ()) and getattr(defaults, f.name) not in (None, ())}
+        return replace(self, **unset) if unset else self
+
+
+@dataclass(frozen=True)
+class HeardInput:
+    """What a Listener settled from a session's audio, so that a new holder (a
+    resume after parking, a takeover) goes on from there instead of hearing
+    all the audio again."""
+
+    #: Each piece of recognized text as it was fed: (the sequence id of the
+    #: chunk it was fed at, the text).
+    pieces: tuple[tuple[int, str], ...] = ()
+    #: Every audio chunk up to this sequence id is heard and in ``pieces``.
+    through: int = -1
+
 
 @dataclass(frozen=True)
 class EngineRequest:
@@ -68,6 +94,11 @@ class EngineRequest:
     #: system note (the assistant speaks without the user: a greeting, a nudge).
     input_role: Literal["user", "tool", "system"] = "user"
     input_tool_call_id: str | None = None
+    #: The end of ``assistant_prefix`` that no audio has spoken yet: a Talker
+    #: speaks it first, so the answer's audio is complete after a hand-off.
+    unspoken_prefix: str = ""
+    #: What earlier holders heard of the audio input (a Listener goes on from it).
+    heard: HeardInput = HeardInput()
 
 
 @dataclass(frozen=True)
@@ -139,6 +170,8 @@ class InputTranscript:
     """What a speech recognizer heard in the session's audio input (before the answer)."""
 
     text: str
+    #: The pieces settled since the last event, and how far the audio is heard.
+    heard: HeardInput = HeardInput()
 
 
 OutputEvent = TextDelta | AudioDelta | ToolCallDelta | InputTranscript | Finished | EngineError

@@ -4,14 +4,19 @@ vLLM-Omni splits a speaking model into a Thinker (text) and a Talker (audio)
 stage; the engine then yields text and audio for one request. This module
 gives any text engine the same boundary:
 
-    Thinker EngineSession ──TextDelta──► SentenceSplitter ──sentence──► Talker
-            │                                                             │
-            └──────────── TextDelta ──────► events() ◄──── AudioDelta ────┘
+    Thinker EngineSession ──TextDelta──► PhraseSplitter ──phrase──► Talker
+            │                                                         │
+            └──────────── TextDelta ──────► events() ◄── AudioDelta ──┘
 
 so the gateway relays ``AudioDelta`` the same way whether it comes from
 vLLM-Omni's own Talker or from this one. Text is never held back for audio;
-each sentence is spoken as soon as it is complete, one at a time so audio
-stays in order, and the ``Finished`` event waits for the last sentence.
+each phrase is spoken as soon as it is complete (the first one after a few
+words), one at a time so audio stays in order, and the ``Finished`` event
+waits for the last phrase. Audio leaves at the voice's own rate; the gateway
+resamples each session's audio as one stream (gateway/output/audio.py).
+
+After a hand-off the new holder speaks first what the old one wrote but did
+not speak (``EngineRequest.unspoken_prefix``), so the audio says the whole answer.
 """
 
 from __future__ import annotations
@@ -21,14 +26,14 @@ import contextlib
 import logging
 import re
 import shutil
-import threading
 from collections.abc import AsyncIterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, Protocol
 
 import numpy as np
 
-from omni_adapter.audio import OPENAI_PCM16_RATE, parse_wav, resample
+from omni_adapter.audio import OPENAI_PCM16_RATE, parse_wav
 from omni_adapter.port import (
     AudioDelta,
     Engine,
@@ -48,34 +53,70 @@ logger = logging.getLogger(__name__)
 #: followed by whitespace, or a line break. The whitespace must have arrived,
 #: so "3." in "3.5" is not cut while the next token is still coming.
 _SENTENCE_END = re.compile(r"[.!?…]+[\"')\]]*\s+|\n+")
+#: End of a clause: a comma, semicolon, colon or dash, followed by whitespace.
+_CLAUSE_END = re.compile(r"[,;:—–]+[\"')\]]*\s+|\s[-–—]\s+")
+#: Words a phrase starts with more often than not: the first phrase may end before one.
+_BREAK_WORDS = frozenset({
+    "and", "or", "but", "so", "because", "which", "that", "who", "where", "when", "while", "if",
+    "is", "are", "was", "were", "has", "have", "had", "can", "will", "would", "should", "could",
+    "in", "on", "at", "of", "for", "with", "to", "from", "by", "as", "than"})
+#: The first phrase: a clause of at least this many words, else the words up to
+#: a break word once there are this many, else this many words at most.
+FIRST_CLAUSE_WORDS, FIRST_BREAK_WORDS, FIRST_MAX_WORDS = 2, 3, 6
+#: Later phrases: a sentence, or a clause of at least this many words.
+CLAUSE_WORDS = 4
 #: Speak a run-on text in pieces of about this many characters, cut at a
 #: space, so audio latency stays bounded without punctuation.
-MAX_SENTENCE_CHARS = 200
+MAX_PHRASE_CHARS = 160
 
 
-class SentenceSplitter:
-    """Cuts streamed text into sentences as soon as each one is complete."""
+class PhraseSplitter:
+    """Cuts streamed text into phrases to speak as soon as each one is complete.
 
-    def __init__(self, max_chars: int = MAX_SENTENCE_CHARS) -> None:
+    The first phrase is short (a clause, or a few words up to a natural
+    break), so the first sound comes after a few tokens instead of a whole
+    sentence: on this CPU a 25-token sentence is over a second of decoding.
+    Later phrases are sentences, or clauses of a few words, so the next
+    piece of audio is ready before the one playing ends.
+    """
+
+    def __init__(self, max_chars: int = MAX_PHRASE_CHARS) -> None:
         self._max_chars = max_chars
         self._pending = ""
+        self._first = True
 
     def push(self, text: str) -> list[str]:
         self._pending += text
-        sentences: list[str] = []
-        while match := _SENTENCE_END.search(self._pending):
-            sentences.append(self._pending[:match.end()])
-            self._pending = self._pending[match.end():]
-        while len(self._pending) > self._max_chars:
-            cut = self._pending.rfind(" ", 0, self._max_chars)
-            cut = cut if cut > 0 else self._max_chars
-            sentences.append(self._pending[:cut])
+        phrases: list[str] = []
+        while (cut := self._cut()) is not None:
+            phrases.append(self._pending[:cut])
             self._pending = self._pending[cut:]
-        return _speakable(sentences)
+            self._first = False
+        return _speakable(phrases)
 
     def flush(self) -> list[str]:
         rest, self._pending = self._pending, ""
         return _speakable([rest])
+
+    def _cut(self) -> int | None:
+        """Where the next phrase ends in the pending text, if it is complete."""
+        text = self._pending
+        ends = [m.end() for m in [_SENTENCE_END.search(text)] if m]
+        clause_words = FIRST_CLAUSE_WORDS if self._first else CLAUSE_WORDS
+        ends += [m.end() for m in _CLAUSE_END.finditer(text) if len(text[:m.start()].split()) >= clause_words][:1]
+        if ends:
+            return min(ends)
+        if self._first:
+            words = list(re.finditer(r"\S+(?=\s)", text))  # complete words: the space after them arrived
+            for i, word in enumerate(words[FIRST_BREAK_WORDS:FIRST_MAX_WORDS], start=FIRST_BREAK_WORDS):
+                if word.group().lower() in _BREAK_WORDS:
+                    return words[i - 1].end()
+            if len(words) > FIRST_MAX_WORDS:
+                return words[FIRST_MAX_WORDS - 1].end()
+        if len(text) > self._max_chars:
+            cut = text.rfind(" ", 0, self._max_chars)
+            return cut if cut > 0 else self._max_chars
+        return None
 
 
 def _speakable(pieces: list[str]) -> list[str]:
@@ -84,12 +125,14 @@ def _speakable(pieces: list[str]) -> list[str]:
 
 
 class Talker(Protocol):
-    """Turns one sentence into speech."""
+    """Turns one phrase into speech."""
 
     #: The rate of the pcm16 that ``speak`` returns.
     sample_rate: int
 
     async def speak(self, text: str) -> bytes: ...
+
+    def close(self) -> None: ...
 
 
 class TalkerError(Exception):
@@ -97,13 +140,9 @@ class TalkerError(Exception):
 
 
 class EspeakTalker:
-    """``espeak-ng`` in a subprocess per sentence, resampled to 24 kHz pcm16.
+    """``espeak-ng`` in a subprocess per phrase: 22050 Hz pcm16 (the gateway resamples it)."""
 
-    espeak-ng writes 22050 Hz wav; OpenAI clients play ``pcm16`` at 24 kHz,
-    so the audio is resampled here, once, instead of in every client.
-    """
-
-    sample_rate = OPENAI_PCM16_RATE
+    sample_rate = 22_050
 
     def __init__(self, executable: str, voice: str = "en-us", words_per_minute: int = 175,
                  timeout_sec: float = 30.0) -> None:
@@ -138,15 +177,21 @@ class EspeakTalker:
             pcm, rate = parse_wav(wav)
         except ValueError as exc:
             raise TalkerError(f"espeak-ng wrote no usable wav: {exc}") from exc
-        return resample(pcm, rate, self.sample_rate)
+        if rate != self.sample_rate:
+            raise TalkerError(f"espeak-ng wrote {rate} Hz audio, not {self.sample_rate}")
+        return pcm
+
+    def close(self) -> None:
+        return None
 
 
 class HibariTalker:
     """hibari-tts: a neural English voice (distilled from Kokoro-82M, ONNX,
     inside its wheel), 24 kHz float audio, about 25x realtime on a busy CPU.
 
-    Synthesis is CPU work, so it runs in a worker thread; one sentence at a
-    time per process (a lock), because two would only split the same cores.
+    Synthesis is CPU work, so it runs on a thread of its own, one phrase at a
+    time per process: two at once would only split the same cores, and the
+    default thread pool stays free for the rest of the gateway.
     """
 
     sample_rate = OPENAI_PCM16_RATE
@@ -157,7 +202,7 @@ class HibariTalker:
         if tts.sample_rate != self.sample_rate:
             raise ValueError(f"hibari speaks at {tts.sample_rate} Hz, not {self.sample_rate}")
         self._tts = tts
-        self._lock = threading.Lock()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="talker")
 
     @classmethod
     def load(cls) -> HibariTalker | None:
@@ -171,25 +216,28 @@ class HibariTalker:
         return talker
 
     async def speak(self, text: str) -> bytes:
-        return await asyncio.to_thread(self._synthesize, text)
+        return await asyncio.get_running_loop().run_in_executor(self._executor, self._synthesize, text)
 
     def _synthesize(self, text: str) -> bytes:
-        with self._lock:
-            try:
-                audio = self._tts(text, seed=0)  # seeded: the same text always sounds the same
-            except Exception as exc:
-                raise TalkerError(f"hibari could not speak {text[:40]!r}: {exc}") from exc
+        try:
+            audio = self._tts(text, seed=0)  # seeded: the same text always sounds the same
+        except Exception as exc:
+            raise TalkerError(f"hibari could not speak {text[:40]!r}: {exc}") from exc
         return bytes((np.clip(audio, -1.0, 1.0) * 32767).astype("<i2").tobytes())
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
 
 
 class TalkingSession:
     """A Thinker session whose text is also spoken; see the module docstring."""
 
-    def __init__(self, thinker: EngineSession, talker: Talker) -> None:
+    def __init__(self, thinker: EngineSession, talker: Talker, unspoken_prefix: str = "") -> None:
         self._thinker = thinker
         self._talker = talker
+        self._unspoken_prefix = unspoken_prefix
         self._out: asyncio.Queue[OutputEvent] = asyncio.Queue()
-        self._sentences: asyncio.Queue[str | None] = asyncio.Queue()
+        self._phrases: asyncio.Queue[str | None] = asyncio.Queue()
         self._tasks: list[asyncio.Task[None]] = []
 
     async def feed(self, chunks: Sequence[InputChunk]) -> None:
@@ -218,7 +266,7 @@ class TalkingSession:
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def _think(self, speaker: asyncio.Task[None]) -> None:
-        """Pass text on at once; hand complete sentences to the speaker."""
+        """Pass text on at once; hand complete phrases to the speaker."""
         try:
             await self._relay_thinker(speaker)
         except Exception as exc:
@@ -226,18 +274,20 @@ class TalkingSession:
             self._out.put_nowait(EngineError(f"the engine failed: {type(exc).__name__}"))
 
     async def _relay_thinker(self, speaker: asyncio.Task[None]) -> None:
-        splitter = SentenceSplitter()
+        splitter = PhraseSplitter()
+        for phrase in splitter.push(self._unspoken_prefix):  # after a hand-off: spoken first
+            self._phrases.put_nowait(phrase)
         async for event in self._thinker.events():
             if isinstance(event, TextDelta):
                 self._out.put_nowait(event)
-                for sentence in splitter.push(event.text):
-                    self._sentences.put_nowait(sentence)
+                for phrase in splitter.push(event.text):
+                    self._phrases.put_nowait(phrase)
             elif isinstance(event, Finished):
                 if event.finish_reason != "abort":
-                    for sentence in splitter.flush():
-                        self._sentences.put_nowait(sentence)
-                    self._sentences.put_nowait(None)
-                    # The answer is finished once its last sentence is spoken.
+                    for phrase in splitter.flush():
+                        self._phrases.put_nowait(phrase)
+                    self._phrases.put_nowait(None)
+                    # The answer is finished once its last phrase is spoken.
                     await asyncio.wait([speaker])
                     if speaker.cancelled():
                         event = Finished("abort", event.usage)
@@ -253,14 +303,14 @@ class TalkingSession:
         self._out.put_nowait(EngineError("the engine ended the answer without a result"))
 
     async def _speak(self) -> None:
-        while (sentence := await self._sentences.get()) is not None:
+        while (phrase := await self._phrases.get()) is not None:
             try:
-                pcm = await self._talker.speak(sentence)
+                pcm = await self._talker.speak(phrase)
             except Exception as exc:
                 logger.warning("speech synthesis failed: %s", exc)
                 self._out.put_nowait(EngineError(f"speech synthesis failed: {exc}"))
                 raise
-            self._out.put_nowait(AudioDelta(pcm, self._talker.sample_rate, transcript=sentence))
+            self._out.put_nowait(AudioDelta(pcm, self._talker.sample_rate, transcript=phrase))
 
 
 class TalkingEngine(EngineStage):
@@ -275,7 +325,11 @@ class TalkingEngine(EngineStage):
         if "audio" not in request.output_modalities:
             return self._thinker.open_session(request)
         text_only = replace(request, output_modalities=("text",))
-        return TalkingSession(self._thinker.open_session(text_only), self._talker)
+        return TalkingSession(self._thinker.open_session(text_only), self._talker, request.unspoken_prefix)
+
+    async def aclose(self) -> None:
+        self._talker.close()
+        await super().aclose()
 
     def check_request(self, request: EngineRequest) -> int:
         # The Thinker answers in text; speaking it is this stage's part.

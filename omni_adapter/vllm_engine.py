@@ -35,7 +35,7 @@ import os
 import re
 import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
@@ -92,15 +92,23 @@ class VllmEngineConfig:
     max_num_seqs: int | None = None
     gpu_memory_utilization: float = 0.5
     seed: int = 0
-    enforce_eager: bool = False
     #: vLLM's parser of the model's own tool-call format (``--tool-call-parser``), for ``tool_choice: auto``.
     tool_call_parser: str = DEFAULT_TOOL_CALL_PARSER
     #: KV cache block size, the prefix cache's granularity (``None``: vLLM's, 128 on the CPU).
     block_size: int | None = None
+    #: torch.compile the model. ``None``: not on the CPU, where compiling made the
+    #: first start about 4 min instead of under 1 and each restart 20-40 s slower,
+    #: for decode 15-25 % faster on SmolLM2 (bench/engine_start.py, bench/README.md);
+    #: vLLM's default (compiled, CUDA graphs) on a GPU.
+    compile: bool | None = None
+    #: Sampling for what a request leaves unset, over the model's own defaults
+    #: (its generation_config.json; the embedded model's: temperature 0.2, top-p 0.9).
+    sampling_overrides: SamplingOptions = field(default_factory=SamplingOptions)
 
 
 async def open_vllm_engine(config: VllmEngineConfig) -> VllmEngine:
-    """Start the engine: ~40 s once torch.compile's cache is warm, ~100 s the first time.
+    """Start the engine: 25-55 s on 2 cores eager (the CPU default), the time of three
+    Python processes importing torch and vLLM one after the other.
 
     Like vLLM's own API server, this blocks the event loop while the engine
     process starts: it runs in the app lifespan, before anything is served.
@@ -109,14 +117,16 @@ async def open_vllm_engine(config: VllmEngineConfig) -> VllmEngine:
     # No engine process may outlive the gateway (a SIGKILLed gateway used to
     # leave two 3.8 GB processes behind).
     engine_children_die_with_parent()
-    # vLLM's AOT compile cache is saved but never loads with this torch
-    # ("'function' object has no attribute 'finalize_loading'"), so every
-    # start recompiled for minutes. Without it torch.compile's own caches
-    # serve a restart: ready in ~42 s at full decode speed, where eager mode
-    # is as quick to start but decodes 40% slower (bench/engine_start.py).
+    # When compiling: vLLM's AOT compile cache is saved but never loads with
+    # this torch ("'function' object has no attribute 'finalize_loading'"), so
+    # every start recompiled for minutes. Without it torch.compile's own
+    # caches serve a restart (bench/engine_start.py).
     os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
     from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.platforms import current_platform
     from vllm.v1.engine.async_llm import AsyncLLM
+
+    compile_model = config.compile if config.compile is not None else not current_platform.is_cpu()
 
     args = AsyncEngineArgs(
         model=config.model,
@@ -125,7 +135,7 @@ async def open_vllm_engine(config: VllmEngineConfig) -> VllmEngine:
         max_model_len=config.max_model_len,
         gpu_memory_utilization=config.gpu_memory_utilization,
         seed=config.seed,
-        enforce_eager=config.enforce_eager,
+        enforce_eager=not compile_model,
         max_num_seqs=config.max_num_seqs,
         block_size=config.block_size,
         disable_log_stats=True,
@@ -140,7 +150,9 @@ async def open_vllm_engine(config: VllmEngineConfig) -> VllmEngine:
     except BaseException:
         llm.shutdown()
         raise
-    return VllmEngine(llm, streaming, config.served_model_name, parser_cls)
+    model_defaults = SamplingOptions.known(llm.model_config.get_diff_sampling_param())
+    return VllmEngine(llm, streaming, config.served_model_name, parser_cls,
+                      config.sampling_overrides.or_defaults(model_defaults))
 
 
 class TokenizerChecks:
@@ -216,8 +228,10 @@ class VllmEngine:
     """One ``AsyncLLM`` shared by every session of the process."""
 
     def __init__(self, llm: EngineClient, streaming: StreamingTokenizer, model_name: str,
-                 tool_parser_cls: Any = None) -> None:
+                 tool_parser_cls: Any = None, sampling_defaults: SamplingOptions | None = None) -> None:
         self._llm = llm
+        #: What a request's unset sampling fields become (the served model's defaults).
+        self.sampling_defaults = sampling_defaults or SamplingOptions()
         self._streaming = streaming
         #: vLLM's parser class for the model's tool calls (``None``: the engine calls no functions).
         self._tool_parser_cls = tool_parser_cls
@@ -254,6 +268,7 @@ class VllmEngine:
     def open_session(self, request: EngineRequest) -> VllmSession:
         if self._closed:
             raise EngineUnavailableError("the engine is closed")
+        request = replace(request, sampling=request.sampling.or_defaults(self.sampling_defaults))
         prefix, suffix = self._checks.frame(request)
         tokens = self._streaming.open(prefix, suffix + client(request.assistant_prefix))
         # After a hand-off the answer so far is part of the prompt; it still
@@ -716,7 +731,8 @@ def sampling_params(options: SamplingOptions, *, max_tokens: int) -> SamplingPar
 
     fields: dict[str, Any] = {
         "max_tokens": max_tokens,
-        # OpenAI's default; vLLM would otherwise apply the model's defaults.
+        # OpenAI's default, for a model with none of its own (the engine fills
+        # in the served model's defaults before this: VllmEngine.open_session).
         "temperature": 1.0 if options.temperature is None else options.temperature,
     }
     optional = {

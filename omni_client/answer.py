@@ -76,6 +76,19 @@ class SseParser:
         return event
 
 
+#: The error a replica ends a stream with when it stops before the answer did; the
+#: session goes on elsewhere, so the stream is resumed, not failed.
+REPLICA_STOPPING = "replica_stopping"
+
+
+def replica_stopped(sse: SseEvent) -> bool:
+    """The stream ended because its replica stopped: read on from the last event id."""
+    if sse.event != "error":
+        return False
+    error = _json(sse.data).get("error")
+    return isinstance(error, dict) and error.get("code") == REPLICA_STOPPING
+
+
 def events_of(sse: SseEvent) -> list[AnswerEvent]:
     """One frame's answer events; an ``error`` event raises :class:`SessionFailed`."""
     if sse.event == "error":

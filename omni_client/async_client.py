@@ -8,6 +8,7 @@ client works the same against one gateway or a cluster behind a load balancer.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncGenerator
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
@@ -17,7 +18,15 @@ from typing import Any
 import anyio
 import httpx
 
-from omni_client.answer import AnswerEvent, Result, SseParser, TextDelta, events_of, result_of
+from omni_client.answer import (
+    AnswerEvent,
+    Result,
+    SseParser,
+    TextDelta,
+    events_of,
+    replica_stopped,
+    result_of,
+)
 from omni_client.chunks import chunk_of
 from omni_client.errors import APIError, OmniError, TransportFailed, api_error
 from omni_client.retry import (
@@ -76,10 +85,15 @@ class AsyncClient:
     async def aclose(self) -> None:
         await self._http.aclose()
 
-    async def create_session(self, **body: Any) -> AsyncSession:
+    async def create_session(self, *, idempotency_key: str | None = None, **body: Any) -> AsyncSession:
         """A new session; ``body`` is the create body (``messages``, ``start_policy``,
-        ``modalities``, ``max_tokens``, ``temperature``, ...), sent as is."""
-        response = await self.request("POST", SESSIONS, idempotent=False, json=body)
+        ``modalities``, ``max_tokens``, ``temperature``, ...), sent as is.
+
+        Sent with an ``Idempotency-Key`` (``idempotency_key``, else a new UUID),
+        so it is retried like any other call: a repeat the gateway already
+        served returns the same session, never a second one."""
+        key = idempotency_key or str(uuid.uuid4())
+        response = await self.request("POST", SESSIONS, json=body, headers={"Idempotency-Key": key})
         first = (body.get("first_chunk") or {}).get("sequence_id")
         return AsyncSession(self, response.json()["session_id"], 0 if first is None else first + 1)
 
@@ -109,7 +123,7 @@ class AsyncClient:
                     return response
                 retry_after = retry_after_of(response)
                 error = api_error(response.status_code, response.content, retry_after)
-                retry = retryable_status(response.status_code, idempotent)
+                retry = retryable_status(response.status_code, idempotent, error.code)
             delay = self.retry.delay(attempt, retry_after) if retry else None
             if delay is None:
                 raise error
@@ -160,7 +174,9 @@ class AsyncSession:
     async def answer(self, last_event_id: str | None = None) -> AsyncGenerator[AnswerEvent, None]:
         """The answer's events as they stream; a broken stream is resumed from its last event id.
 
-        Ends after the final frame; an ``error`` event raises :class:`SessionFailed`.
+        Ends after the final frame; an ``error`` event raises :class:`SessionFailed`, but for
+        ``replica_stopping`` (the replica serving the stream stopped; the session goes on),
+        which is read on from the last event id like a stream that broke.
         Gives up (the last error) after ``retry.attempts`` reconnects in a row without a frame.
         """
         failures = 0
@@ -185,6 +201,8 @@ class AsyncSession:
                         async for line in response.aiter_lines():
                             if (event := parser.line(line)) is None:
                                 continue
+                            if replica_stopped(event):
+                                break  # the session goes on elsewhere: read on from the last id
                             if event.id:
                                 last_event_id, failures = event.id, 0
                             for item in events_of(event):

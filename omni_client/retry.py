@@ -3,10 +3,11 @@
 Appends and ``finish`` are safe to repeat: the gateway dedupes a chunk by
 its sequence id and bytes (a repeat is ``200 duplicate``, never a second
 copy) and ``finish`` is idempotent; reads and cancels change nothing twice.
-Creating a session is not: a repeat after the gateway got the request
-would leave a second session counting against the caller's caps, so it is
-repeated only when the request certainly did nothing (no connection, or a
-429/503 refusal).
+Creating a session is safe with an ``Idempotency-Key`` (the client sends
+one): a repeat returns the session the first try made. A call that is not
+safe to repeat is repeated only when it certainly did nothing: no
+connection, a 429, or a 503 that refused it before any work (overloaded, at
+capacity). A ``store_unavailable`` may come after the work was done.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ import httpx
 
 #: Answers worth another try: overload, an edge that lost its replica, a replica going away.
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
-#: The answers that say a request was refused before it did anything.
-REFUSED_STATUSES = frozenset({429, 503})
+#: The answers that say a request was refused before it did anything: any 429, and
+#: these 503s (a ``store_unavailable`` may come after the work was done).
+REFUSED_503_CODES = frozenset({"overloaded", "capacity_exhausted", "streaming_input_disabled"})
 
 
 @dataclass(frozen=True)
@@ -42,8 +44,11 @@ class RetryPolicy:
         return pause * random.uniform(0.5, 1.0)  # jitter: clients that failed together retry apart
 
 
-def retryable_status(status: int, idempotent: bool) -> bool:
-    return status in (RETRY_STATUSES if idempotent else REFUSED_STATUSES)
+def retryable_status(status: int, idempotent: bool, code: str = "") -> bool:
+    """``code``: the error envelope's, which tells a 503 that did nothing from one that may have."""
+    if idempotent:
+        return status in RETRY_STATUSES
+    return status == 429 or (status == 503 and code in REFUSED_503_CODES)
 
 
 def retryable_error(error: httpx.TransportError, idempotent: bool) -> bool:

@@ -4,7 +4,8 @@
 # the real vLLM engine. Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-./scripts/setup.sh
+# The test command's setup: serving's, plus NGINX, Chromium and the test tools.
+./scripts/setup.sh test
 .venv/bin/ruff check .
 .venv/bin/mypy  # packages and strictness: [tool.mypy] in pyproject.toml
 exec .venv/bin/python -m pytest "$@"

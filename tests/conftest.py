@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
@@ -10,6 +12,7 @@ from omni_adapter.http_engine import HttpEngine, HttpEngineConfig, open_http_eng
 from omni_adapter.model_bootstrap import ensure_default_model
 from omni_adapter.port import Engine
 from omni_adapter.vllm_engine import VllmEngine, VllmEngineConfig, open_vllm_engine
+from tests.stall_watch import StallWatch
 from tests.vllm_sidecar import VllmSidecar
 
 
@@ -18,6 +21,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     each with its engine) run first, before the session's shared engines exist:
     beside those, three more engines ran a 24 GiB machine out of memory."""
     items.sort(key=lambda item: 0 if "replicas" in item.path.parts else 1)  # stable: order kept within
+
+
+@pytest.fixture(scope="session", autouse=True)
+async def stall_watch() -> AsyncIterator[StallWatch]:
+    """A thread that says why, should the session's event loop stop turning (tests/stall_watch.py)."""
+    watch = StallWatch(asyncio.get_running_loop(), os.environ.get("OMNI_GATEWAY_TEST_REDIS_URL"))
+    watch.start()
+    yield watch
+    watch.stop()
 
 
 @pytest.fixture(scope="session")

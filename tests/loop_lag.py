@@ -23,6 +23,8 @@ class LoopLagMonitor:
         self.interval = interval
         self.max_sec = 0.0
         self.samples = 0
+        #: Every lateness seen, for percentiles.
+        self.lateness: list[float] = []
         self._task: asyncio.Task[None] | None = None
 
     async def _watch(self) -> None:
@@ -32,6 +34,12 @@ class LoopLagMonitor:
             late = time.perf_counter() - before - self.interval
             self.max_sec = max(self.max_sec, late)
             self.samples += 1
+            self.lateness.append(late)
+
+    def percentile(self, p: float) -> float:
+        """The lateness that ``p`` percent of the timer's wake-ups stayed under."""
+        ordered = sorted(self.lateness)
+        return ordered[min(len(ordered) - 1, int(len(ordered) * p / 100))] if ordered else 0.0
 
     async def __aenter__(self) -> LoopLagMonitor:
         self._task = asyncio.create_task(self._watch())

@@ -37,18 +37,23 @@ def free_port() -> int:
         return port
 
 
-def free_cluster_port() -> int:
-    """A free port whose cluster bus port (+10000) is a valid, free port too."""
+def free_port_and(offset: int) -> int:
+    """A free port whose port + ``offset`` is a valid, free port too."""
     while True:
         port = free_port()
-        if port + 10_000 > 65_535:
+        if port + offset > 65_535:
             continue
-        with socket.socket() as bus:
+        with socket.socket() as other:
             try:
-                bus.bind(("127.0.0.1", port + 10_000))
+                other.bind(("127.0.0.1", port + offset))
             except OSError:
                 continue
         return port
+
+
+def free_cluster_port() -> int:
+    """A free port whose cluster bus port (+10000) is free too."""
+    return free_port_and(10_000)
 
 
 def _answers_ping(port: int) -> bool:
@@ -157,3 +162,73 @@ def _wait_cluster_ok(port: int) -> None:
             return
         time.sleep(0.1)
     raise RuntimeError("the Redis Cluster did not become ready")
+
+
+class SentinelGroup:
+    """A primary, its replica and a Sentinel watching them (quorum 1), on loopback.
+
+    The shape ``redis_durability=replica`` needs: every acknowledged write is
+    on the replica too, and when the primary dies Sentinel promotes the
+    replica within about ``DOWN_AFTER_MS`` plus a failover.
+    """
+
+    MASTER = "omni-gateway"
+    DOWN_AFTER_MS = 1000
+
+    def __init__(self, workdir: Path) -> None:
+        self.primary = RedisProcess(workdir / "primary", extra=["--appendonly", "no"])
+        self.replica = RedisProcess(workdir / "replica", extra=[
+            "--appendonly", "no", "--replicaof", "127.0.0.1", str(self.primary.port)])
+        self.sentinel_port = free_port()
+        self._conf = workdir / "sentinel.conf"
+        self._conf.write_text(
+            f"port {self.sentinel_port}\nbind 127.0.0.1\ndir {workdir}\n"
+            f"sentinel monitor {self.MASTER} 127.0.0.1 {self.primary.port} 1\n"
+            f"sentinel down-after-milliseconds {self.MASTER} {self.DOWN_AFTER_MS}\n"
+            f"sentinel failover-timeout {self.MASTER} 10000\n")
+        self._sentinel: subprocess.Popen[bytes] | None = None
+
+    @property
+    def sentinels(self) -> str:
+        return f"127.0.0.1:{self.sentinel_port}"
+
+    def start(self) -> None:
+        for server in (self.primary, self.replica):
+            server.workdir.mkdir(exist_ok=True)
+            server.start()
+        self._sentinel = subprocess.Popen([shutil.which("redis-server") or "redis-server", str(self._conf),
+                                           "--sentinel"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 20
+        while not (_answers_ping(self.sentinel_port) and self._replica_synced()):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the replica or the Sentinel did not come up")
+            time.sleep(0.05)
+
+    def _replica_synced(self) -> bool:
+        info = subprocess.run(["redis-cli", "-p", str(self.replica.port), "info", "replication"],
+                              capture_output=True, text=True).stdout
+        return "master_link_status:up" in info
+
+    def primary_port(self) -> int:
+        """The port Sentinel names as the primary now."""
+        reply = subprocess.run(["redis-cli", "-p", str(self.sentinel_port), "sentinel", "get-master-addr-by-name",
+                                self.MASTER], capture_output=True, text=True).stdout.split()
+        return int(reply[1])
+
+    def stop(self) -> None:
+        if self._sentinel is not None and self._sentinel.poll() is None:
+            self._sentinel.terminate()
+            self._sentinel.wait(timeout=10)
+        for server in (self.primary, self.replica):
+            server.stop()
+
+
+@contextmanager
+def sentinel_group() -> Iterator[SentinelGroup]:
+    with tempfile.TemporaryDirectory() as workdir:
+        group = SentinelGroup(Path(workdir))
+        try:
+            group.start()
+            yield group
+        finally:
+            group.stop()

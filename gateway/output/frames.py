@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from omni_adapter.port import ToolCallDelta, Usage
+from omni_adapter.port import HeardInput, ToolCallDelta, Usage
 
 DONE = "[DONE]"
 
@@ -34,6 +34,35 @@ def content_of(data: str) -> str:
     if data == DONE:
         return ""
     return "".join(choice["delta"].get("content") or "" for choice in json.loads(data).get("choices", ()))
+
+
+def heard_of(transcript_frames: list[str]) -> HeardInput:
+    """What the transcript frames say was heard: every piece, and how far the audio is heard."""
+    pieces: list[tuple[int, str]] = []
+    through = -1
+    for data in transcript_frames:
+        heard = json.loads(data).get("heard")
+        if heard:
+            pieces += [(int(seq), str(text)) for seq, text in heard["pieces"]]
+            through = int(heard["through"])
+    return HeardInput(tuple(pieces), through)
+
+
+def unspoken_end(text: str, frame_data: list[str]) -> str:
+    """The end of ``text`` that the audio frames among ``frame_data`` have not spoken.
+
+    Each audio frame's transcript is the phrase it speaks, in the order of the text.
+    """
+    at = 0
+    for data in frame_data:
+        if data == DONE:
+            continue
+        for choice in json.loads(data).get("choices", ()):
+            spoken = str((choice["delta"].get("audio") or {}).get("transcript") or "")
+            found = text.find(spoken, at) if spoken else -1
+            if found >= 0:
+                at = found + len(spoken)
+    return text[at:]
 
 
 def usage_dict(usage: Usage) -> dict[str, int]:
@@ -75,10 +104,16 @@ class FrameBuilder:
         call["function"] = function
         return self._chunk([{"index": 0, "delta": {"tool_calls": [call]}, "finish_reason": None}])
 
-    def transcript(self, text: str) -> str:
+    def transcript(self, text: str, heard: HeardInput | None = None) -> str:
         """The recognized spoken input: a chunk with no choices (OpenAI readers skip those,
-        as they skip the usage chunk), sent as the named SSE event ``transcript``."""
-        return self._chunk([], input_transcript=text)
+        as they skip the usage chunk), sent as the named SSE event ``transcript``.
+
+        ``heard``: the pieces settled since the last one and how far the audio is
+        heard, which a new holder of the session reads back (:func:`heard_of`)."""
+        if heard is None or (not heard.pieces and heard.through < 0):
+            return self._chunk([], input_transcript=text)
+        return self._chunk([], input_transcript=text,
+                           heard={"pieces": [list(p) for p in heard.pieces], "through": heard.through})
 
     def finish(self, finish_reason: str) -> str:
         return self._chunk([{"index": 0, "delta": {}, "finish_reason": finish_reason}])

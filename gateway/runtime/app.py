@@ -27,6 +27,7 @@ from gateway.store.redis_store import SessionStore
 from gateway.web.error_handlers import install_error_handlers
 from gateway.web.identity import IdentityResolver
 from gateway.web.middleware.admission import Admission, AdmissionMiddleware
+from gateway.web.middleware.authentication import AuthenticationMiddleware
 from gateway.web.middleware.bounded_body import BoundedBodyMiddleware
 from gateway.web.middleware.request_id import RequestIdMiddleware
 from gateway.web.resources import Resources
@@ -36,7 +37,7 @@ from gateway.work.pool import RunnerPool
 from gateway.work.runner import SessionRunner
 from gateway.work.tender import Tender
 from omni_adapter.factory import EngineChoice, open_engine, open_request_checks
-from omni_adapter.port import Engine, RequestChecks
+from omni_adapter.port import Engine, RequestChecks, SamplingOptions
 
 logger = logging.getLogger(__name__)
 
@@ -56,17 +57,21 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
     here. ``draining`` is flipped by whoever handles SIGTERM (the CLI).
     """
     settings = settings or Settings()
-    draining = draining or Draining()
+    draining = draining or Draining(settings.shutdown_grace_sec)
     admission = Admission(settings.max_in_flight_requests, settings.max_loop_lag_sec)
 
     choice = EngineChoice(
         kind=settings.engine, model=settings.model, served_model_name=settings.served_model_name,
         dtype=settings.dtype, max_model_len=settings.max_model_len,
         kv_cache_space_gib=settings.kv_cache_space_gib, max_num_seqs=settings.engine_max_num_seqs,
+        compile=settings.engine_compile,
         engine_url=settings.engine_url,
         engine_timeout_sec=settings.engine_timeout_sec,
         engine_start_timeout_sec=settings.engine_start_timeout_sec,
-        engine_audio=settings.engine_audio, tool_call_parser=settings.tool_call_parser)
+        engine_audio=settings.engine_audio, recognizer=settings.recognizer,
+        sampling_defaults=SamplingOptions(temperature=settings.default_temperature,
+                                          top_p=settings.default_top_p),
+        tool_call_parser=settings.tool_call_parser)
 
     async def open_active(store: SessionStore) -> Engine:
         if role == "api":
@@ -87,8 +92,13 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Resources]]:
-        async with open_redis(settings.redis_url, settings.redis_timeout_sec, cluster=settings.redis_cluster) as client:
-            store = SessionStore(client, timeout_sec=settings.redis_timeout_sec)
+        async with open_redis(settings.redis_url, settings.redis_timeout_sec, cluster=settings.redis_cluster,
+                              sentinels=settings.redis_sentinels,
+                              sentinel_master=settings.redis_sentinel_master) as client:
+            store = SessionStore(client, timeout_sec=settings.redis_timeout_sec,
+                                 durability=settings.redis_durability, replica_wait_ms=settings.redis_replica_wait_ms)
+            if settings.redis_url is not None:
+                await store.check_durability(settings.redis_durability)
             own_engine = engine is None and role != "api"
             active = await open_active(store)
             metrics = Metrics()
@@ -101,14 +111,14 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
                 # An API worker takes no engine work: what its calls start waits for the engine process.
                 capacity=0 if role == "api" else settings.max_engine_sessions, listening_cap=settings.listening_cap)
             service = SessionService(settings, store, active.capabilities, runners, metrics, draining,
-                                     await open_checks(active))
+                                     await open_checks(active), admission.sheds_new_work)
             if isinstance(active, FrontEngine):
                 tender = asyncio.create_task(active.watch(), name="engine-watch")
             else:
                 background.append(asyncio.create_task(watch_engine(active, draining), name="engine-death"))
                 tender = asyncio.create_task(
                     Tender(store, runners, metrics, draining, settings.replica_id,
-                           settings.schedule_policy).run(settings.tend_interval_sec),
+                           settings.schedule_policy, admission.sheds_new_work).run(settings.tend_interval_sec),
                     name="tender")
             if role == "engine":
                 background.append(asyncio.create_task(
@@ -128,8 +138,9 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
                 for task in background:
                     task.cancel()
                 await asyncio.gather(tender, *background, return_exceptions=True)
-                # A dead engine finishes nothing: its sessions go to other replicas at once.
-                await runners.aclose(0.0 if draining.failure else settings.shutdown_grace_sec)
+                # What is left of the grace period that began when the server stopped (streams
+                # had it too); a dead engine finishes nothing: its sessions go to other replicas at once.
+                await runners.aclose(0.0 if draining.failure else draining.grace_left())
                 await store.aclose()
                 if own_engine:
                     await active.aclose()
@@ -140,11 +151,15 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
                               "protocol (GA event names; `?session_id=&last_event_id=` resumes a broken "
                               "connection); WebSockets are outside what OpenAPI describes.")
     # Last added runs first: request ids wrap everything, then load shedding
-    # (before any other work), then bounded bodies.
+    # (before any other work), then the caller's identity (before any body
+    # is read), then bounded bodies.
     app.add_middleware(BoundedBodyMiddleware, max_bytes=settings.max_request_bytes,
                        idle_timeout_sec=settings.body_idle_timeout_sec,
                        max_header_bytes=settings.max_header_bytes,
-                       streamed_paths=frozenset({UPLOAD_PATH}), streamed_idle_sec=settings.session_timeout_sec)
+                       streamed_paths=frozenset({UPLOAD_PATH}), streamed_idle_sec=settings.session_timeout_sec,
+                       body_timeout_sec=settings.body_timeout_sec,
+                       min_bytes_per_sec=settings.body_min_bytes_per_sec)
+    app.add_middleware(AuthenticationMiddleware)
     app.add_middleware(AdmissionMiddleware, admission=admission)
     app.add_middleware(RequestIdMiddleware)
     app.include_router(sessions_router)

@@ -34,7 +34,9 @@ def main(argv: list[str] | None = None) -> None:
                             "OMNI_GATEWAY_API_WORKERS, else one per core but one; 0: one process). "
                             "Needs OMNI_GATEWAY_REDIS_URL: the in-process store is one process")
     serve.add_argument("--engine-port", type=int, default=None,
-                       help="with API workers: the engine process's own loopback port (default: --port + 1)")
+                       help="with API workers: serve the engine process's probes on this loopback port "
+                            "(default: a Unix socket in the replica's runtime folder, so the replica "
+                            "takes one TCP port, --port)")
     serve.add_argument("--log-level", default="INFO")
     worker = commands.add_parser("api-worker", help="one API worker (started by serve, not by hand)")
     worker.add_argument("--fd", type=int, required=True, help="the listening socket serve bound")

@@ -8,8 +8,9 @@ check, one Redis call, answer) is stateless: Redis holds every session. So
   process bound: the kernel spreads connections over them. Each serves the
   whole API but opens no engine and runs no session work (``role="api"``);
 - this process as the **engine process** (``role="engine"``): the engine,
-  the runners and the tender, serving the same app on a loopback port of
-  its own (``--engine-port``) for its metrics and its own probes.
+  the runners and the tender, serving the same app for its own probes on a
+  Unix socket in the replica's runtime folder (``--engine-port``: a loopback
+  port instead), so the replica takes one TCP port, the public one.
 
 Work an API worker's call starts is left in Redis and announced; the engine
 process's tender claims it at once (``gateway/runtime/engine_card.py``). SIGTERM
@@ -27,13 +28,10 @@ import asyncio
 import gc
 import logging
 import os
-import re
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -44,6 +42,7 @@ import uvicorn
 from prometheus_client.multiprocess import mark_process_dead
 
 from gateway.metrics import SHARED_DIR_ENV
+from gateway.runtime.listeners import ListenError, ReplicaDir, bind_tcp, bind_unix
 from gateway.settings import Settings
 from gateway.work.draining import Draining
 from omni_adapter.port import Engine
@@ -53,8 +52,6 @@ logger = logging.getLogger(__name__)
 
 #: How long uvicorn waits for open connections once the listener is closed.
 CONNECTION_DRAIN_SEC = 30
-#: Pending connections the shared socket holds while every worker is busy.
-BACKLOG = 2048
 #: The collector's thresholds once a server runs: Python's (700, 10, 10), but a full
 #: collection 10x less often. With the start-up heap frozen, a full collection
 #: walks the live sessions' objects: 15-25 ms with 200 streaming sessions, every
@@ -80,11 +77,13 @@ def api_workers(settings: Settings) -> int:
     return max(1, cores - 1)
 
 
-def uvicorn_config(app: object, **kwargs: object) -> uvicorn.Config:
+def uvicorn_config(app: object, settings: Settings, **kwargs: object) -> uvicorn.Config:
     return uvicorn.Config(app, log_config=None, timeout_graceful_shutdown=CONNECTION_DRAIN_SEC,  # type: ignore[arg-type]
                           # The Realtime WebSocket: websockets' sans-I/O core (the
-                          # "websockets" choice is its deprecated legacy API).
-                          ws="websockets-sansio", **kwargs)  # type: ignore[arg-type]
+                          # "websockets" choice is its deprecated legacy API). A message
+                          # over the cap closes the socket (1009) before it is assembled.
+                          ws="websockets-sansio", ws_max_size=settings.ws_max_size,
+                          **kwargs)  # type: ignore[arg-type]
 
 
 class DrainingServer(uvicorn.Server):
@@ -144,31 +143,52 @@ class DrainingServer(uvicorn.Server):
 
 def serve(settings: Settings, host: str, port: int, log_level: str, *, engine_port: int | None = None,
           engine: Engine | None = None) -> None:
-    """Run a replica: one process, or API workers beside an engine process (see the module doc)."""
+    """Run a replica: one process, or API workers beside an engine process (see the module doc).
+
+    Every socket is bound before the app (and so the model) loads: a port in
+    use ends the replica in its first second (``gateway/runtime/listeners.py``).
+    """
     from gateway.runtime.app import create_app
 
-    draining = Draining()
+    draining = Draining(settings.shutdown_grace_sec)
     workers = api_workers(settings)
+    listener = bind_tcp(host, port, "--port")
     if workers == 0:
-        app = create_app(settings, engine=engine, draining=draining)
-        DrainingServer(uvicorn_config(app, host=host, port=port, ws_max_size=settings.ws_max_size), draining, settings.drain_sec).run()
+        try:
+            app = create_app(settings, engine=engine, draining=draining)
+            config = uvicorn_config(app, settings, host=host, port=port)  # where it listens, for its log
+            DrainingServer(config, draining, settings.drain_sec).run(sockets=[listener])
+        finally:
+            listener.close()
         exit_if_failed(draining)
         return
-    shared_metrics = share_metrics(settings.replica_id)
-    listener = socket.create_server((host, port), backlog=BACKLOG, reuse_port=False)
-    listener.set_inheritable(True)
-    pool = WorkerPool(listener, workers, settings.replica_id, log_level, shared_metrics)
+    folder = ReplicaDir(settings.replica_id)
+    folder.create()
+    try:
+        if engine_port is None:
+            engine_listener = bind_unix(folder.engine_socket)
+            engine_address: dict[str, object] = {"uds": str(folder.engine_socket)}
+        else:
+            engine_listener = bind_tcp("127.0.0.1", engine_port, "--engine-port")
+            engine_address = {"host": "127.0.0.1", "port": engine_port}
+    except ListenError:
+        listener.close()
+        folder.remove()
+        raise
+    share_metrics(folder.metrics)
+    pool = WorkerPool(listener, workers, settings.replica_id, log_level, str(folder.metrics))
     pool.start()
-    logger.info("replica %s: %d API workers on %s:%d, the engine process on 127.0.0.1:%d", settings.replica_id,
-                workers, host, port, engine_port or port + 1)
+    logger.info("replica %s: %d API workers on %s:%d, the engine process on %s", settings.replica_id,
+                workers, host, port, engine_listener.getsockname())
     try:
         app = create_app(settings, engine=engine, draining=draining, role="engine")
-        config = uvicorn_config(app, host="127.0.0.1", port=engine_port or port + 1, ws_max_size=settings.ws_max_size)
-        DrainingServer(config, draining, settings.drain_sec, on_signal=pool.signal).run()
+        DrainingServer(uvicorn_config(app, settings, **engine_address), draining, settings.drain_sec,
+                       on_signal=pool.signal).run(sockets=[engine_listener])
     finally:
         pool.stop()
         listener.close()
-        shutil.rmtree(shared_metrics, ignore_errors=True)
+        engine_listener.close()
+        folder.remove()
     exit_if_failed(draining)
 
 
@@ -179,34 +199,27 @@ def exit_if_failed(draining: Draining) -> None:
         raise SystemExit(1)
 
 
-def share_metrics(replica_id: str) -> str:
-    """A folder where this process and its workers keep their metrics, so a scrape of the
+def share_metrics(folder: Path) -> None:
+    """Keep this process's and its workers' metrics in ``folder``, so a scrape of the
     public port, answered by any worker, gives the replica's (``gateway/metrics.py``).
 
-    Named after the replica and emptied first: a replica started again after
-    a kill (in a pod, ``/tmp`` outlives the container) starts from zero, as a
-    single process does, and leaves no folder behind per restart. Set before
-    any metric exists: the workers inherit it, and this process's metrics are
-    made after this, by ``create_app``'s lifespan.
+    Set before any metric exists: the workers inherit it, and this process's
+    metrics are made after this, by ``create_app``'s lifespan.
     """
-    folder = Path(tempfile.gettempdir()) / ("omni-gateway-metrics-" + re.sub(r"[^A-Za-z0-9._-]", "_", replica_id))
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(parents=True)
     os.environ[SHARED_DIR_ENV] = str(folder)
     # prometheus_client picks how values are kept when it is first imported.
     values = sys.modules.get("prometheus_client.values")
     if values is not None:
         values.ValueClass = values.get_value_class()  # type: ignore[attr-defined]
-    return str(folder)
 
 
 def serve_api_worker(settings: Settings, fd: int) -> None:
     """``omni-gateway api-worker --fd N``: serve the socket the engine process bound."""
     from gateway.runtime.app import create_app
 
-    draining = Draining()
+    draining = Draining(settings.shutdown_grace_sec)
     app = create_app(settings, draining=draining, role="api")
-    DrainingServer(uvicorn_config(app, ws_max_size=settings.ws_max_size), draining, settings.drain_sec).run(sockets=[socket.socket(fileno=fd)])
+    DrainingServer(uvicorn_config(app, settings), draining, settings.drain_sec).run(sockets=[socket.socket(fileno=fd)])
 
 
 class WorkerPool:

@@ -10,11 +10,13 @@ start-policy thresholds, metrics, and hands started sessions to the runners
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
+import hashlib
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +45,8 @@ from omni_adapter.port import (
 
 #: Upper bound of ``/result?wait=``, so a poll never pins a connection for long.
 MAX_RESULT_WAIT_SEC = 60.0
+#: Generation is not idle time: a session's keys last at least this long once its input is complete.
+GENERATION_TTL_SEC = 3600.0
 
 
 @dataclass(frozen=True)
@@ -59,7 +63,7 @@ class Replacement:
 class SessionService:
     def __init__(self, settings: Settings, store: SessionStore, capabilities: Capabilities,
                  runners: RunnerPool, metrics: Metrics, draining: Draining,
-                 checks: RequestChecks | None = None) -> None:
+                 checks: RequestChecks | None = None, sheds_new_work: Callable[[], bool] = lambda: False) -> None:
         self._settings = settings
         self._store = store
         self._capabilities = capabilities
@@ -68,6 +72,9 @@ class SessionService:
         self._draining = draining
         #: The engine's own checks, when it can make them before anything is stored.
         self._checks = checks
+        #: True while this process is too busy to start engine work (``web/middleware/admission.py``):
+        #: work a call starts then waits in Redis for a tender with room, on any replica.
+        self._sheds_new_work = sheds_new_work
 
     # --- validation shared by create and append ----------------------------
 
@@ -133,9 +140,42 @@ class SessionService:
 
     # --- use cases -----------------------------------------------------------
 
-    async def create(self, identity: str, body: CreateSessionRequest,
-                     first: ChunkRecord | None) -> tuple[SessionRecord, bool]:
+    async def create(self, identity: str, body: CreateSessionRequest, first: ChunkRecord | None,
+                     idempotency_key: str | None = None) -> tuple[SessionRecord, bool]:
+        """The new session, and whether its engine work started.
+
+        With ``idempotency_key`` a repeat of the same request by the same
+        identity returns the session the first made (not started by this call),
+        so a client may retry a create whose answer it never got.
+        """
         self.check_enabled()
+        if idempotency_key is None:
+            return await self._create(identity, body, first, f"sis-{uuid.uuid4().hex}")
+        request = hashlib.sha256(body.model_dump_json().encode())
+        request.update(first.digest_record().encode() if first is not None else b"")
+        session_id = f"sis-{uuid.uuid4().hex}"
+        # As long as a session can be read: its idle timeout, its generation budget, its result's life.
+        s = self._settings
+        ttl_ms = int((s.session_timeout_sec + max(s.session_timeout_sec, GENERATION_TTL_SEC) + s.result_ttl_sec) * 1000)
+        first_made = await self._store.remember_creation(identity, idempotency_key,
+                                                         f"{session_id} {request.hexdigest()}", ttl_ms)
+        if first_made is not None:
+            session_id, digest = first_made.split(" ", 1)
+            if digest != request.hexdigest():
+                raise errors.IdempotencyKeyReused(
+                    "this Idempotency-Key was sent with another request; use a new key for a new session",
+                    param="Idempotency-Key")
+            try:
+                return await self.view(identity, session_id), False
+            except errors.SessionNotFound:
+                pass  # the first try never got as far as making it: make it now, under its id
+        try:
+            return await self._create(identity, body, first, session_id)
+        except errors.SessionExists:
+            return await self.view(identity, session_id), False  # a twin of this call made it meanwhile
+
+    async def _create(self, identity: str, body: CreateSessionRequest, first: ChunkRecord | None,
+                      session_id: str) -> tuple[SessionRecord, bool]:
         model = self._resolve_model(body.model)
         unsupported = set(body.modalities) - self._capabilities.output_modalities
         if unsupported:
@@ -148,7 +188,6 @@ class SessionService:
                                           param="tools")
         if first is not None:
             self.check_input_modality(first, param="first_chunk.modality")
-        session_id = f"sis-{uuid.uuid4().hex}"
         new = await self._checked(self._new_session(body, model, identity))
         if first is not None:
             first = await self._counted(first)
@@ -156,12 +195,12 @@ class SessionService:
         until = new.created_at_ms + new.timeout_ms + new.generation_ttl_ms
         await self._store.admit(identity, session_id, per_identity=self._settings.max_sessions_per_identity,
                                 overall=self._settings.max_open_sessions, until_ms=until)
-        claimant = self._claimant(listening=first is None or not first.end_of_input)
-        outcome = await self._store.create(session_id, new, claimant, first, self._too_large_json)
-        self._metrics.transition(None, SessionState.OPEN)
-        if first is not None:
-            self._count_chunk(first, outcome)
-        self._after_input(session_id, SessionState.OPEN, outcome)
+        with self._claimant(listening=first is None or not first.end_of_input) as claimant:
+            outcome = await self._store.create(session_id, new, claimant, first, self._too_large_json)
+            self._metrics.transition(None, SessionState.OPEN)
+            if first is not None:
+                self._count_chunk(first, outcome)
+            self._after_input(session_id, SessionState.OPEN, outcome)
         return await self._store.view(session_id), outcome.started
 
     async def append(self, identity: str, session_id: str, chunk: ChunkRecord) -> InputOutcome:
@@ -169,15 +208,16 @@ class SessionService:
         self.check_input_modality(chunk)
         chunk = await self._counted(chunk)
         started_at = time.perf_counter()
-        try:
-            outcome = await self._store.append(session_id, chunk, self._claimant(listening=not chunk.end_of_input),
-                                               self._too_large_json, caller=owner_check(identity))
-        except errors.SessionPayloadTooLarge as exc:
-            self._metrics.transition(exc.previous_state, SessionState.FAILED)
-            raise
+        with self._claimant(listening=not chunk.end_of_input) as claimant:
+            try:
+                outcome = await self._store.append(session_id, chunk, claimant, self._too_large_json,
+                                                   caller=owner_check(identity))
+            except errors.SessionPayloadTooLarge as exc:
+                self._metrics.transition(exc.previous_state, SessionState.FAILED)
+                raise
+            self._after_input(session_id, outcome.previous_state, outcome)
         self._metrics.append_latency.observe(time.perf_counter() - started_at)
         self._count_chunk(chunk, outcome)
-        self._after_input(session_id, outcome.previous_state, outcome)
         return outcome
 
     async def replace(self, identity: str, session_id: str, chunk: ChunkRecord) -> Replacement:
@@ -187,11 +227,11 @@ class SessionService:
         chunk = await self._counted(chunk)
         record = await self.view(identity, session_id)
         kept, total = await self._kept_tokens(session_id, record.next_seq, chunk)
-        outcome = await self._store.replace(session_id, chunk, self._claimant(), kept or 0,
-                                            caller=owner_check(identity))
+        with self._claimant() as claimant:
+            outcome = await self._store.replace(session_id, chunk, claimant, kept or 0, caller=owner_check(identity))
+            self._after_input(session_id, outcome.previous_state, outcome)
         if not outcome.duplicate:
             self._metrics.replaced_chunks.inc()
-        self._after_input(session_id, outcome.previous_state, outcome)
         return Replacement(outcome, kept, total)
 
     async def _kept_tokens(self, session_id: str, next_seq: int,
@@ -210,13 +250,13 @@ class SessionService:
                                        old.decode("utf-8", errors="replace"), new.decode("utf-8", errors="replace"))
 
     async def finish(self, identity: str, session_id: str, final_sequence_id: int | None) -> InputOutcome:
-        outcome = await self._store.finish(session_id, final_sequence_id, self._claimant(listening=False),
-                                           caller=owner_check(identity))
-        self._after_input(session_id, outcome.previous_state, outcome)
+        with self._claimant(listening=False) as claimant:
+            outcome = await self._store.finish(session_id, final_sequence_id, claimant, caller=owner_check(identity))
+            self._after_input(session_id, outcome.previous_state, outcome)
         return outcome
 
-    async def view(self, identity: str, session_id: str) -> SessionRecord:
-        record = await self._store.view(session_id, caller=owner_check(identity))
+    async def view(self, identity: str, session_id: str, *, with_result: bool = False) -> SessionRecord:
+        record = await self._store.view(session_id, caller=owner_check(identity), with_result=with_result)
         if record.state is SessionState.EXPIRED:
             raise errors.SessionExpired(f"session {session_id!r} expired after being idle")
         return record
@@ -247,7 +287,7 @@ class SessionService:
             # Read the last frame id before the state: a terminal frame written
             # in between then wakes the blocking read below at once.
             last = await self._store.last_frame_id(session_id)
-            record = await self.view(identity, session_id)
+            record = await self.view(identity, session_id, with_result=True)
             remaining = deadline - time.monotonic()
             if record.state.is_terminal or remaining <= 0:
                 return record
@@ -292,24 +332,28 @@ class SessionService:
             max_out_of_order=s.max_out_of_order, max_bytes=s.max_payload_per_session,
             max_chunks=s.max_chunks_per_session, timeout_ms=timeout_ms,
             result_ttl_ms=int(s.result_ttl_sec * 1000),
-            # Generation is not idle time; give it at least an hour before keys lapse.
-            generation_ttl_ms=max(timeout_ms, 3_600_000), lease_ttl_ms=int(s.lease_ttl_sec * 1000))
+            generation_ttl_ms=int(max(s.session_timeout_sec, GENERATION_TTL_SEC) * 1000),
+            lease_ttl_ms=int(s.lease_ttl_sec * 1000))
 
     def _count_chunk(self, chunk: ChunkRecord, outcome: InputOutcome) -> None:
         self._metrics.chunks.labels(chunk.modality, "duplicate" if outcome.duplicate else "accepted").inc()
         if not outcome.duplicate:
             self._metrics.chunk_bytes.labels(chunk.modality).inc(len(chunk.payload))
 
-    def _claimant(self, *, listening: bool = True) -> str:
+    @contextlib.contextmanager
+    def _claimant(self, *, listening: bool = True) -> Iterator[str]:
         """This replica's id when it can take engine work that a call starts, else ''.
 
         ``listening``: the work may still be waiting for input, so it needs
         room among the listening sessions too (input-complete work does not).
+        The room is held until the block ends: run the store call and start
+        the runner (``_after_input``) inside it.
         """
-        room = self._runners.room
-        if self._draining.active or room.total == 0 or (listening and room.listening == 0):
-            return ""
-        return self._settings.replica_id
+        if self._draining.active or self._sheds_new_work():
+            yield ""
+            return
+        with self._runners.reservation(listening=listening) as held:
+            yield self._settings.replica_id if held else ""
 
     def _after_input(self, session_id: str, before: SessionState, outcome: InputOutcome) -> None:
         self._metrics.transition(before, outcome.state)

@@ -25,17 +25,23 @@ REPLY_SHAPE_OPTIONS = frozenset({"protocol", "legacy_responses"})
 
 
 @asynccontextmanager
-async def open_redis(url: str | None, timeout_sec: float, *, cluster: bool = False) -> AsyncIterator[aioredis.Redis]:
+async def open_redis(url: str | None, timeout_sec: float, *, cluster: bool = False, sentinels: str | None = None,
+                     sentinel_master: str = "") -> AsyncIterator[aioredis.Redis]:
     """Yield a client for ``url``; without one, an in-process fakeredis server.
 
     With ``cluster`` the URL names any node of a Redis Cluster; each session
     script touches one slot (one hash tag per session), so it runs as is.
+    With ``sentinels`` ("host:port,..."), the primary is the one those
+    Sentinels name for ``sentinel_master``, asked again after a failover
+    (the URL gives only the password and the database).
     The fake is the embedded default for a single replica: it speaks the
     same commands and runs the same Lua, but lives and dies with the process.
     """
     client: aioredis.Redis
     url = url and store_url(url)
-    if url and cluster:
+    if sentinels:
+        client = _sentinel_primary(url or "redis://", sentinels, sentinel_master, timeout_sec)
+    elif url and cluster:
         from redis.asyncio.cluster import RedisCluster
 
         # A cluster client takes the same calls the store makes (one slot each).
@@ -64,6 +70,21 @@ async def open_redis(url: str | None, timeout_sec: float, *, cluster: bool = Fal
         yield client
     finally:
         await client.aclose()
+
+
+def _sentinel_primary(url: str, sentinels: str, master: str, timeout_sec: float) -> aioredis.Redis:
+    from redis.asyncio.sentinel import Sentinel
+
+    parts = urlsplit(url)
+    hosts = [(host, int(port)) for host, _, port in (entry.strip().rpartition(":") for entry in sentinels.split(","))
+             if host]
+    path = parts.path.lstrip("/")
+    sentinel = Sentinel(hosts, sentinel_kwargs={"socket_timeout": timeout_sec})  # type: ignore[no-untyped-call]
+    primary: aioredis.Redis = sentinel.master_for(
+        master, password=parts.password, db=int(path) if path.isdigit() else 0,
+        socket_timeout=None, socket_connect_timeout=timeout_sec, health_check_interval=30,
+        max_connections=10_000, driver_info=None)
+    return primary
 
 
 def store_url(url: str) -> str:

@@ -18,6 +18,19 @@ PREFIX = "sis"
 SCHEDULE = f"{PREFIX}:schedule"
 
 
+#: Hash: session id -> how many tender rounds in a row its script failed in
+#: (``lua/quarantine.lua``). Its hash tag is the schedule's whole name, so it
+#: shares the schedule's cluster slot.
+SCHEDULE_FAILURES = "{" + SCHEDULE + "}:failures"
+#: Hash: session id -> the error that took it out of the schedule for good.
+DEAD_LETTERS = "{" + SCHEDULE + "}:dead-letters"
+
+
+#: Counter: written after each acknowledged script with ``redis_durability=replica``, so the
+#: connection's ``WAIT`` covers what the script stored, even a duplicate (store/durability.py).
+DURABLE_MARK = f"{PREFIX}:durable-mark"
+
+
 #: Pub/sub channel: engine work was left waiting for an owner (an API worker,
 #: or a replica without room, started it). Tenders wake on it instead of
 #: waiting for their next round; the schedule stays the truth.
@@ -30,13 +43,19 @@ def engine_card(replica: str) -> str:
     return f"{PREFIX}:engine:{{{replica}}}"
 
 
-#: Sorted set of every open session (global cap), scored like identity_sessions.
+#: Sorted set of every open session (global cap), scored like identity_sessions;
+#: members are "<session id> <identity>" (so a sweep can free both slots).
 OPEN_SESSIONS = f"{PREFIX}:open-sessions"
 
 
 def identity_sessions(identity: str) -> str:
     """Sorted set: the open sessions of one identity, scored by when they stop counting."""
     return f"{PREFIX}:identity:{{{identity}}}:sessions"
+
+
+def idempotency(identity: str, key_digest: str) -> str:
+    """String: the session (and a digest of its request) an identity's ``Idempotency-Key`` made."""
+    return f"{PREFIX}:identity:{{{identity}}}:idem:{key_digest}"
 
 
 def identity_rate(identity: str) -> str:

@@ -5,6 +5,7 @@ The session's meta hash is ``session_hash``'s.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -31,6 +32,10 @@ class ChunkRecord:
     #: The fewest prompt tokens this chunk adds (0 when the engine cannot say):
     #: counted against the model's context before the chunk is stored.
     min_tokens: int = 0
+    #: The sha256 of header and payload, and the stored blob, when made ahead
+    #: (``prepared``): a big chunk's are made in a worker thread, not on the event loop.
+    content_sha256: str = field(default="", compare=False)
+    blob: bytes = field(default=b"", compare=False, repr=False)
 
     def _header(self) -> dict[str, Any]:
         return {
@@ -44,7 +49,7 @@ class ChunkRecord:
 
     def to_blob(self) -> bytes:
         # json.dumps never emits a raw newline, so the first one ends the header.
-        return json.dumps(self._header(), separators=(",", ":")).encode() + b"\n" + self.payload
+        return self.blob or json.dumps(self._header(), separators=(",", ":")).encode() + b"\n" + self.payload
 
     @classmethod
     def from_blob(cls, sequence_id: int, blob: bytes) -> ChunkRecord:
@@ -52,11 +57,19 @@ class ChunkRecord:
         h = json.loads(header)
         return cls(sequence_id, h["m"], payload, h["f"], h["t"], h["r"], h["e"], h["a"])
 
-    def digest_record(self) -> str:
-        """``<sha256>:<bytes>:<audio ms>:<min tokens>``: identity for dedupe, sizes for counting."""
+    def _content_sha256(self) -> str:
         sha = hashlib.sha256(json.dumps(self._header(), sort_keys=True).encode())
         sha.update(self.payload)
-        return f"{sha.hexdigest()}:{len(self.payload)}:{self.audio_ms}:{self.min_tokens}"
+        return sha.hexdigest()
+
+    def prepared(self) -> ChunkRecord:
+        """This record with its hash and blob made now (where the time is no one's wait)."""
+        return dataclasses.replace(self, content_sha256=self._content_sha256(), blob=self.to_blob())
+
+    def digest_record(self) -> str:
+        """``<sha256>:<bytes>:<audio ms>:<min tokens>``: identity for dedupe, sizes for counting."""
+        sha = self.content_sha256 or self._content_sha256()
+        return f"{sha}:{len(self.payload)}:{self.audio_ms}:{self.min_tokens}"
 
 
 @dataclass(frozen=True)

@@ -12,28 +12,34 @@ decoded into typed values on the spot.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import secrets
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 
 from gateway import errors
-from gateway.domain.scheduling import Room, SchedulePolicy, WaitingWork, ranked
+from gateway.domain.scheduling import SchedulePolicy, WaitingWork, ranked
 from gateway.domain.states import SessionState
 from gateway.store.connection import translate_redis_errors
+from gateway.store.durability import ACKNOWLEDGED, Durability, run_replicated
+from gateway.store.durability import check as check_durability
 from gateway.store.keys import (
+    DEAD_LETTERS,
     OPEN_SESSIONS,
     SCHEDULE,
+    SCHEDULE_FAILURES,
     WORK_WAITING,
     SessionKeys,
     engine_card,
+    idempotency,
     identity_rate,
     identity_sessions,
     reader_wake,
@@ -44,13 +50,17 @@ from gateway.store.records import ChunkRecord, Frame, InputOutcome, Lease, Renew
 from gateway.store.replies import Reply, decoded
 from gateway.store.script_pipe import ScriptPipe
 from gateway.store.scripts import LuaScripts
-from gateway.store.session_hash import NewSession, SessionRecord
+from gateway.store.session_hash import RECORD_FIELDS, NewSession, SessionRecord
 from gateway.store.stream_reader import Entry, StreamReader, Subscription, entries_of
 
 logger = logging.getLogger(__name__)
 
 #: A schedule score that is due on every replica whatever its clock.
 DUE_NOW = 0
+#: A due session whose script fails is looked at again after 1, 2, 4, 8 s, then
+#: dead-lettered at its fifth failure (``lua/quarantine.lua``).
+QUARANTINE_BACKOFF_MS = 1_000
+QUARANTINE_FAILURES = 5
 
 
 def now_ms() -> int:
@@ -72,22 +82,52 @@ class InputEvent:
 
 @dataclass(frozen=True)
 class TendOutcome:
+    """A session the tender ended."""
+
     session_id: str
-    #: ``expired`` or ``failed`` (input never completed) when the tender ended
-    #: the session; ``streaming`` / ``generating`` when it claimed its work.
+    #: ``expired``, or ``failed`` (input never completed).
     state: SessionState
     previous_state: SessionState
-    #: Set when the tender took the lease on the session's engine work.
-    lease: Lease | None = None
+
+
+def open_session_entry(session_id: str, identity: str) -> str:
+    """A session's entry in the global cap: its id and identity, so a sweep can free both slots."""
+    return f"{session_id} {identity}"
+
+
+@dataclass
+class SlotSweep:
+    """What one look at a stretch of the global cap found."""
+
+    #: Where the next look starts (0: the end was reached, start again).
+    next_start: int
+    #: Slots of ended sessions freed now.
+    freed: int = 0
+    #: Entries whose session has no keys: gone, or about to be made.
+    gone: list[str] = field(default_factory=list)
+    #: Entries of live sessions (scheduled now, unless they were).
+    live: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Quarantined:
+    """A due session whose own script failed: looked at again later, or never (``dead``)."""
+
+    session_id: str
+    failures: int
+    dead: bool
+    error: str
 
 
 @dataclass(frozen=True)
 class TendRound:
-    """What one tender round did, and what it left waiting."""
+    """What one tender round found: sessions it ended, and work waiting for an owner."""
 
-    outcomes: list[TendOutcome]
-    #: Input-complete work still waiting for room: the replica should make room.
-    answers_waiting: int = 0
+    ended: list[TendOutcome]
+    #: Started sessions with no live owner, best first (``domain/scheduling.py``).
+    waiting: list[WaitingWork]
+    #: Sessions whose script failed this round; the others were tended all the same.
+    quarantined: list[Quarantined] = field(default_factory=list)
 
 
 def _error_for(reply: Reply, session_id: str, sequence_id: int | None = None) -> errors.GatewayError:
@@ -125,7 +165,7 @@ def _error_for(reply: Reply, session_id: str, sequence_id: int | None = None) ->
     if status == "empty":
         return errors.EmptyInput("finish without final_sequence_id needs at least one chunk")
     if status == "exists":
-        return errors.ConflictError(f"session {session_id!r} already exists")
+        return errors.SessionExists(f"session {session_id!r} already exists")
     if status == "unknown":
         return errors.SequenceConflict(
             f"sequence_id {sequence_id} was never received, so there is nothing to replace; send it as a new "
@@ -174,9 +214,12 @@ def _input_outcome(reply: Reply, replica: str) -> InputOutcome:
 
 
 class SessionStore:
-    def __init__(self, client: aioredis.Redis, *, timeout_sec: float) -> None:
+    def __init__(self, client: aioredis.Redis, *, timeout_sec: float, durability: Durability = "everysec",
+                 replica_wait_ms: int = 1000) -> None:
         self._redis = client
         self._timeout = timeout_sec
+        #: ``replica``: acknowledged scripts wait for a replica (store/durability.py).
+        self._replica_wait_ms = replica_wait_ms if durability == "replica" else 0
         self._scripts = LuaScripts(client)
         #: The per-token call (publish) goes through here: one round trip for many sessions.
         #: Redis Cluster refuses scripts in a pipeline (redis-py blocks them): one call each there.
@@ -206,6 +249,9 @@ class SessionStore:
             # waits for that one first, so it fails after two timeouts at most.
             with translate_redis_errors():
                 raw = await self._pipe.run(name, keys, args)
+        elif self._replica_wait_ms and name in ACKNOWLEDGED:
+            async with self._call():
+                raw = await run_replicated(self._redis, self._scripts, name, keys, args, self._replica_wait_ms)
         else:
             async with self._call():
                 raw = await self._scripts.run(name, keys, args)
@@ -216,6 +262,15 @@ class SessionStore:
     async def ping(self) -> None:
         async with self._call():
             await self._redis.ping()
+
+    async def check_durability(self, level: Durability) -> list[str]:
+        """Warn at start when Redis's settings do not give ``level`` (store/durability.py)."""
+        try:
+            async with self._call():
+                return await check_durability(self._redis, level)
+        except errors.StoreUnavailable as exc:
+            logger.warning("durability: not checked, %s", exc.message)
+            return []
 
     # --- input side -----------------------------------------------------
 
@@ -233,8 +288,9 @@ class SessionStore:
         reply = await self._run("create", session_keys(session_id), [now_ms(), replica, *chunk_args, *flat])
         if reply.status != "accepted":
             # A refused first chunk leaves no session behind, so no slot either
-            # (``admit`` took it just before).
-            await self._free_slots(session_id, new.identity)
+            # (``admit`` took it just before). A session that exists keeps its slot.
+            if reply.status != "exists":
+                await self._free_slots(session_id, new.identity)
             raise _error_for(reply, session_id, first.sequence_id if first else None)
         outcome = _input_outcome(reply, replica)
         if outcome.started:
@@ -298,27 +354,88 @@ class SessionStore:
         counts if its release is ever lost (a replica dying at the wrong time).
         """
         now = now_ms()
+        everyone = open_session_entry(session_id, identity)
         async with self._call():
-            if not await self._scripts.run("admit", [OPEN_SESSIONS], [now, overall, session_id, until_ms]):
+            if not await self._scripts.run("admit", [OPEN_SESSIONS], [now, overall, everyone, until_ms]):
                 raise errors.CapacityExhausted("the service is at its session capacity; retry later")
             admitted = await self._scripts.run(
                 "admit", [identity_sessions(identity)], [now, per_identity, session_id, until_ms])
             if not admitted:
-                await self._redis.zrem(OPEN_SESSIONS, session_id)
+                await self._redis.zrem(OPEN_SESSIONS, everyone)
         if not admitted:
             raise errors.TooManySessions(
                 f"this identity already has {per_identity} open sessions; finish or cancel one",
                 retry_after=5)
 
     async def _free_slots(self, session_id: str, identity: str | None) -> None:
-        """A session ended: it no longer counts against any cap."""
+        """A session ended: it no longer counts against any cap.
+
+        Idempotent, so every script that finds the session ended frees them
+        again: a release that failed once is healed by the next one (a
+        retried call, the runner's retry, the tender's look at the session).
+        ``identity`` unknown (the session's keys are gone): nothing here; the
+        tender's sweep of the caps (``sweep_slots``) finds the entry.
+        """
         if not identity:
             return
         async with self._call():
             pipe = self._redis.pipeline(transaction=False)
-            pipe.zrem(OPEN_SESSIONS, session_id)
+            pipe.zrem(OPEN_SESSIONS, open_session_entry(session_id, identity))
             pipe.zrem(identity_sessions(identity), session_id)
             await pipe.execute()
+
+    async def sweep_slots(self, start: int, count: int) -> SlotSweep:
+        """Look at ``count`` entries of the global cap from rank ``start``: free the slots of
+        sessions that ended, schedule live ones the schedule lost, and name the ones whose
+        keys are gone (or not made yet: ``admit`` comes just before ``create``).
+
+        The self-healing behind every release: a session whose end was recorded but
+        whose release failed, and which no script looks at again (never scheduled: its
+        scheduling failed too), would otherwise hold its slots until their entries lapse.
+        """
+        async with self._call():
+            raw: Any = await self._redis.zrange(OPEN_SESSIONS, start, start + count - 1)
+            entries = [str(decoded(entry)) for entry in raw]
+            pipe = self._redis.pipeline(transaction=False)
+            for entry in entries:
+                pipe.hget(session_keys(entry.split(" ", 1)[0]).meta, "state")
+            states: list[Any] = await pipe.execute() if entries else []
+        sweep = SlotSweep(next_start=start + len(entries) if len(entries) == count else 0)
+        for entry, state in zip(entries, states, strict=True):
+            session_id, _, identity = entry.partition(" ")
+            if state is None:
+                sweep.gone.append(entry)
+            elif SessionState(decoded(state)).is_terminal:
+                await self._free_slots(session_id, identity)
+                sweep.freed += 1
+            else:
+                sweep.live.append(entry)
+        if sweep.live:
+            live = {entry.partition(" ")[0]: DUE_NOW for entry in sweep.live}
+            async with self._call():  # kept if scheduled; one the schedule lost is due now
+                await self._redis.zadd(SCHEDULE, live, nx=True)
+        return sweep
+
+    async def drop_slot_entries(self, entries: Sequence[str]) -> None:
+        """Free the slots of sessions ``sweep_slots`` found gone (and gone still, a while later)."""
+        async with self._call():
+            pipe = self._redis.pipeline(transaction=False)
+            for entry in entries:
+                session_id, _, identity = entry.partition(" ")
+                pipe.zrem(OPEN_SESSIONS, entry)
+                if identity:
+                    pipe.zrem(identity_sessions(identity), session_id)
+            await pipe.execute()
+
+    async def remember_creation(self, identity: str, key: str, made: str, ttl_ms: int) -> str | None:
+        """Note that ``key`` (an identity's ``Idempotency-Key``) makes ``made``, unless it made
+        something already: then return that. Kept ``ttl_ms``, as long as the session can be read."""
+        name = idempotency(identity, hashlib.sha256(key.encode()).hexdigest()[:32])
+        async with self._call():
+            if await self._redis.set(name, made, px=max(1, ttl_ms), nx=True):
+                return None
+            first: Any = await self._redis.get(name)
+        return None if first is None else str(decoded(first))
 
     async def take_token(self, identity: str, rate: float, burst: int) -> None:
         """One request's worth of the identity's token bucket, or 429."""
@@ -410,14 +527,15 @@ class SessionStore:
             logger.info("session %s: waiting work not announced (%s); the next tender round finds it",
                         session_id, exc.message)
 
-    async def tend(self, expired_json: str, incomplete_json: str, replica: str, room: Room,
-                   policy: SchedulePolicy = SchedulePolicy.FCFS, limit: int = 200) -> TendRound:
-        """Expire idle sessions; claim waiting engine work, in ``policy`` order, while there is ``room``.
+    async def tend(self, expired_json: str, incomplete_json: str, policy: SchedulePolicy = SchedulePolicy.FCFS,
+                   limit: int = 200) -> TendRound:
+        """Expire idle sessions; rank the engine work that waits for an owner, in ``policy`` order.
 
         The schedule is only a hint: each session is decided by ``tend.lua``
-        on its own meta hash, which also says when to look again. Waiting
-        work is ranked across the due sessions, then claimed one by one
-        (``claim.lua``: another replica may have been quicker).
+        on its own meta hash, which also says when to look again. The caller
+        claims the waiting work it has room for (``claim``), best first. A
+        session whose script fails is backed off (``_quarantine``); the round
+        goes on with the others.
         """
         async with self._call():
             # Redis's clock, like the scripts': a replica's own may be off.
@@ -425,31 +543,59 @@ class SessionStore:
             now = int(clock[0]) * 1000 + int(clock[1]) // 1000
             due: Any = await self._redis.zrangebyscore(SCHEDULE, "-inf", now, start=0, num=limit, withscores=True,
                                                   score_cast_func=int)
-        outcomes: list[TendOutcome] = []
+        ended: list[TendOutcome] = []
         waiting: list[WaitingWork] = []
+        quarantined: list[Quarantined] = []
         for raw, seen in due:
             session_id = decoded(raw)
-            reply = await self._run("tend", session_keys(session_id), [now, expired_json, incomplete_json])
-            async with self._call():
-                await self._scripts.run("rescore", [SCHEDULE], [
-                    session_id, seen, reply.number("look_again_at") if reply.has("look_again_at") else ""])
+            try:
+                reply = await self._tend_one(session_id, seen, now, expired_json, incomplete_json)
+            except Exception as exc:
+                quarantined.append(await self.quarantine(session_id, exc))
+                continue
             if reply.status in ("expired", "failed"):
-                await self._free_slots(session_id, reply.text("identity"))
-                outcomes.append(TendOutcome(session_id, SessionState(reply.status), reply.state("previous_state")))
+                ended.append(TendOutcome(session_id, SessionState(reply.status), reply.state("previous_state")))
             elif reply.status == "waiting":
                 waiting.append(WaitingWork(session_id, reply.state(), reply.number("arrived"),
                                            reply.number("last_input"), reply.number("computed_tokens")))
-        answers_waiting = 0
-        for work in ranked(waiting, policy):
-            if not room.fits(work):
-                answers_waiting += work.answering
-                continue
-            reply = await self._run("claim", session_keys(work.session_id), [now_ms(), replica])
-            if reply.status == "claimed":
-                room = room.taken(work)
-                state = reply.state()
-                outcomes.append(TendOutcome(work.session_id, state, state, Lease(replica, reply.number("lease_epoch"))))
-        return TendRound(outcomes, answers_waiting)
+        return TendRound(ended, ranked(waiting, policy), quarantined)
+
+    async def claim(self, session_id: str, replica: str) -> Lease | None:
+        """Take waiting engine work (``tend`` ranked it); ``None`` if another replica was quicker."""
+        reply = await self._run("claim", session_keys(session_id), [now_ms(), replica])
+        return Lease(replica, reply.number("lease_epoch")) if reply.status == "claimed" else None
+
+    async def _tend_one(self, session_id: str, seen: int, now: int, expired_json: str,
+                        incomplete_json: str) -> Reply:
+        reply = await self._run("tend", session_keys(session_id), [now, expired_json, incomplete_json])
+        if reply.status in ("expired", "failed", "gone"):
+            # Before its schedule entry goes: if this fails, the next round frees them.
+            await self._free_slots(session_id, reply.text("identity"))
+        async with self._call():
+            await self._scripts.run("rescore", [SCHEDULE], [
+                session_id, seen, reply.number("look_again_at") if reply.has("look_again_at") else ""])
+        return reply
+
+    async def quarantine(self, session_id: str, exc: Exception) -> Quarantined:
+        """One session's script failed: back it off (the round goes on with the others),
+        and after ``QUARANTINE_FAILURES`` take it out of the schedule for good.
+
+        Redis that cannot serve fails the whole round instead: that is no one session's fault.
+        """
+        if isinstance(exc, errors.StoreUnavailable):
+            raise exc  # the round's caller backs off
+        error = f"{type(exc).__name__}: {exc}"[:500]
+        async with self._call():
+            raw = await self._scripts.run("quarantine", [SCHEDULE, SCHEDULE_FAILURES, DEAD_LETTERS],
+                                          [session_id, QUARANTINE_FAILURES, QUARANTINE_BACKOFF_MS, error])
+        reply = Reply.parse("quarantine", raw)
+        return Quarantined(session_id, reply.number("failures"), reply.status == "dead", error)
+
+    async def dead_letters(self) -> dict[str, str]:
+        """Sessions taken out of the schedule for good, with the error that did it."""
+        async with self._call():
+            letters: Any = await self._redis.hgetall(DEAD_LETTERS)
+        return {decoded(k): decoded(v) for k, v in letters.items()}
 
     async def park(self, session_id: str, lease: Lease, last_input_id: str) -> bool:
         """Give up idle streaming work until its next input; False if input came in meanwhile."""
@@ -478,15 +624,27 @@ class SessionStore:
 
     # --- reading --------------------------------------------------------
 
-    async def view(self, session_id: str, caller: str = "") -> SessionRecord:
-        # Not a status reply: the hash itself (see view.lua), so not through Reply.
+    async def view(self, session_id: str, caller: str = "", *, with_result: bool = False) -> SessionRecord:
+        """The session, read field by field; its stored result only ``with_result`` (megabytes
+        with a spoken answer, and only ``/result`` shows it)."""
+        # Not a status reply: the fields themselves (see view.lua), so not through Reply.
         async with self._call():
-            raw = await self._scripts.run("view", session_keys(session_id), [caller])
+            raw = await self._scripts.run("view", session_keys(session_id),
+                                          [caller, "1" if with_result else "0", *RECORD_FIELDS])
         if not raw:
             raise errors.SessionNotFound(f"no session {session_id!r}")
-        flat, missing = raw
-        fields = {decoded(flat[i]): decoded(flat[i + 1]) for i in range(0, len(flat), 2)}
+        values, result, missing = raw
+        fields = {name: decoded(value) for name, value in zip(RECORD_FIELDS, values, strict=True)
+                  if value is not None}
+        if result:
+            fields["result"] = decoded(result)
         return SessionRecord.from_hash(session_id, fields, [int(v) for v in missing])
+
+    async def state(self, session_id: str) -> SessionState | None:
+        """Only the session's state (``None``: its keys are gone): one field, for the checks made often."""
+        async with self._call():
+            state: Any = await self._redis.hget(session_keys(session_id).meta, "state")
+        return None if state is None else SessionState(decoded(state))
 
     async def _xread(self, key: str, after: str, block_ms: int | None, count: int) -> list[Entry]:
         """Entries of one stream after ``after``, waiting up to ``block_ms`` for the first (``None``: no wait)."""
@@ -530,6 +688,8 @@ class SessionStore:
             args += [event, data, int(last)]
         reply = await self._run("publish", session_keys(session_id), args, piped=True)
         if reply.status != "ok":
+            if reply.has("identity"):  # it had ended: its slots are free, or are now
+                await self._free_slots(session_id, reply.text("identity"))
             return None
         if completion:
             await self._free_slots(session_id, identity)
@@ -543,6 +703,8 @@ class SessionStore:
         holder = [lease.replica, lease.epoch] if lease else ["", ""]
         reply = await self._run("fail", session_keys(session_id), [now_ms(), error_json, *holder])
         if reply.status != "failed":
+            if reply.has("identity"):  # it had ended: its slots are free, or are now
+                await self._free_slots(session_id, reply.text("identity"))
             return None
         await self._free_slots(session_id, reply.text("identity"))
         return reply.state("previous_state")

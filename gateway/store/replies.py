@@ -34,18 +34,20 @@ SHAPES: dict[str, dict[str, tuple[str, ...]]] = {
     "create": {"accepted": _TAKEN, **_REFUSALS},
     "append": {"accepted": _TAKEN, "duplicate": _TAKEN, **_REFUSALS},
     "finish": {"accepted": _TAKEN, **_REFUSALS},
-    # A repeated cancel has no identity: its slots were freed the first time.
+    # ``gone``'s identity: set when the session had ended, so its slots are freed again
+    # (a release that failed after the end is healed by whoever comes next).
     "cancel": {"accepted": ("state", "previous_state", "identity"), **_REFUSALS},
-    "fail": {"failed": ("previous_state", "identity"), "gone": ("state",)},
+    "fail": {"failed": ("previous_state", "identity"), "gone": ("state", "identity")},
     "replace": {"replaced": _TAKEN, "unchanged": _TAKEN, **_REFUSALS},
     "tend": {"expired": ("previous_state", "identity"), "failed": ("previous_state", "identity"),
              "waiting": ("state", "look_again_at", "arrived", "last_input", "computed_tokens"),
-             "alive": ("state", "look_again_at"), "gone": ()},
+             "alive": ("state", "look_again_at"), "gone": ("state", "identity")},
     "claim": {"claimed": ("state", "lease_epoch", "lease_until"), "taken": ()},
     "park": {"parked": (), "busy": ()},
     "renew": {"ok": ("lease_until",), "lost": ("state",)},
     "release": {"released": (), "lost": ()},
-    "publish": {"ok": ("*ids",), "gone": ("state",)},
+    "publish": {"ok": ("*ids",), "gone": ("state", "identity")},
+    "quarantine": {"retry": ("failures", "due_at"), "dead": ("failures",)},
 }
 
 

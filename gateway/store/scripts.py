@@ -20,7 +20,7 @@ from gateway.domain.states import TERMINAL_STATES, TRANSITIONS
 SESSION_SCRIPTS = ("create", "append", "finish", "cancel", "tend", "renew", "release", "publish", "fail",
                    "view", "claim", "park", "replace")
 #: Scripts on keys of their own (limits), standing alone.
-STANDALONE_SCRIPTS = ("admit", "rate", "rescore")
+STANDALONE_SCRIPTS = ("admit", "rate", "rescore", "quarantine")
 
 
 def _lua_table() -> str:
@@ -72,5 +72,8 @@ class LuaScripts:
         try:
             return await self._client.evalsha(self._shas[name], len(keys), *keys, *args)
         except NoScriptError:
-            await self._client.script_load(self._sources[name])
+            await self.load(name)
             return await self._client.evalsha(self._shas[name], len(keys), *keys, *args)
+
+    async def load(self, name: str) -> None:
+        await self._client.script_load(self._sources[name])

@@ -126,6 +126,13 @@ class NewSession:
         }
 
 
+#: The fields ``SessionRecord`` reads, but the result (``SessionStore.view`` reads
+#: it only when asked: a voice answer's WAV makes it megabytes).
+RECORD_FIELDS = ("state", "policy", "model", "identity", "request", "created_at", "expires_at", "next_seq",
+                 "received", "bytes", "final_seq", "input_done_at", "owner", "lease_until", "lease_epoch",
+                 "result_ttl_ms", "input_transcript", "error", "parked", "parks", "resumes", "replaced")
+
+
 @dataclass(frozen=True)
 class SessionRecord:
     """The meta hash of a session, read back and typed."""
@@ -149,7 +156,7 @@ class SessionRecord:
     lease_epoch: int
     result_ttl_ms: int
     input_transcript: str | None
-    #: The ``chat.completion`` once completed.
+    #: The ``chat.completion`` once completed (when the view asked for it).
     result: dict[str, Any] | None
     #: The error envelope once failed, cancelled or expired.
     error: dict[str, Any] | None

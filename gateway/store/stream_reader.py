@@ -22,7 +22,9 @@ With nobody left, the reader stops (its connection goes back to the pool).
 
 A subscription buffers what it has not read yet, up to ``MAX_BUFFERED``
 entries; a full one is left out of the reads until its reader catches up,
-so a slow consumer costs memory in Redis, not here.
+and entries read for the other followers of its stream meanwhile are not
+kept for it (it reads them again), so a slow consumer costs memory in
+Redis, not here.
 
 Redis Cluster: one XREAD cannot span slots, and every session has a slot of
 its own (its keys share the hash tag ``{<id>}``), so grouping by slot would
@@ -106,9 +108,18 @@ class Subscription(Generic[T]):
         return len(self._buffer) >= MAX_BUFFERED
 
     def deliver(self, entries: list[Entry]) -> None:
-        """Entries the reader read from this stream; those up to ``position`` are old news here."""
+        """Entries the reader read from this stream; those up to ``position`` are old news here.
+
+        Kept up to ``MAX_BUFFERED``; the rest is dropped, and ``position`` stays
+        at the last one kept: a slow follower of a stream others read fast reads
+        the rest from Redis again once it catches up (``read`` rejoins), instead
+        of holding the whole stream here.
+        """
+        room = MAX_BUFFERED - len(self._buffer)
+        if room <= 0:
+            return
         mine = event_id_key(self.position)
-        new = [entry for entry in entries if event_id_key(entry[0]) > mine]
+        new = [entry for entry in entries if event_id_key(entry[0]) > mine][:room]
         if new:
             self._buffer += new
             self.position = new[-1][0]

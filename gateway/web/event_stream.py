@@ -12,8 +12,11 @@ rest:
 - **a client that stopped reading** (a send blocked ``send_timeout_sec`` on
   a full socket buffer) is dropped;
 - **the client left** (``http.disconnect``): the stream ends;
-- **the server is stopping** (``Draining.closing``): the stream ends, so the
-  client reconnects to another replica with ``Last-Event-ID`` and continues.
+- **the server is stopping** (``Draining``): the stream goes on for the
+  grace period, most answers reach ``[DONE]``; one still open then ends with
+  an ``error`` event (``replica_stopping``, no ``id``), so no client takes
+  the end for a complete answer: it resumes the session's stream with
+  ``Last-Event-ID`` from another replica, where the session goes on.
 
 However it ends, the events' generator is closed, so its ``finally`` runs
 (a subscription is left, an abandoned chat is cancelled).
@@ -32,6 +35,7 @@ from sse_starlette import ServerSentEvent
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from gateway import errors
 from gateway.work.draining import Draining
 
 logger = logging.getLogger(__name__)
@@ -94,13 +98,19 @@ class EventStream(Response):
 
             tasks.start_soon(ending(lambda: self._stream(send)))
             tasks.start_soon(ending(lambda: self._until_disconnected(receive)))
-            tasks.start_soon(ending(self._draining.closing.wait))
+            tasks.start_soon(ending(self._draining.grace_over))
             tasks.start_soon(ending(lambda: self._watch(send)))
         if failure is not None:
             raise failure
         if not self._finished and self._draining.closing.is_set():
-            # The server is stopping: end the response cleanly (the client reconnects elsewhere).
+            # The server is stopping before the answer ended: say so, then end. A bare end
+            # would read as a complete answer (OpenAI's SDKs take it so).
+            stopping = errors.ReplicaStopping(
+                "this replica is stopping before the answer ended; the session goes on: resume its stream "
+                "(GET /v1/streaming_input/sessions/{id}/events, the id in X-Session-Id) with Last-Event-ID")
             with anyio.move_on_after(1):
+                await send({"type": "http.response.body", "more_body": True,
+                            "body": ServerSentEvent(data=stopping.envelope_json(), event="error").encode()})
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _stream(self, send: Send) -> None:

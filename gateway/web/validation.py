@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Annotated, Any
 
+from fastapi import Header
 from starlette.requests import Request
 
 from gateway import errors
+
+#: The ``Idempotency-Key`` header of the routes that make a session (create, chat).
+IdempotencyKey = Annotated[str | None, Header(
+    min_length=1, max_length=255, pattern=r"^[\x21-\x7e]+$",
+    description="a key of the client's choosing (a UUID): a repeat of the same request with it answers from "
+                "the session the first made, so a create whose answer was lost can be retried")]
 
 
 async def read_body_capped(request: Request, limit: int) -> bytes:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from gateway.domain.scheduling import Room
 from gateway.store.records import Lease
@@ -17,6 +18,11 @@ class RunnerPool:
     ``listening_cap`` those of them still listening (input not complete):
     the difference is kept for answers. Work beyond either waits in Redis
     for any replica with room (the tender takes it in policy order).
+
+    Room is taken synchronously (``reservation``) before the store call that
+    may take a lease, and held until the runner is registered: otherwise a
+    burst of calls all saw room while the first of them was still waiting on
+    Redis (200 chats at once started 200 engine sessions against a cap of 64).
     """
 
     def __init__(self, make_runner: Callable[[str, Lease], SessionRunner], capacity: int,
@@ -31,11 +37,33 @@ class RunnerPool:
         self._next_lease: dict[str, Lease] = {}
         #: Set whenever a runner ends: room for waiting work.
         self.freed = asyncio.Event()
+        #: Room held by calls (and tender claims) between deciding to take work and starting its runner.
+        self._reserved = 0
+        self._reserved_listening = 0
 
     @property
     def room(self) -> Room:
-        return Room(total=max(0, self._capacity - len(self._tasks)),
-                    listening=max(0, self._listening_cap - self.listening))
+        return Room(total=max(0, self._capacity - len(self._tasks) - self._reserved),
+                    listening=max(0, self._listening_cap - self.listening - self._reserved_listening))
+
+    @contextmanager
+    def reservation(self, *, listening: bool) -> Iterator[bool]:
+        """Hold one slot (a listening one too, if ``listening``) while a claim is under way.
+
+        Yields whether there was room. Start the runner inside the block: the
+        slot then passes from the reservation to the runner with no gap.
+        """
+        room = self.room
+        held = room.total > 0 and (not listening or room.listening > 0)
+        if held:
+            self._reserved += 1
+            self._reserved_listening += listening
+        try:
+            yield held
+        finally:
+            if held:
+                self._reserved -= 1
+                self._reserved_listening -= listening
 
     @property
     def listening(self) -> int:

@@ -38,7 +38,7 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any, TypeVar
 
@@ -46,7 +46,15 @@ from gateway import errors
 from gateway.domain.states import SessionState
 from gateway.metrics import Metrics
 from gateway.output.audio import AudioOutput
-from gateway.output.frames import DONE, TRANSCRIPT_EVENT, FrameBuilder, ToolCalls, content_of
+from gateway.output.frames import (
+    DONE,
+    TRANSCRIPT_EVENT,
+    FrameBuilder,
+    ToolCalls,
+    content_of,
+    heard_of,
+    unspoken_end,
+)
 from gateway.store.records import Frame, Lease, Renewal
 from gateway.store.redis_store import InputEvent, SessionStore
 from gateway.store.session_hash import SessionRecord
@@ -58,8 +66,10 @@ from omni_adapter.port import (
     Engine,
     EngineError,
     EngineRejectedError,
+    EngineRequest,
     EngineSession,
     Finished,
+    HeardInput,
     InputChunk,
     InputTranscript,
     TextDelta,
@@ -104,16 +114,23 @@ class _Progress:
     #: The data of every frame written so far (their count is where writing resumes).
     frame_data: list[str]
     text: str
-    #: The input transcript told last: a new owner hears the audio again from
-    #: the start, and must not tell subscribers what they already read.
+    #: The input transcript told last: a new owner must not tell subscribers
+    #: what they already read.
     transcript: str = ""
+    #: What was heard of the audio input: a new owner feeds it without hearing that audio again.
+    heard: HeardInput = HeardInput()
 
     @classmethod
     def of(cls, frames: list[Frame]) -> _Progress:
         data = [f.data for f in frames]
         told = [f.data for f in frames if f.event == TRANSCRIPT_EVENT]
         return cls(data, "".join(content_of(f.data) for f in frames if not f.event),
-                   json.loads(told[-1])["input_transcript"] if told else "")
+                   json.loads(told[-1])["input_transcript"] if told else "", heard_of(told))
+
+    def engine_request(self, record: SessionRecord, request_id: str) -> EngineRequest:
+        """The session's request for a new holder: it goes on after the text and the audio so far."""
+        request = record.request.engine_request(request_id, record.model, self.text)
+        return replace(request, heard=self.heard, unspoken_prefix=unspoken_end(self.text, self.frame_data))
 
 
 @dataclass
@@ -186,8 +203,7 @@ class SessionRunner:
         # vLLM refuses a request id it still knows: a restart gets an id of its own.
         request_id = f"{record.session_id}-{record.lease_epoch}" + (f".{attempt}" if attempt else "")
         try:
-            session = self._engine.open_session(record.request.engine_request(
-                request_id, record.model, progress.text))
+            session = self._engine.open_session(progress.engine_request(record, request_id))
         except EngineRejectedError as exc:
             # Nothing else would ever end this session: fail it for the client.
             await self._fail(errors.ValidationFailed(str(exc)))
@@ -451,8 +467,10 @@ class SessionRunner:
                     if progress.transcript.startswith(event.text):
                         continue  # told already, before a hand-off
                     progress.transcript = event.text
-                    await emit((TRANSCRIPT_EVENT, frames.transcript(event.text), False))
+                    await emit((TRANSCRIPT_EVENT, frames.transcript(event.text, event.heard), False))
                 elif isinstance(event, Finished):
+                    if (tail := audio.flush_frame()) is not None:
+                        await emit(("", tail, False))
                     if not await batcher.close():
                         return
                     out = [("", frames.role(), False)] if emitted == 0 else []

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
+import time
+from collections.abc import Callable
 
 from gateway import errors
-from gateway.domain.scheduling import Room, SchedulePolicy
+from gateway.domain.scheduling import SchedulePolicy
 from gateway.metrics import Metrics
 from gateway.store.redis_store import SessionStore
 from gateway.work.draining import Draining
@@ -22,17 +25,33 @@ logger = logging.getLogger(__name__)
 
 #: The tender's waits after consecutive failures, so a sick Redis is not hammered.
 TENDER_BACKOFF_SEC = (0.5, 1.0, 2.0, 5.0)
+#: How often a round also looks over a stretch of the global cap (``SessionStore.sweep_slots``),
+#: and how many entries; each replica starts at a random place, so they share the walk.
+SWEEP_EVERY_SEC = 5.0
+SWEEP_ENTRIES = 100
+#: An entry whose session has no keys is dropped only if it has none this much later still:
+#: ``admit`` comes a moment before ``create`` makes them.
+GONE_GRACE_SEC = 10.0
+#: Entries remembered as seen with no keys, at most.
+MAX_GONE_KEPT = 10_000
 
 
 class Tender:
     def __init__(self, store: SessionStore, runners: RunnerPool, metrics: Metrics, draining: Draining,
-                 replica_id: str, policy: SchedulePolicy = SchedulePolicy.FCFS) -> None:
+                 replica_id: str, policy: SchedulePolicy = SchedulePolicy.FCFS,
+                 sheds_new_work: Callable[[], bool] = lambda: False) -> None:
         self._store = store
+        #: This process is too busy to start engine work now: claim none this round.
+        self._sheds_new_work = sheds_new_work
         self._policy = policy
         self._runners = runners
         self._metrics = metrics
         self._draining = draining
         self._replica_id = replica_id
+        #: The sweep of the global cap: where it goes on, when it runs next, entries seen with no keys.
+        self._sweep_at = random.randrange(1_000_000)
+        self._next_sweep = time.monotonic() + random.uniform(0, SWEEP_EVERY_SEC)
+        self._gone_since: dict[str, float] = {}
         self._expired = errors.SessionExpired("the session expired after being idle").envelope_json()
         # tend.lua fills in the ids; it only knows them at that moment.
         self._incomplete = errors.IncompleteInput(
@@ -42,19 +61,62 @@ class Tender:
     async def tend(self) -> None:
         """One round: expire idle sessions; take engine work that has no live owner while there is
         room, in policy order; park listening sessions when answers wait for room."""
-        room = Room(0, 0) if self._draining.active else self._runners.room
-        tended = await self._store.tend(self._expired, self._incomplete, self._replica_id, room, self._policy)
-        for outcome in tended.outcomes:
-            if outcome.lease is not None:
-                self._runners.start(outcome.session_id, outcome.lease)
+        tended = await self._store.tend(self._expired, self._incomplete, self._policy)
+        for ended in tended.ended:
+            self._metrics.transition(ended.previous_state, ended.state)
+        quarantined = list(tended.quarantined)
+        answers_waiting = 0
+        taking = not self._draining.active and not self._sheds_new_work()
+        for work in tended.waiting:
+            # Room is held from the decision to the runner's start: calls racing this
+            # round (they take room too) can never push the replica past its caps.
+            with self._runners.reservation(listening=not work.answering) as held:
+                if not (taking and held):
+                    answers_waiting += work.answering
+                    continue
+                try:
+                    lease = await self._store.claim(work.session_id, self._replica_id)
+                except Exception as exc:
+                    quarantined.append(await self._store.quarantine(work.session_id, exc))
+                    continue
+                if lease is not None:
+                    self._runners.start(work.session_id, lease)
+        for bad in quarantined:
+            self._metrics.sessions_quarantined.labels("dead" if bad.dead else "retry").inc()
+            if bad.dead:
+                logger.error("tender: session %s failed its script %d times; out of the schedule for good "
+                             "(dead letter): %s", bad.session_id, bad.failures, bad.error)
             else:
-                self._metrics.transition(outcome.previous_state, outcome.state)
-        self._metrics.answers_waiting.set(tended.answers_waiting)
-        if tended.answers_waiting and not self._draining.active:
-            self._runners.make_room(tended.answers_waiting)
+                logger.warning("tender: session %s failed its script (%d so far); looked at again later: %s",
+                               bad.session_id, bad.failures, bad.error)
+        self._metrics.answers_waiting.set(answers_waiting)
+        if answers_waiting and not self._draining.active:
+            self._runners.make_room(answers_waiting)
         listening = self._runners.listening
         self._metrics.engine_sessions.labels("listening").set(listening)
         self._metrics.engine_sessions.labels("answering").set(len(self._runners) - listening)
+        if time.monotonic() >= self._next_sweep:
+            await self.sweep_slots()
+
+    async def sweep_slots(self) -> None:
+        """Free the cap slots that no release freed (``SessionStore.sweep_slots``)."""
+        self._next_sweep = time.monotonic() + SWEEP_EVERY_SEC
+        sweep = await self._store.sweep_slots(self._sweep_at, SWEEP_ENTRIES)
+        self._sweep_at = sweep.next_start
+        now = time.monotonic()
+        for entry in sweep.live:  # made after all
+            self._gone_since.pop(entry, None)
+        expired = [entry for entry in sweep.gone if now - self._gone_since.setdefault(entry, now) >= GONE_GRACE_SEC]
+        if expired:
+            await self._store.drop_slot_entries(expired)
+            for entry in expired:
+                del self._gone_since[entry]
+        while len(self._gone_since) > MAX_GONE_KEPT:  # the oldest suspects go first
+            del self._gone_since[next(iter(self._gone_since))]
+        if sweep.freed or expired:
+            self._metrics.slots_healed.inc(sweep.freed + len(expired))
+            logger.info("tender: freed the cap slots of %d ended and %d vanished sessions that no release "
+                        "had freed", sweep.freed, len(expired))
 
     async def run(self, interval_sec: float) -> None:
         """Background task: tend every ``interval_sec``, whenever a runner ends,

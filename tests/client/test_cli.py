@@ -97,7 +97,7 @@ def test_exit_codes_and_messages(gateway: LiveGateway, tmp_path: Path, question:
 
 @pytest.fixture
 def voice_gateway(settings: Settings) -> Iterator[LiveGateway]:
-    """The real Listener (pocketsphinx) and Talker (hibari) around the scripted Thinker."""
+    """The real Listener (Moonshine) and Talker (hibari) around the scripted Thinker."""
     thinker = ScriptedEngine()
     with live_server(create_app(settings, engine=with_talker(with_listener(thinker)))) as url:
         yield LiveGateway(url, thinker, settings)
@@ -118,7 +118,7 @@ def test_a_wav_streams_in_realtime_and_the_spoken_answer_is_saved(voice_gateway:
     session_id = re.search(r"^session (\S+)$", done.stderr, re.M)
     assert session_id is not None, done.stderr
     assert len(stored_chunks(voice_gateway.settings, session_id[1])) == math.ceil(duration / 0.2)
-    assert "capital" in done.stdout and "heard: what is the capital of france" in done.stderr
+    assert "capital" in done.stdout and "heard: What is the capital of France?" in done.stderr
     assert "first audio" in done.stderr and "saved" in done.stderr
     pcm, rate = read_wav(answer.read_bytes())
     assert rate == 24_000 and len(pcm) / 2 / rate > 0.5

@@ -26,13 +26,13 @@ from omni_client import (
     Conflict,
     RateLimited,
     RetryPolicy,
-    ServerError,
     SessionFailed,
     SessionNotFound,
     TextDelta,
     TransportFailed,
 )
 from omni_client.chunks import chunk_of
+from omni_client.retry import retryable_status
 from tests.client.conftest import LiveGateway
 from tests.client.fault_proxy import FaultProxy
 from tests.client.helpers import FAST_RETRY, Faults, stored_chunks
@@ -195,19 +195,33 @@ def test_audio_chunks_in_every_shape_callers_have(gateway: LiveGateway, tmp_path
         chunk_of(np.zeros((4, 2)))
 
 
-def test_create_is_repeated_only_when_it_surely_did_nothing(gateway: LiveGateway) -> None:
-    plan = iter(["503", "503", "pass", "502_after"])
-    proxy = FaultProxy(gateway.port, lambda method, path, headers: next(plan))
+def test_a_create_is_retried_under_its_idempotency_key_and_makes_one_session(gateway: LiveGateway) -> None:
+    plan = iter(["503", "503", "pass", "502_after", "pass"])
+    keys: list[str] = []
+
+    def faults(method: str, path: str, headers: dict[str, str]) -> str:
+        keys.append(headers.get("idempotency-key", ""))
+        return next(plan)
+
+    proxy = FaultProxy(gateway.port, faults)
     with proxy.running(), Client(proxy.url, retry=FAST_RETRY) as client:
-        session = client.create_session()  # two 503 refusals, then created
-        with pytest.raises(ServerError) as lost:  # made, but the answer was lost: not repeated
-            client.create_session()
-    assert lost.value.status == 502 and lost.value.code == "http_502"
-    assert [fault for *_, fault in proxy.log] == ["503", "503", "pass", "502_after"]
+        first = client.create_session()  # two refusals, then created
+        second = client.create_session()  # made, but the answer was lost: asked again, same key
+    assert [fault for *_, fault in proxy.log] == ["503", "503", "pass", "502_after", "pass"]
+    assert keys[0] == keys[1] == keys[2] != keys[3] == keys[4] and all(keys)
     assert gateway.settings.redis_url is not None
     with redis.Redis.from_url(gateway.settings.redis_url) as r:
         made = {key.decode().split("{")[1].split("}")[0] for key in r.scan_iter("sis:{*}:meta")}
-    assert session.id in made and len(made) == 2  # one each: nothing created twice
+    assert made == {first.id, second.id}  # one each: nothing created twice
+
+
+def test_a_call_that_may_have_done_its_work_is_repeated_only_when_safe() -> None:
+    # Without an idempotency key, only refusals that surely did nothing.
+    assert retryable_status(429, idempotent=False)
+    assert retryable_status(503, idempotent=False, code="overloaded")
+    assert not retryable_status(503, idempotent=False, code="store_unavailable")  # maybe after the work
+    assert not retryable_status(502, idempotent=False)
+    assert retryable_status(502, idempotent=True) and retryable_status(503, idempotent=True, code="store_unavailable")
 
 
 def test_behind_a_round_robin_balancer_every_call_may_land_on_another_replica(

@@ -437,3 +437,70 @@ def test_notes_say_how_the_gateway_reaches_the_sidecar() -> None:
     notes = render_manifests.render(render_manifests.load_values(GPU_VALUES))["omni-gateway/templates/NOTES.txt"]
     assert "OMNI_GATEWAY_ENGINE=openai-http" in notes and "127.0.0.1:8091" in notes
     assert "OMNI_GATEWAY_LEASE_TTL_SEC=10" in notes
+
+
+# --- durability -------------------------------------------------------------------
+
+REPLICA = {"redis": {"durability": "replica", "bundled": {"password": "pw"}}}
+
+
+@pytest.mark.parametrize("version", k8s.KUBE_VERSIONS)
+def test_durability_replica_adds_a_replica_and_a_sentinel_the_gateway_follows(version: str) -> None:
+    objs = k8s.render(REPLICA)
+    for obj in objs:
+        k8s.validate(obj, version)
+    env = settings_env(objs)
+    settings = Settings(**{k.removeprefix("OMNI_GATEWAY_").lower(): v for k, v in env.items()})
+    assert settings.redis_durability == "replica"
+    assert settings.redis_sentinels == "omni-gateway-redis-sentinel:26379"
+    replica = k8s.container(k8s.one(objs, "StatefulSet", "omni-gateway-redis-replica"), "redis")
+    args = " ".join(replica["args"])
+    assert "--replicaof omni-gateway-redis 6379" in args and "--masterauth $(REDIS_PASSWORD)" in args
+    # The primary's Service picks the primary alone; the replica and Sentinel may reach it.
+    service = k8s.one(objs, "Service", "omni-gateway-redis")
+    assert service["spec"]["selector"]["app.kubernetes.io/component"] == "redis"
+    allowed = json.dumps(k8s.one(objs, "NetworkPolicy", "omni-gateway-redis")["spec"]["ingress"])
+    assert "redis-replica" in allowed and "redis-sentinel" in allowed
+
+
+def test_durability_sets_the_bundled_redis_fsync() -> None:
+    for level, fsync in (("everysec", "everysec"), ("always", "always"), ("replica", "everysec")):
+        conf = k8s.one(k8s.render({"redis": {"durability": level}}), "ConfigMap", "omni-gateway-redis")
+        assert f"appendfsync {fsync}\n" in conf["data"]["redis.conf"]
+        assert settings_env(k8s.render({"redis": {"durability": level}}))["OMNI_GATEWAY_REDIS_DURABILITY"] == level
+
+
+def test_durability_replica_with_an_external_redis_names_its_sentinels() -> None:
+    external = {"bundled": {"enabled": False}, "external": {"url": "redis://r:6379/0"}, "durability": "replica"}
+    with pytest.raises(helm_python.HelmRenderError, match="redis.sentinels"):
+        k8s.render({"redis": external})
+    env = settings_env(k8s.render({"redis": {**external, "sentinels": "s1:26379,s2:26379"}}))
+    assert env["OMNI_GATEWAY_REDIS_SENTINELS"] == "s1:26379,s2:26379"
+
+
+def test_the_sentinel_config_runs_on_a_real_sentinel() -> None:
+    """The file as the chart ships it, the primary's Service name replaced by a local Redis."""
+    conf = k8s.one(k8s.render(REPLICA), "ConfigMap", "omni-gateway-redis-sentinel")["data"]["sentinel.conf"]
+    from tests.redis_server import redis_process
+
+    with redis_process() as primary, tempfile.TemporaryDirectory() as workdir:
+        port = free_port()
+        local = conf.replace("omni-gateway-redis 6379", f"127.0.0.1 {primary.port}").replace("port 26379", f"port {port}")
+        path = Path(workdir) / "sentinel.conf"
+        path.write_text(local)
+        proc = subprocess.Popen([shutil.which("redis-server") or "redis-server", str(path), "--sentinel"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 10
+            while True:
+                try:
+                    with redis.Redis(port=port, socket_timeout=2) as sentinel:
+                        address = sentinel.execute_command("SENTINEL", "get-master-addr-by-name", "omni-gateway")
+                    break
+                except redis.ConnectionError:
+                    assert proc.poll() is None and time.monotonic() < deadline, "Sentinel refused the config"
+                    time.sleep(0.05)
+            assert [part.decode() for part in address] == ["127.0.0.1", str(primary.port)]
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)

@@ -18,6 +18,7 @@ from fastapi import FastAPI
 from openai import AsyncOpenAI
 
 from gateway.runtime.app import create_app
+from gateway.runtime.processes import uvicorn_config
 from gateway.settings import Settings
 from gateway.work.draining import Draining
 from omni_adapter.port import Engine
@@ -85,9 +86,10 @@ async def live_app(settings: Settings, engine: Engine) -> AsyncIterator[str]:
     """The app under uvicorn on a loopback port, in this event loop (WebSockets need a
     real server; an in-process engine is bound to this loop); its URL."""
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(settings, engine=engine), host="127.0.0.1", port=port,
-                                           log_level="warning", ws="websockets-sansio",
-                                           ws_max_size=settings.ws_max_size))
+    # The server's own configuration (serve's), on a loopback port.
+    config = uvicorn_config(create_app(settings, engine=engine), settings, host="127.0.0.1", port=port,
+                            log_level="warning")
+    server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())
     while not server.started:  # noqa: ASYNC110 - uvicorn offers no event for this
         assert not task.done(), "the app did not start"

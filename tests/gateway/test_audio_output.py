@@ -22,22 +22,30 @@ def completion() -> dict:
 def test_frames_carry_24khz_pcm16_whatever_rate_the_engine_speaks() -> None:
     audio = AudioOutput(FRAMES, ttl_sec=60)
     native = np.arange(1200, dtype="<i2").tobytes()  # 0.1 s at 12 kHz
-    frame = json.loads(audio.frame(AudioDelta(native, 12_000, transcript="Hi.")))
-    delta = frame["choices"][0]["delta"]["audio"]
-    assert frame["object"] == "chat.completion.chunk" and frame["choices"][0]["finish_reason"] is None
-    assert delta["id"] == "audio_abc123" and delta["transcript"] == "Hi."
-    assert len(base64.b64decode(delta["data"])) == 2 * 2400  # 0.1 s at 24 kHz
-    first = base64.b64decode(delta["data"])
-
-    same_rate = np.full(240, 7, dtype="<i2").tobytes()
-    second = json.loads(audio.frame(AudioDelta(same_rate, OPENAI_PCM16_RATE, transcript="Bye.")))
-    assert base64.b64decode(second["choices"][0]["delta"]["audio"]["data"]) == same_rate
+    frames = [json.loads(audio.frame(AudioDelta(native, 12_000, transcript=t))) for t in ("Hi.", "Bye.")]
+    tail = audio.flush_frame()  # what the resampler's filter held back, at the end of the answer
+    assert tail is not None
+    frames.append(json.loads(tail))
+    deltas = [f["choices"][0]["delta"]["audio"] for f in frames]
+    assert frames[0]["object"] == "chat.completion.chunk" and frames[0]["choices"][0]["finish_reason"] is None
+    assert deltas[0]["id"] == "audio_abc123" and [d["transcript"] for d in deltas] == ["Hi.", "Bye.", ""]
+    pcm = b"".join(base64.b64decode(d["data"]) for d in deltas)
+    assert len(pcm) == 2 * 4800  # 0.2 s at 24 kHz: one stream, nothing lost at the joins
+    assert audio.flush_frame() is None
 
     message = audio.complete(completion())["choices"][0]["message"]
     assert message["content"] == "Hi. Bye."
     assert message["audio"]["transcript"] == "Hi. Bye."
-    assert message["audio"]["expires_at"] == delta["expires_at"]
-    assert parse_wav(base64.b64decode(message["audio"]["data"])) == (first + same_rate, OPENAI_PCM16_RATE)
+    assert message["audio"]["expires_at"] == deltas[0]["expires_at"]
+    assert parse_wav(base64.b64decode(message["audio"]["data"])) == (pcm, OPENAI_PCM16_RATE)
+
+
+def test_a_stream_at_24khz_passes_as_it_is() -> None:
+    audio = AudioOutput(FRAMES, ttl_sec=60)
+    same_rate = np.full(240, 7, dtype="<i2").tobytes()
+    frame = json.loads(audio.frame(AudioDelta(same_rate, OPENAI_PCM16_RATE, transcript="Bye.")))
+    assert base64.b64decode(frame["choices"][0]["delta"]["audio"]["data"]) == same_rate
+    assert audio.flush_frame() is None
 
 
 def test_a_text_only_answer_has_no_audio() -> None:

@@ -220,3 +220,34 @@ async def test_bad_tool_requests_are_refused(client: httpx.AsyncClient, redis_ur
         # tool_choice none: the tools are not used, so any engine answers.
         response = await other.post(CHAT, json={"messages": USER, "tools": [WEATHER], "tool_choice": "none"})
         assert response.status_code == 200, response.text
+async def test_a_non_streamed_answer_that_waits_too_long_for_room_is_a_503(redis_url: str) -> None:
+    """Every engine slot busy: the request is dropped after ``chat_queue_timeout_sec``, not left hanging."""
+    settings = make_settings(redis_url=redis_url, max_engine_sessions=1, chat_queue_timeout_sec=0.5,
+                             max_sessions_per_identity=2)
+    async with app_client(settings, ScriptedEngine(Script(hang=True))) as client:
+        busy = await client.post(BASE, json={"first_chunk": {"sequence_id": 0, "text": "x", "end_of_input": True}})
+        assert busy.json()["owner"] is not None  # the one slot
+        async with asyncio.timeout(5):
+            queued = await client.post(CHAT, json={"messages": USER})
+        assert_error(queued, 503, "capacity_exhausted")
+        assert queued.headers["Retry-After"] == "5"
+        # Its session was cancelled: the identity's second slot is free again.
+        assert (await client.post(BASE, json={})).status_code == 201
+
+
+async def test_a_client_that_leaves_a_non_streamed_answer_cancels_it(redis_url: str) -> None:
+    engine = ScriptedEngine(Script(hang=True))
+    app = create_app(make_settings(redis_url=redis_url), engine=engine)
+    with live_server(app) as url:
+        async with httpx.AsyncClient(base_url=url) as client:
+            waiting = asyncio.ensure_future(client.post(CHAT, json={"messages": USER}))
+            async with asyncio.timeout(10):
+                while not engine.sessions:  # noqa: ASYNC110 - the engine offers no event
+                    await asyncio.sleep(0.02)
+            waiting.cancel()  # the client hangs up
+            await asyncio.gather(waiting, return_exceptions=True)
+            async with asyncio.timeout(10):
+                while not engine.sessions[0].aborted:  # noqa: ASYNC110
+                    await asyncio.sleep(0.02)
+            sid = engine.sessions[0].request.request_id.rsplit("-", 1)[0]
+            assert (await client.get(f"{BASE}/{sid}")).json()["state"] == "cancelled"

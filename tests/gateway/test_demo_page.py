@@ -1,6 +1,6 @@
 """The voice page (/demo) in a real Chromium: Debian's ``chromium`` driven by
 Playwright, its fake microphone playing a spoken question from a WAV file,
-against a real gateway (uvicorn, real Redis) whose engine hears (pocketsphinx)
+against a real gateway (uvicorn, real Redis) whose engine hears (Moonshine)
 and speaks (hibari). The page talks to /v1/realtime like any browser client.
 
 Screenshots go to ``test-artifacts/`` (gitignored); each test prints its path.
@@ -118,8 +118,8 @@ def test_the_page_ships_in_the_package() -> None:
 
     patterns = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())[
         "tool"]["setuptools"]["package-data"]["gateway"]
-    static = Path(__file__).resolve().parents[2] / "gateway" / "demo" / "static"
-    assert "demo/static/*" in patterns
+    static = Path(__file__).resolve().parents[2] / "gateway" / "api" / "demo" / "static"
+    assert "api/demo/static/*" in patterns
     assert sorted(p.name for p in static.iterdir()) == sorted(FILES)
 
 

@@ -12,8 +12,11 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from sse_starlette import ServerSentEvent
 
+from gateway.output.sse import FrameEvent
 from gateway.web.event_stream import EventStream
 from gateway.work.draining import Draining
 
@@ -119,15 +122,27 @@ async def test_an_idle_client_that_stopped_reading_is_dropped_at_a_ping() -> Non
     assert events.cleaned_up
 
 
-async def test_a_stopping_server_ends_its_streams_cleanly() -> None:
-    client, events, draining = Client(), Events(2, then_wait=True), Draining()
+async def test_a_stopping_server_ends_an_unfinished_stream_with_an_error_after_its_grace() -> None:
+    client, events, draining = Client(), Events(2, then_wait=True), Draining(grace_sec=0.3)
     response = asyncio.create_task(stream(events, draining)(HTTP_GET, client.receive, client.send))
     await asyncio.sleep(0.05)
     draining.close()
+    await asyncio.sleep(0.15)
+    assert not response.done(), "a stream goes on for the grace period"
     await asyncio.wait_for(response, 2)
     assert client.body.count(b"data: frame") == 2
-    assert client.ended, "the response ends cleanly: the client reconnects elsewhere"
+    # Never a bare end, which a client takes for a complete answer: an explicit error, then the end.
+    tail = client.body.rsplit(b"data: frame", 1)[1]
+    assert b"event: error" in tail and b"replica_stopping" in tail
+    assert client.ended
     assert events.cleaned_up
+
+
+async def test_a_stream_that_ends_within_the_grace_period_ends_as_it_would() -> None:
+    client, events, draining = Client(), Events(2), Draining(grace_sec=5)
+    draining.close()
+    await asyncio.wait_for(stream(events, draining)(HTTP_GET, client.receive, client.send), 2)
+    assert client.body.count(b"data: frame") == 2 and b"replica_stopping" not in client.body and client.ended
 
 
 async def test_head_sends_the_headers_only() -> None:
@@ -145,3 +160,12 @@ async def test_a_failing_generator_fails_the_response_after_its_other_parts_stop
     with pytest.raises(RuntimeError, match="boom"):
         await asyncio.wait_for(EventStream(failing(), ping_sec=60, draining=Draining())(
             HTTP_GET, client.receive, client.send), 2)
+
+
+@given(data=st.text(), event=st.one_of(st.none(), st.sampled_from(["transcript", "error", "a\nb"])),
+       frame_id=st.one_of(st.none(), st.from_regex(r"\A[0-9]{1,13}-[0-9]{1,3}\Z")))
+def test_a_stored_frame_encodes_as_server_sent_event_does(data: str, event: str | None,
+                                                           frame_id: str | None) -> None:
+    """The relay's lean encoding of a frame: byte for byte sse_starlette's, line breaks and all."""
+    lean = FrameEvent(data=data, event=event, id=frame_id).encode()
+    assert lean == ServerSentEvent(data=data, event=event, id=frame_id).encode()

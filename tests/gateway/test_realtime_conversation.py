@@ -202,7 +202,7 @@ async def test_speech_during_an_answer_without_interrupt_is_kept_and_answered_ne
         assert not [e for e in first if e["type"] == "error"], "no error per audio frame"
         second = await until(conn, "response.done", within_sec=60)
     assert "input_audio_buffer.speech_started" in types(second)
-    assert answer_text(second) == "echo: what is the capital of france"
+    assert answer_text(second) == "echo: What is the capital of France?"
 
 
 async def test_idle_timeout_triggers_a_response(redis_url: str) -> None:

@@ -99,7 +99,9 @@ async def test_oom_readonly_and_restart_are_503s_and_nothing_stalls_for_good() -
             await append_until_acked(a, waiting, 4, "end", end_of_input=True)
             await append_until_acked(b, streaming, 4, "end", end_of_input=True)
             for sid in (streaming, waiting):
-                result = (await b.get(f"{BASE}/{sid}/result", params={"wait": 10})).json()
+                response = await b.get(f"{BASE}/{sid}/result", params={"wait": 10})
+                assert response.status_code == 200, response.text
+                result = response.json()
                 assert result["state"] == "completed", result
                 assert result["completion"]["choices"][0]["message"]["content"] == \
                     "echo: acked before oom readonly end"

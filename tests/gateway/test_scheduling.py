@@ -173,6 +173,9 @@ async def test_a_replaced_chunk_restarts_the_engine_request_with_the_new_input(
     http, engine = client
     sid = await open_streaming(http, "context A. ")
     assert (await http.post(f"{BASE}/{sid}/chunks", json={"sequence_id": 1, "text": "context B. "})).status_code == 202
+    async with asyncio.timeout(10):  # the engine took chunk 1 in (on a busy machine its runner may start late)
+        while not engine.sessions or len(engine.sessions[0].fed) < 2:  # noqa: ASYNC110 - no event to wait on
+            await asyncio.sleep(0.01)
     replaced = await http.put(f"{BASE}/{sid}/chunks/1", json={"sequence_id": 1, "text": "context C. "})
     assert replaced.status_code == 200, replaced.text
     body = replaced.json()

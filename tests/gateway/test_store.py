@@ -25,9 +25,33 @@ EXPIRED = json.dumps({"error": {"code": "session_expired"}})
 INCOMPLETE = '{"error":{"code":"incomplete_input","missing_sequence_ids":[__MISSING__]}}'
 
 
-async def tended(store: SessionStore, replica: str, room: int) -> list[redis_store.TendOutcome]:
+@dataclasses.dataclass(frozen=True)
+class Tended:
+    """A session a tender round ended, or whose work it claimed (``lease``)."""
+
+    session_id: str
+    state: SessionState
+    lease: Lease | None = None
+
+
+async def tend_round(store: SessionStore, replica: str, room: Room) -> tuple[list[Tended], int]:
+    """One tender round as gateway/work/tender.py runs it, with ``room``; and the answers left waiting."""
+    tended_round = await store.tend(EXPIRED, INCOMPLETE)
+    done = [Tended(o.session_id, o.state) for o in tended_round.ended]
+    answers_waiting = 0
+    for work in tended_round.waiting:
+        if not room.fits(work):
+            answers_waiting += work.answering
+            continue
+        if (lease := await store.claim(work.session_id, replica)) is not None:
+            room = room.taken(work)
+            done.append(Tended(work.session_id, work.state, lease))
+    return done, answers_waiting
+
+
+async def tended(store: SessionStore, replica: str, room: int) -> list[Tended]:
     """One tender round's outcomes, with ``room`` for any kind of work."""
-    return (await store.tend(EXPIRED, INCOMPLETE, replica, Room(room, room))).outcomes
+    return (await tend_round(store, replica, Room(room, room)))[0]
 
 
 def new(**overrides: Any) -> NewSession:
@@ -218,11 +242,29 @@ async def test_publish_only_while_generating(store: SessionStore) -> None:
     assert await store.last_frame_id("s1") == ids[-1]
     done = await store.publish("s1", lease, 2, [("", "[DONE]", True)], completion={"ok": 1})
     assert done is not None
-    view = await store.view("s1")
+    view = await store.view("s1", with_result=True)
     assert view.state is SessionState.COMPLETED and view.result == {"ok": 1}
+    assert (await store.view("s1")).result is None, "only /result reads the result (a voice answer is megabytes)"
     assert await store.publish("s1", lease, 3, [("", "late", False)]) is None
     frames = await store.read_frames("s1", ids[0], block_ms=10)
     assert [f.data for f in frames] == ["hi", "[DONE]"] and frames[-1].last
+
+
+async def test_a_publish_reads_the_session_hash_once(redis_url: str) -> None:
+    """The relay publishes every delta: its lease and frame checks are one HMGET, not four HGETs."""
+    async with open_redis(redis_url, timeout_sec=2.0) as client:
+        store = SessionStore(client, timeout_sec=2.0)
+        await new_session(store)
+        lease = (await store.append("s1", text(0, "a", end=True), "r1", TOO_LARGE)).lease
+        assert lease is not None
+        # The first frame also gives the output stream its TTL (a few reads, once per session).
+        assert await store.publish("s1", lease, 0, [("", "t0", False)]) is not None
+        await client.config_resetstat()
+        for index in range(1, 11):
+            assert await store.publish("s1", lease, index, [("", f"t{index}", False)]) is not None
+        stats = await client.info("commandstats")
+    assert "cmdstat_hget" not in stats, stats.get("cmdstat_hget")
+    assert stats["cmdstat_hmget"]["calls"] == 10, stats["cmdstat_hmget"]
 
 
 async def test_first_chunk_is_atomic_with_create(store: SessionStore) -> None:
@@ -438,15 +480,15 @@ async def test_the_tender_claims_answers_first_and_keeps_listening_work_in_its_c
     for sid in ("listen-1", "listen-2", "answer"):
         await new_session(store, sid)
         await store.append(sid, text(0, "a", end=sid == "answer"), "", TOO_LARGE)
-    tended_round = await store.tend(EXPIRED, INCOMPLETE, "r1", Room(total=2, listening=1))
-    claimed = {o.session_id for o in tended_round.outcomes if o.lease}
+    outcomes, _ = await tend_round(store, "r1", Room(total=2, listening=1))
+    claimed = {o.session_id for o in outcomes if o.lease}
     assert "answer" in claimed and len(claimed) == 2
-    full = await store.tend(EXPIRED, INCOMPLETE, "r1", Room(total=0, listening=0))
-    assert full.outcomes == [] and full.answers_waiting == 0, "only listening work is left waiting"
+    outcomes, answers_waiting = await tend_round(store, "r1", Room(total=0, listening=0))
+    assert outcomes == [] and answers_waiting == 0, "only listening work is left waiting"
     await new_session(store, "late-answer")
     await store.append("late-answer", text(0, "a", end=True), "", TOO_LARGE)
-    full = await store.tend(EXPIRED, INCOMPLETE, "r1", Room(total=0, listening=0))
-    assert full.answers_waiting == 1, "the replica must make room for it"
+    _, answers_waiting = await tend_round(store, "r1", Room(total=0, listening=0))
+    assert answers_waiting == 1, "the replica must make room for it"
 
 
 async def test_replacing_a_chunk_marks_a_restart_only_for_input_the_engine_took(store: SessionStore) -> None:

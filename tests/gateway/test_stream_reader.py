@@ -124,3 +124,27 @@ async def test_the_store_follows_input_and_frames_through_its_reader(store: Sess
             events += await inputs.read(2_000)
         assert [(e.kind, e.sequence_id, e.value) for e in events] == [("chunk", 0, ""), ("end", -1, "123")]
         assert [(f.data, f.last) for f in await frames.read(2_000)] == [("héllo 🙂", False)]
+
+
+async def test_a_slow_follower_of_a_shared_stream_holds_at_most_its_cap_and_reads_the_rest_again(
+        redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two SSE clients on one session, one of them not reading: the reads go on for the other,
+    and the slow one's buffer stays capped (it kept the whole stream in memory); when it reads
+    again it gets every entry, in order, from Redis."""
+    monkeypatch.setattr(stream_reader, "MAX_BUFFERED", 16)
+    async with aioredis.Redis.from_url(redis_url) as client, reader_of(client) as reader:
+        key = session_keys("shared").output
+        async with reader.subscribe(key, "0-0", same) as fast, reader.subscribe(key, "0-0", same) as slow:
+            written = []
+            for n in range(200):
+                written.append((await client.xadd(key, {"n": str(n)})).decode())
+                if n % 20 == 19:
+                    got: list[Entry] = []
+                    while len(got) < 20:
+                        got += await fast.read(2_000)
+                    assert ids(got) == written[-20:]
+            assert len(slow._buffer) <= 16
+            caught_up: list[Entry] = []
+            while len(caught_up) < 200:
+                caught_up += await slow.read(2_000)
+            assert ids(caught_up) == written

@@ -1,28 +1,35 @@
 """Voice end to end on the embedded default, only real parts: hibari speaks a
-question, the gateway hears it while it streams (pocketsphinx), the real vLLM
-engine answers, the Talker (hibari) speaks the answer, pocketsphinx hears it.
+question, the gateway hears it while it streams (Silero VAD + Moonshine), the
+real vLLM engine answers, the Talker (hibari) speaks the answer, Moonshine hears it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import itertools
+import json
+import time
 from collections.abc import AsyncIterator
 
 import httpx
 import pytest
 
-from omni_adapter.listener import RecognizerPool, with_listener
+from gateway.output.frames import unspoken_end
+from gateway.settings import Settings
+from omni_adapter.audio import OPENAI_PCM16_RATE
+from omni_adapter.listener import with_listener
 from omni_adapter.talker import with_talker
 from omni_adapter.vllm_engine import VllmEngine
-from tests.gateway.client import BASE, app_client, content_of, make_settings, parse_sse
+from tests.gateway.client import BASE, app_client, content_of, live_app, make_settings, parse_sse
 from tests.gateway.test_api import assert_error, view, wav_header_with_rate
+from tests.loop_lag import LoopLagMonitor
 from tests.voice import SPEECH_RATE, pieces, recognize, speech, word_error_rate
 
 QUESTION = "What is the capital of France?"
-#: pocketsphinx's general English model on a synthetic voice: the question
-#: comes back word for word, the answers mostly do; names and numbers may not.
-ANSWER_WER_BOUND = 0.5
+#: The answer's audio heard back: hibari's voice through Moonshine; names
+#: the recognizer has never heard may not come back word for word.
+ANSWER_WER_BOUND = 0.2
 
 
 @pytest.fixture
@@ -58,11 +65,11 @@ async def test_a_spoken_question_gets_a_spoken_answer(client: httpx.AsyncClient)
     assert events[0].json()["choices"][0]["delta"] == {"role": "assistant"}
     assert all(t["choices"] == [] for t in told)
     heard = [t["input_transcript"] for t in told]
-    assert len(heard) >= 2 and heard[-1] == "what is the capital of france", heard
+    assert heard and heard[-1] == QUESTION, heard
     assert all(later.startswith(earlier) and later != earlier for earlier, later in itertools.pairwise(heard))
-    assert (await view(client, sid))["input_transcript"] == "what is the capital of france"
+    assert (await view(client, sid))["input_transcript"] == QUESTION
     result = (await client.get(f"{BASE}/{sid}/result")).json()
-    assert result["input_transcript"] == "what is the capital of france"
+    assert result["input_transcript"] == QUESTION
     spoken = b"".join(base64.b64decode(e.json()["choices"][0]["delta"]["audio"]["data"])
                       for e in events[:-1] if not e.event and e.json()["choices"]
                       and "audio" in e.json()["choices"][0]["delta"])
@@ -96,13 +103,6 @@ async def test_only_silence_fails_the_session_clearly(client: httpx.AsyncClient)
     assert result["state"] == "failed" and "no speech" in result["error"]["message"]
 
 
-def test_the_recognizer_pool_lends_decoders_back() -> None:
-    pool = RecognizerPool(ready=1)
-    decoder = pool.take()
-    pool.give_back(decoder)
-    assert pool.take() is decoder
-
-
 @pytest.mark.engine
 async def test_the_openai_client_asks_with_input_audio(client: httpx.AsyncClient) -> None:
     from omni_adapter.audio import wav_of
@@ -117,3 +117,91 @@ async def test_the_openai_client_asks_with_input_audio(client: httpx.AsyncClient
                   {"role": "user", "content": [{"type": "input_audio",
                                                 "input_audio": {"data": wav, "format": "wav"}}]}])
     assert "Paris" in (answer.choices[0].message.content or "")
+
+
+VOICES, TEXTERS = 4, 20
+SHEDDING_AS_SHIPPED = {name: Settings.model_fields[name].default
+                       for name in ("max_in_flight_requests", "max_loop_lag_sec")}
+
+
+@pytest.mark.engine
+async def test_voice_sessions_are_never_refused_by_their_own_replica(redis_url: str, vllm_engine: VllmEngine) -> None:
+    """Issue 33: 4 spoken sessions (200 ms chunks in real time, spoken answers) and 20
+    text sessions appending beside them, load shedding as shipped: no append refused,
+    the event loop's P99 lateness under 50 ms, every answer complete (its audio says
+    all of its text)."""
+    engine = with_talker(with_listener(vllm_engine))
+    settings = make_settings(redis_url=redis_url, **SHEDDING_AS_SHIPPED)
+    questions = ["What is the capital of France?", "How many legs does a spider have?",
+                 "Name a large animal that lives in the sea.", "What do bees make?"]
+    refused: list[str] = []
+
+    async def send(client: httpx.AsyncClient, sid: str, seq: int, request: dict) -> None:
+        response = await client.post(f"{BASE}/{sid}/chunks", **request)
+        if response.status_code not in (200, 202):
+            refused.append(f"{sid} #{seq}: {response.status_code} {response.text}")
+
+    spoken = {q: pieces(speech(q), SPEECH_RATE, 200) for q in questions}  # made before the clock runs
+
+    async def voice(client: httpx.AsyncClient, question: str) -> dict:
+        sid = (await client.post(BASE, json={
+            "messages": [{"role": "system", "content": "Answer in one short sentence."}],
+            "modalities": ["text", "audio"], "max_tokens": 20})).json()["session_id"]
+        audio = spoken[question]
+        for seq, piece in enumerate(audio):
+            started = time.perf_counter()
+            await send(client, sid, seq, raw_audio(seq, piece, end=seq == len(audio) - 1))
+            await asyncio.sleep(max(0.0, 0.2 - (time.perf_counter() - started)))  # real time
+        return await answer(client, sid)
+
+    async def texter(client: httpx.AsyncClient, n: int) -> dict:
+        sid = (await client.post(BASE, json={"max_tokens": 8})).json()["session_id"]
+        words = f"Please count from {n} to {n + 3} in words, separated by commas.".split()
+        for seq, word in enumerate(words):
+            await send(client, sid, seq, {"json": {"sequence_id": seq, "text": word + " ",
+                                                   "end_of_input": seq == len(words) - 1}})
+            await asyncio.sleep(0.2)
+        return await answer(client, sid)
+
+    async def answer(client: httpx.AsyncClient, sid: str) -> dict:
+        events = parse_sse((await client.get(f"{BASE}/{sid}/events")).text)
+        return {"sid": sid, "events": events, "result": (await client.get(f"{BASE}/{sid}/result")).json()}
+
+    async with app_client(settings, engine) as client, LoopLagMonitor() as lag:
+        done = await asyncio.gather(*(voice(client, q) for q in questions[:VOICES]),
+                                    *(texter(client, n) for n in range(TEXTERS)))
+    assert refused == [], refused
+    assert lag.percentile(99) < 0.05, f"loop lateness P99 {lag.percentile(99) * 1000:.0f} ms, max {lag.max_sec * 1000:.0f} ms"
+    for one in done:
+        assert one["result"]["state"] == "completed", one["result"]
+        assert one["events"][-1].data == "[DONE]"
+    for one in done[:VOICES]:
+        text = content_of(one["events"])
+        frames = [e.data for e in one["events"] if e.event is None and e.data != "[DONE]"]
+        assert text.strip() and unspoken_end(text, frames).strip() == "", (text, unspoken_end(text, frames))
+
+
+@pytest.mark.engine
+async def test_the_spoken_answer_never_starves_a_real_time_player(redis_url: str, vllm_engine: VllmEngine) -> None:
+    """After the first audio, each next piece arrives before a player that started
+    playing at once has played everything before it (issue 28)."""
+    engine = with_talker(vllm_engine)
+    async with live_app(make_settings(redis_url=redis_url), engine) as url, \
+            httpx.AsyncClient(base_url=url, timeout=120) as client:
+        sid = (await client.post(BASE, json={
+            "messages": [{"role": "system", "content": "You are a helpful assistant. Answer in three sentences."}],
+            "modalities": ["text", "audio"], "max_tokens": 60,
+            "first_chunk": {"sequence_id": 0, "text": "Tell me about Paris.", "end_of_input": True}})).json()["session_id"]
+        arrivals: list[tuple[float, float]] = []  # (arrival, seconds of audio)
+        async with client.stream("GET", f"{BASE}/{sid}/events") as stream:
+            async for line in stream.aiter_lines():
+                if line.startswith("data: {") and '"audio"' in line:
+                    for choice in json.loads(line[6:])["choices"]:
+                        if audio := choice["delta"].get("audio"):
+                            pcm = base64.b64decode(audio["data"])
+                            arrivals.append((time.perf_counter(), len(pcm) / 2 / OPENAI_PCM16_RATE))
+    assert len(arrivals) >= 3, arrivals
+    played_until = arrivals[0][0] + arrivals[0][1]
+    for at, seconds in arrivals[1:]:
+        assert at <= played_until, f"the player ran dry {at - played_until:.2f} s before the next audio"
+        played_until += seconds

@@ -1,4 +1,4 @@
-"""The CPU Talker stage: sentence splitting, espeak-ng, and the Thinker->Talker session."""
+"""The CPU Talker stage: phrase splitting, espeak-ng, and the Thinker->Talker session."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from omni_adapter.audio import OPENAI_PCM16_RATE
 from omni_adapter.port import (
     AudioDelta,
     EngineError,
@@ -20,15 +19,35 @@ from omni_adapter.port import (
     Usage,
 )
 from omni_adapter.scripted import Script, ScriptedEngine, ScriptedSession
-from omni_adapter.talker import EspeakTalker, SentenceSplitter, TalkingEngine, TalkingSession
+from omni_adapter.talker import EspeakTalker, PhraseSplitter, TalkingEngine, TalkingSession
 
-# --- sentence splitting --------------------------------------------------------
+# --- phrase splitting --------------------------------------------------------
 
 
 def split_stream(pieces: Sequence[str], max_chars: int = 200) -> list[list[str]]:
     """What the splitter returns after each piece, then at the flush."""
-    splitter = SentenceSplitter(max_chars)
+    splitter = PhraseSplitter(max_chars)
     return [splitter.push(p) for p in pieces] + [splitter.flush()]
+
+
+def split_tokens(text: str) -> list[str]:
+    """The phrases of a text streamed a word at a time."""
+    splitter = PhraseSplitter()
+    out = [phrase for word in text.replace(" ", " |").split("|") for phrase in splitter.push(word)]
+    return out + splitter.flush()
+
+
+def test_the_first_phrase_is_a_few_words_at_a_natural_break() -> None:
+    assert split_tokens("The capital of France is Paris. It is known for the Eiffel Tower, which was "
+                        "built in 1889, and for its museums.") == [
+        "The capital of France", "is Paris.", "It is known for the Eiffel Tower,", "which was built in 1889,",
+        "and for its museums."]
+    assert split_tokens("Sure, here it is.") == ["Sure, here it is."]  # a one-word clause is too short
+    assert split_tokens("Spiders have eight legs and two body parts.") == [
+        "Spiders have eight legs", "and two body parts."]
+    # No break word: the first phrase still ends after six words.
+    assert split_tokens("Bright golden yellow autumn leaves fall slowly today.")[0] == \
+        "Bright golden yellow autumn leaves fall"
 
 
 def test_a_sentence_is_cut_once_the_space_after_it_arrives() -> None:
@@ -53,7 +72,7 @@ def test_run_on_text_is_cut_at_a_space_near_the_limit() -> None:
 # --- espeak-ng -----------------------------------------------------------------
 
 
-async def test_espeak_speaks_a_sentence_as_24khz_pcm16() -> None:
+async def test_espeak_speaks_a_phrase_as_pcm16_at_its_own_rate() -> None:
     talker = EspeakTalker.find()
     assert talker is not None, "espeak-ng is not installed (scripts/setup.sh installs it)"
     short = await talker.speak("Hello.")
@@ -62,7 +81,8 @@ async def test_espeak_speaks_a_sentence_as_24khz_pcm16() -> None:
         samples = np.frombuffer(pcm, dtype="<i2")
         assert np.abs(samples).max() > 1_000, "silence"
     # Around 175 words a minute: a word is a few tenths of a second.
-    assert 0.2 < len(short) / 2 / OPENAI_PCM16_RATE < 2.0
+    assert talker.sample_rate == 22_050
+    assert 0.2 < len(short) / 2 / talker.sample_rate < 2.0
     assert len(long) > 3 * len(short)
 
 
@@ -86,6 +106,9 @@ class FakeTalker:
     fail_on: str | None = None
     sample_rate: int = 16_000
     spoken: list[str] = field(default_factory=list)
+
+    def close(self) -> None:
+        return None
 
     async def speak(self, text: str) -> bytes:
         await asyncio.sleep(self.delay_sec)
@@ -112,6 +135,14 @@ async def test_audio_follows_each_sentence_while_text_keeps_streaming() -> None:
     assert [a.transcript for a in audio] == ["One.", "Two three.", "Four five six."]
     assert all(a.sample_rate == 16_000 and len(a.pcm16) == len(a.transcript) * 320 for a in audio)
     assert events[-1] == Finished("stop", Usage(3, 4))
+
+
+async def test_after_a_hand_off_the_unspoken_end_of_the_text_so_far_is_spoken_first() -> None:
+    talker = FakeTalker()
+    session = TalkingSession(fake_thinker([" it is Paris."]), talker, unspoken_prefix="The capital of France,")
+    events = await collect(session)
+    assert talker.spoken == ["The capital of France,", "it is Paris."]
+    assert "".join(e.text for e in events if isinstance(e, TextDelta)) == " it is Paris."  # text is not repeated
 
 
 async def test_finished_waits_for_the_last_sentence_to_be_spoken() -> None:

@@ -193,3 +193,14 @@ async def test_a_process_without_the_engine_checks_as_the_engine_does(vllm_engin
             refuses(bad)
     # Only the in-process vLLM engine's checks live in its tokenizer.
     assert await open_request_checks(EngineChoice(kind="openai-http"), vllm_engine.capabilities) is None
+
+
+@pytest.mark.engine
+async def test_the_embedded_engine_runs_eager_on_the_cpu(vllm_engine: VllmEngine) -> None:
+    """No torch.compile by default on the CPU: it made every first start minutes long
+    (bench/README.md, "Engine start"); OMNI_GATEWAY_ENGINE_COMPILE=true asks for it."""
+    from vllm.config import CompilationMode
+
+    config = vllm_engine._llm.vllm_config
+    assert config.model_config.enforce_eager
+    assert config.compilation_config.mode == CompilationMode.NONE

@@ -25,6 +25,9 @@ class Gateway:
     env: dict[str, str]
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
+    #: What runs: ``omni-gateway serve`` (vLLM), or e.g. ``tests.replicas.scripted_replica``.
+    module: str = "gateway.runtime.cli serve"
+    args: tuple[str, ...] = ()
 
     @property
     def url(self) -> str:
@@ -38,9 +41,10 @@ class Gateway:
         # One process per replica: these tests are about replicas; API workers
         # beside an engine process have their own (test_api_workers.py).
         env = os.environ | {"OMNI_GATEWAY_API_WORKERS": "0"} | self.env | {"OMNI_GATEWAY_REPLICA_ID": self.name}
-        with self.log.open("wb") as out:
+        with self.log.open("ab") as out:  # appended: a replica started again keeps its earlier log
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "gateway.runtime.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port)],
+                [sys.executable, "-m", *self.module.split(), "--host", "127.0.0.1", "--port", str(self.port),
+                 *self.args],
                 env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
 
     def alive(self) -> bool:

@@ -11,16 +11,19 @@ import argparse
 from gateway.runtime.cli import configure_logging
 from gateway.runtime.processes import serve
 from gateway.settings import Settings
-from omni_adapter.scripted import ScriptedEngine
+from omni_adapter.scripted import Script, ScriptedEngine
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--engine-port", type=int, default=None)
+    parser.add_argument("--word-delay-sec", type=float, default=0.0, help="the scripted answer's pace")
     args = parser.parse_args()
     configure_logging("INFO")
-    serve(Settings(), "127.0.0.1", args.port, "INFO", engine=ScriptedEngine(), engine_port=args.engine_port)
+    engine = ScriptedEngine(Script(word_delay_sec=args.word_delay_sec))
+    serve(Settings(), args.host, args.port, "INFO", engine=engine, engine_port=args.engine_port)
 
 
 if __name__ == "__main__":

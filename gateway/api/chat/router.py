@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
-from typing import Annotated
+from collections.abc import Awaitable
+from typing import Annotated, TypeVar
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
@@ -13,15 +15,17 @@ from gateway.api.chat.models import ChatCompletion, ChatCompletionRequest, Model
 from gateway.api.chat.service import ChatService
 from gateway.web.event_stream import EVENT_STREAM_CONTENT, EventStream
 from gateway.web.resources import get_identity, get_resources
+from gateway.web.validation import IdempotencyKey
 
 router = APIRouter(prefix="/v1", tags=["openai"])
+T = TypeVar("T")
 
 Identity = Annotated[str, Depends(get_identity)]
 
 
 async def get_chat(request: Request) -> ChatService:
     resources = get_resources(request)
-    return ChatService(resources.service, resources.settings.max_chunk_bytes)
+    return ChatService(resources.service, resources.settings.max_chunk_bytes, resources.draining)
 
 
 _ANSWER = {
@@ -41,17 +45,42 @@ _ANSWER = {
                                                  errors.TooManySessions, errors.SessionExpired,
                                                  errors.SessionCancelled, errors.StoreUnavailable, errors.Overloaded,
                                                  errors.StreamingInputDisabled, errors.CapacityExhausted,
-                                                 errors.EngineUnavailable)})
+                                                 errors.EngineUnavailable, errors.IdempotencyKeyReused)})
 async def create_chat_completion(body: ChatCompletionRequest, request: Request, identity: Identity,
                                  chat: Annotated[ChatService, Depends(get_chat)],
-                                 ) -> JSONResponse | EventStream:
-    session_id = await chat.start(identity, body)
+                                 idempotency_key: IdempotencyKey = None) -> JSONResponse | EventStream:
+    session_id = await chat.start(identity, body, idempotency_key)
     headers = {"X-Session-Id": session_id}
+    resources = get_resources(request)
     if body.stream:
-        resources = get_resources(request)
         return EventStream(chat.stream(identity, session_id), ping_sec=resources.settings.sse_ping_sec,
                            draining=resources.draining, headers=headers)
-    return JSONResponse(await chat.completion(identity, session_id), headers=headers)
+    answer = await _unless_client_leaves(
+        request, chat.completion(identity, session_id, resources.settings.chat_queue_timeout_sec))
+    if answer is None:  # nobody waits for it any more: stop the engine work
+        await chat.cancel(identity, session_id)
+        return JSONResponse({}, status_code=499)  # nginx's "client closed request"; no one reads it
+    return JSONResponse(answer, headers=headers)
+
+
+async def _unless_client_leaves(request: Request, answer: Awaitable[T]) -> T | None:
+    """``answer``, or ``None`` as soon as the client hangs up (its body is read: the next
+    message of the request is the disconnect)."""
+    waiting = asyncio.ensure_future(answer)
+    leaving = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({waiting, leaving}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        leaving.cancel()
+        if not waiting.done():
+            waiting.cancel()
+        await asyncio.gather(waiting, leaving, return_exceptions=True)
+    return None if waiting.cancelled() else waiting.result()
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 @router.get("/models", response_model=ModelList,

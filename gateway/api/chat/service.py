@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -30,17 +31,22 @@ from gateway.domain.states import SessionState
 from gateway.service.models import ChatMessage, ChunkIn, CreateSessionRequest, GenerationOptions
 from gateway.service.sessions import MAX_RESULT_WAIT_SEC, SessionService
 from gateway.store.records import ChunkRecord
+from gateway.work.draining import Draining
 
 _DATA_URL = re.compile(r"^data:(?P<mime>[\w.+-]+/[\w.+-]+);base64,(?P<data>.*)$", re.DOTALL)
 
 
 class ChatService:
-    def __init__(self, sessions: SessionService, max_chunk_bytes: int) -> None:
+    def __init__(self, sessions: SessionService, max_chunk_bytes: int, draining: Draining) -> None:
         self._sessions = sessions
         self._max_chunk_bytes = max_chunk_bytes
+        self._draining = draining
 
-    async def start(self, identity: str, body: ChatCompletionRequest) -> str:
-        """Open the session of a request, its input complete; returns the session id."""
+    async def start(self, identity: str, body: ChatCompletionRequest, idempotency_key: str | None = None) -> str:
+        """Open the session of a request, its input complete; returns the session id.
+
+        A repeat with the same ``idempotency_key`` gets the first one's session (its
+        further chunks are duplicates then, or the ones the first try did not send)."""
         if body.stream_options is not None and not body.stream:
             raise errors.InvalidRequest("stream_options is only allowed with stream: true",
                                         param="stream_options")
@@ -55,27 +61,48 @@ class ChatService:
         request = CreateSessionRequest(
             **options, start_policy=StartPolicy.ON_END_ONLY, input_role=last.role, input_tool_call_id=last.tool_call_id,
             messages=[_history_message(m, f"messages.{i}.content") for i, m in enumerate(history)])
-        record, _ = await self._sessions.create(identity, request, chunks[0])
+        record, _ = await self._sessions.create(identity, request, chunks[0], idempotency_key)
         try:
             for chunk in chunks[1:]:
                 await self._sessions.append(identity, record.session_id, chunk)
         except BaseException:
-            with anyio.CancelScope(shield=True), contextlib.suppress(errors.GatewayError):
-                await self._sessions.cancel(identity, record.session_id)
+            await self.cancel(identity, record.session_id)
             raise
         return record.session_id
 
-    async def completion(self, identity: str, session_id: str) -> dict[str, Any]:
-        """The ``chat.completion`` once the session ends; its error if it failed."""
-        record = await self._sessions.result(identity, session_id, MAX_RESULT_WAIT_SEC)
-        while not record.state.is_terminal:
-            record = await self._sessions.result(identity, session_id, MAX_RESULT_WAIT_SEC)
+    async def completion(self, identity: str, session_id: str, queue_timeout_sec: float) -> dict[str, Any]:
+        """The ``chat.completion`` once the session ends; its error if it failed.
+
+        An answer that no replica took up within ``queue_timeout_sec`` (every
+        engine slot busy) is given up: the session is cancelled and the caller
+        gets 503 ``capacity_exhausted`` with ``Retry-After``, not a request
+        that hangs until some proxy's timeout.
+        """
+        deadline = time.monotonic() + queue_timeout_sec
+        while True:
+            left = deadline - time.monotonic()
+            record = await self._sessions.result(identity, session_id, MAX_RESULT_WAIT_SEC if left <= 0 else left)
+            if record.state.is_terminal:
+                break
+            if record.lease_epoch == 0 and time.monotonic() >= deadline:  # never taken up by a runner
+                await self.cancel(identity, session_id)
+                raise errors.CapacityExhausted(
+                    f"no engine slot was free for {queue_timeout_sec:g} s; the request was dropped, retry later")
         if record.state is SessionState.COMPLETED and record.result is not None:
             return record.result
         raise errors.from_envelope(record.error or {})
 
+    async def cancel(self, identity: str, session_id: str) -> None:
+        """Stop the session's work (nobody waits for its answer any more); whatever state it is in."""
+        with anyio.CancelScope(shield=True), contextlib.suppress(errors.GatewayError):
+            await self._sessions.cancel(identity, session_id)
+
     async def stream(self, identity: str, session_id: str) -> AsyncIterator[ServerSentEvent]:
-        """The session's frames; a client that leaves early cancels the session."""
+        """The session's frames; a client that leaves early cancels the session.
+
+        A stream this replica ends because it stops (gateway/work/draining.py)
+        leaves the session running: its client resumes it from another replica.
+        """
         ended = False
         try:
             events = await self._sessions.events(identity, session_id, "0-0")
@@ -84,10 +111,9 @@ class ChatService:
                     yield event
             ended = True
         finally:
-            if not ended:
+            if not ended and not self._draining.closing.is_set():
                 # Nobody will read the rest of this answer: stop the engine work.
-                with anyio.CancelScope(shield=True), contextlib.suppress(errors.GatewayError):
-                    await self._sessions.cancel(identity, session_id)
+                await self.cancel(identity, session_id)
 
     def _input_chunks(self, message: ChatCompletionMessage, where: str) -> list[ChunkRecord]:
         """The chunks of the user's message, in order; adjacent text parts are one chunk."""

@@ -54,7 +54,7 @@ import orjson
 from sse_starlette import ServerSentEvent
 
 from gateway import errors
-from gateway.api.chunks import record_from_json
+from gateway.api.chunks import b64decode_in_slices, record_from_json
 from gateway.api.realtime import events as ev
 from gateway.api.realtime.answer import BYTES_PER_MS, Answer
 from gateway.api.realtime.config import (
@@ -87,6 +87,11 @@ logger = logging.getLogger(__name__)
 
 #: OpenAI Realtime's audio: pcm16 mono at 24 kHz, base64 in the events.
 RATE = 24_000
+#: Appended audio is handled a second at a time (pcm16 bytes).
+AUDIO_PIECE_BYTES = RATE * 2
+#: Base64 audio from this size on is decoded in a worker thread.
+OFF_LOOP_CHARS = 256 * 1024
+
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 #: The client events that are the user's input: while an answer runs, they wait for its end.
 USER_INPUT = frozenset({"input_audio_buffer.append", "input_audio_buffer.commit", "conversation.item.create"})
@@ -391,10 +396,20 @@ class RealtimeConnection:
                 f"an append carries at most {self._settings.realtime_max_append_ms} ms of audio "
                 "(clients send 20-100 ms per event)", param="audio")
         try:
-            pcm = base64.b64decode(audio, validate=True)
+            pcm = b64decode_in_slices(audio) if len(audio) < OFF_LOOP_CHARS else \
+                await asyncio.to_thread(b64decode_in_slices, audio)
         except (binascii.Error, ValueError) as exc:
             raise errors.InvalidPayload("audio is not valid base64", param="audio") from exc
         self._audio_in_ms += len(pcm) // BYTES_PER_MS
+        # A long stretch of audio in one event is taken a second at a time, as if the client
+        # had sent it so: the event loop gets a turn between pieces (minutes of audio in one
+        # event held it for over 0.1 s).
+        for start in range(0, len(pcm), AUDIO_PIECE_BYTES):
+            if start:
+                await asyncio.sleep(0)
+            await self._audio_piece(pcm[start:start + AUDIO_PIECE_BYTES])
+
+    async def _audio_piece(self, pcm: bytes) -> None:
         vad = self.config.server_vad
         if vad is None:
             self._disarm_idle()

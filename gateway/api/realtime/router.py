@@ -114,6 +114,15 @@ async def realtime(websocket: WebSocket, model: str | None = None, session_id: s
         logger.info("realtime %s: closed", connection.id)
 
 
+#: Events from this size on (a long stretch of audio) are parsed in a worker thread.
+OFF_LOOP_CHARS = 256 * 1024
+
+
+async def parse_event(raw: str) -> Any:
+    """The event's JSON; a big one parsed off the event loop, where every other session waits."""
+    return json.loads(raw) if len(raw) < OFF_LOOP_CHARS else await asyncio.to_thread(json.loads, raw)
+
+
 async def _serve(websocket: WebSocket, connection: RealtimeConnection,
                  send: Callable[[dict[str, Any]], Awaitable[None]], settings: Settings, budget: EventBudget) -> None:
     while True:
@@ -133,9 +142,9 @@ async def _serve(websocket: WebSocket, connection: RealtimeConnection,
                 f"an event may be at most {settings.realtime_max_event_bytes} bytes")))
             continue
         try:
-            message = json.loads(raw)
-        except ValueError:
-            await send(ev.error(errors.InvalidJson("the event is not valid JSON")))
+            message = await parse_event(raw)
+        except (ValueError, RecursionError):
+            await send(ev.error(errors.InvalidJson("the event is not valid JSON (or nested too deeply)")))
             continue
         if not isinstance(message, dict):
             await send(ev.error(errors.InvalidRequest("an event is a JSON object with a type", param="type")))

@@ -32,6 +32,7 @@ from gateway.settings import Settings
 from gateway.store.session_hash import SessionRecord
 from gateway.web.event_stream import EVENT_STREAM_CONTENT, EventStream
 from gateway.web.resources import get_identity, get_service, get_settings
+from gateway.web.validation import IdempotencyKey
 
 router = APIRouter(prefix="/v1/streaming_input/sessions", tags=["sessions"])
 
@@ -71,11 +72,12 @@ def session_view(record: SessionRecord) -> SessionView:
                                               errors.SequenceOutOfWindow, errors.SessionPayloadTooLarge,
                                               errors.StoreUnavailable, errors.Overloaded, errors.StreamingInputDisabled,
                                               errors.Unauthorized, errors.TooManySessions,
-                                              errors.CapacityExhausted))
+                                              errors.CapacityExhausted, errors.IdempotencyKeyReused))
 async def create_session(body: CreateSessionRequest, service: Service, identity: Identity,
-                         settings: Annotated[Settings, Depends(get_settings)]) -> CreatedSession:
+                         settings: Annotated[Settings, Depends(get_settings)],
+                         idempotency_key: IdempotencyKey = None) -> CreatedSession:
     first = record_from_json(body.first_chunk, settings.max_chunk_bytes) if body.first_chunk else None
-    record, started = await service.create(identity, body, first)
+    record, started = await service.create(identity, body, first, idempotency_key)
     return CreatedSession(**session_view(record).model_dump(), started=started)
 
 

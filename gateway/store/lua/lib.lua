@@ -72,9 +72,13 @@ local function claim(replica, now)
   return epoch
 end
 
+-- The lease check on fields already read (owner, lease_epoch as stored).
+local function holds_as(owner, stored_epoch, replica, epoch)
+  return replica ~= '' and owner == replica and num(stored_epoch) == tonumber(epoch)
+end
+
 local function holds(replica, epoch)
-  return replica ~= '' and redis.call('HGET', META, 'owner') == replica
-    and meta_num('lease_epoch') == tonumber(epoch)
+  return holds_as(redis.call('HGET', META, 'owner'), redis.call('HGET', META, 'lease_epoch'), replica, epoch)
 end
 
 local function runnable(state)
@@ -158,6 +162,15 @@ end
 local function started_flag(started, state, now)
   if started == 0 and unowned(state, now) then return 2 end
   return started
+end
+
+-- The reply of a script that found its session ended: {'gone', state,
+-- identity}; state and identity '' when its keys are gone.
+local function ended_reply(state)
+  if not state then return {'gone', '', ''} end
+  local identity = ''
+  if TERMINAL[state] then identity = redis.call('HGET', META, 'identity') or '' end
+  return {'gone', state, identity}
 end
 
 -- Sessions are visible only to the identity that created them; to anyone

@@ -5,11 +5,12 @@
 -- Reply: {'expired'|'failed', before, identity} when it ended the session now,
 --        {'waiting', state, look_again_at, arrived, last_input, computed} when
 --        its engine work has no live owner (the tender ranks these and claims
---        with claim.lua), {'alive', state, recheck_at} otherwise, {'gone'}
---        once it has ended.
+--        with claim.lua), {'alive', state, recheck_at} otherwise,
+--        {'gone', state, identity} once it has ended (the tender frees its
+--        slots: a release that failed after the end is healed here).
 local now = server_now_ms()
 local state = redis.call('HGET', META, 'state')
-if not state or TERMINAL[state] then return {'gone'} end
+if not state or TERMINAL[state] then return ended_reply(state) end
 
 if state ~= 'generating' then
   local expires_at = meta_num('expires_at')

@@ -55,6 +55,37 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: redis
 {{- end }}
 
+{{- define "omni-gateway.redisReplicaName" -}}
+{{- printf "%s-redis-replica" (include "omni-gateway.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "omni-gateway.redisSentinelName" -}}
+{{- printf "%s-redis-sentinel" (include "omni-gateway.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The bundled Redis's replica and Sentinel (durability replica): labels of their own, so the
+primary's Service never routes to them. */}}
+{{- define "omni-gateway.redisPartSelectorLabels" -}}
+app.kubernetes.io/name: {{ include "omni-gateway.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .part }}
+{{- end }}
+
+{{/* The Sentinels the gateway asks for the primary (durability replica). */}}
+{{- define "omni-gateway.redisSentinels" -}}
+{{- if .Values.redis.bundled.enabled }}{{ printf "%s:26379" (include "omni-gateway.redisSentinelName" .) }}{{ else }}{{ .Values.redis.sentinels }}{{ end }}
+{{- end }}
+
+{{/* Sentinel's own file: it rewrites it as it learns, so it is copied to a writable place at start. */}}
+{{- define "omni-gateway.sentinelConf" -}}
+port 26379
+sentinel resolve-hostnames yes
+sentinel announce-hostnames yes
+sentinel monitor {{ .Values.redis.sentinelMaster }} {{ include "omni-gateway.redisName" . }} 6379 1
+sentinel down-after-milliseconds {{ .Values.redis.sentinelMaster }} 5000
+sentinel failover-timeout {{ .Values.redis.sentinelMaster }} 30000
+{{- end }}
+
 {{- define "omni-gateway.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create }}
 {{- default (include "omni-gateway.fullname" .) .Values.serviceAccount.name }}
@@ -143,6 +174,9 @@ app.kubernetes.io/component: redis
 {{- if not (or .Values.redis.bundled.enabled $external) }}
 {{- fail "redis: every replica must share one Redis; enable redis.bundled or set redis.external.url / existingSecret" }}
 {{- end }}
+{{- if and (eq .Values.redis.durability "replica") (not .Values.redis.bundled.enabled) (not .Values.redis.sentinels) }}
+{{- fail "redis.durability replica with an external Redis needs redis.sentinels: the Sentinels that name its primary" }}
+{{- end }}
 {{- if and .Values.ingress.enabled .Values.ingress.auth.url (not .Values.settings.identityHeader) }}
 {{- fail "ingress.auth.url needs settings.identityHeader: the header that carries the authenticated identity" }}
 {{- end }}
@@ -164,7 +198,7 @@ port 6379
 bind * -::*
 protected-mode no
 appendonly yes
-appendfsync {{ .Values.redis.bundled.appendfsync }}
+appendfsync {{ if eq .Values.redis.durability "always" }}always{{ else }}everysec{{ end }}
 save ""
 maxmemory-policy noeviction
 {{- end }}

@@ -1,0 +1,42 @@
+"""Who is calling, before any body is read.
+
+A route that declares a body (create, finish, chat, an append) would read it
+first and only then ask who sends it, so a caller without credentials could
+hold a socket and a call's worth of the process for as long as its body
+took to trickle in. Here every ``/v1/`` call is authenticated (401) and
+charged to its identity's request budget (429) from its headers alone; the
+route finds the identity in the scope (``web/resources.py``'s
+``get_identity``). WebSockets authenticate in their own handshake.
+"""
+
+from __future__ import annotations
+
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from gateway import errors
+from gateway.web.error_handlers import render_error
+from gateway.web.resources import IDENTITY, authenticate
+
+#: The calls that need an identity: the API, not the probes, the docs or the demo page.
+API_PREFIX = "/v1/"
+
+
+class AuthenticationMiddleware:
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith(API_PREFIX):
+            await self.app(scope, receive, send)
+            return
+        resources = scope["state"]["resources"]
+        client = scope.get("client")
+        try:
+            scope["state"][IDENTITY] = await authenticate(resources, Headers(scope=scope),
+                                                          client[0] if client else None)
+        except errors.GatewayError as exc:
+            resources.metrics.errors.labels(exc.code).inc()
+            await render_error(exc, send)
+            return
+        await self.app(scope, receive, send)

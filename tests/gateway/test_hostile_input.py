@@ -1,0 +1,154 @@
+"""Hostile input never freezes the event loop (issue 29, item 3).
+
+Every way input comes in (an NDJSON upload, Realtime frames, chunk bodies,
+SSE resume headers) gets the worst a client can send inside the limits,
+while a watchdog on the server's loop measures how late a 10 ms timer
+fires: the loop must stay within 50 ms. The server runs on this test's
+loop (uvicorn on loopback, real sockets); the hostile client runs in a
+thread of its own, so its own work is not counted against the server. As
+the CLI's server does at start, what was loaded is put out of the garbage
+collector's reach (``gc.freeze``), so a full collection of the test
+process's heap is not measured either.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import gc
+import json
+from collections.abc import AsyncIterator, Callable, Iterator
+
+import httpx
+import pytest
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect
+
+from gateway.api.upload.lines import MAX_BLANK_LINES
+from gateway.settings import Settings
+from omni_adapter.scripted import ScriptedEngine
+from tests.gateway.client import BASE, live_app, make_settings
+from tests.loop_lag import assert_loop_keeps_up
+
+UPLOAD = "/v1/streaming_input/upload"
+NDJSON = {"Content-Type": "application/x-ndjson"}
+KiB = 1024
+#: The issue's bound on the loop's lateness under hostile input.
+MAX_LAG_SEC = 0.05
+
+
+@pytest.fixture
+async def served(redis_url: str) -> AsyncIterator[str]:
+    async with live_app(make_settings(redis_url=redis_url), ScriptedEngine()) as url:
+        gc.collect()
+        gc.freeze()
+        try:
+            yield url
+        finally:
+            gc.unfreeze()
+
+
+async def server_keeps_up(hostile_client: Callable[[], object]) -> None:
+    """Run the client (blocking code) in a thread while the server's loop is watched."""
+    await assert_loop_keeps_up(lambda: asyncio.to_thread(hostile_client), bound_sec=MAX_LAG_SEC)
+
+
+async def new_session(url: str, body: dict[str, object]) -> str:
+    async with httpx.AsyncClient(base_url=url) as client:
+        sid: str = (await client.post(BASE, json=body)).json()["session_id"]
+    return sid
+
+
+def upload(url: str, body: bytes) -> httpx.Response:
+    def pieces() -> Iterator[bytes]:
+        yield json.dumps({"start_policy": "on_end_only"}).encode() + b"\n"
+        for i in range(0, len(body), 64 * KiB):
+            yield body[i:i + 64 * KiB]
+
+    return httpx.post(url + UPLOAD, content=pieces(), headers=NDJSON, timeout=30)
+
+
+async def test_blank_lines_in_an_upload(served: str) -> None:
+    def blank_flood() -> None:  # 256 KiB of blank lines (1.2 s of a frozen loop once)
+        assert "blank lines in a row" in upload(served, b"\n" * (256 * KiB)).text
+
+    def records_between_blank_runs() -> None:  # as many blank lines as allowed before each record
+        body = b"".join(b"\n" * MAX_BLANK_LINES + json.dumps(
+            {"sequence_id": i, "text": "x ", "end_of_input": i == 39}).encode() + b"\n" for i in range(40))
+        response = upload(served, body)
+        assert response.status_code == 200 and "[DONE]" in response.text, response.text
+
+    await server_keeps_up(blank_flood)
+    await server_keeps_up(records_between_blank_runs)
+
+
+async def test_chunk_bodies(served: str) -> None:
+    sid = await new_session(served, {"start_policy": "on_end_only"})
+
+    # Made before the watch: the client's own work holds the interpreter too.
+    payload = b"word " * (16 * KiB * KiB // 5)
+    as_json = json.dumps({"sequence_id": 0, "payload": base64.b64encode(payload).decode()}).encode()
+
+    def big_chunks() -> None:  # a 16 MiB chunk (the cap): base64 in JSON, and raw
+        sid = httpx.post(served + BASE, json={"start_policy": "on_end_only"}).json()["session_id"]
+        chunks = f"{served}{BASE}/{sid}/chunks"
+        json_chunk = httpx.post(chunks, content=as_json, timeout=60, headers={"Content-Type": "application/json"})
+        assert json_chunk.status_code == 202, json_chunk.text
+        raw = httpx.post(chunks, content=payload, timeout=60, headers={
+            "Content-Type": "application/octet-stream", "X-Sequence-Id": "1"})
+        assert raw.status_code == 202, raw.text
+
+    def deeply_nested() -> None:
+        deep = b"[" * 100_000 + b"]" * 100_000
+        response = httpx.post(f"{served}{BASE}/{sid}/chunks", content=b'{"sequence_id": 0, "text": ' + deep + b"}",
+                              headers={"Content-Type": "application/json"})
+        assert response.status_code in (400, 422), response.text
+
+    await server_keeps_up(big_chunks)
+    await server_keeps_up(deeply_nested)
+
+
+async def test_sse_resume_headers(served: str) -> None:
+    sid = await new_session(served, {})
+
+    def hostile_ids() -> None:
+        with httpx.Client(base_url=served) as client:
+            for _ in range(20):
+                for value in ("9" * 15_000, "1-" * 7_000, "0-" + "0" * 15_000):
+                    response = client.get(f"{BASE}/{sid}/events", headers={"Last-Event-ID": value})
+                    assert response.status_code == 400, response.text
+
+    await server_keeps_up(hostile_ids)
+
+
+async def test_realtime_frames(served: str) -> None:
+    cap = Settings().realtime_max_event_bytes
+    frames = (
+        "[" * 100_000 + "]" * 100_000,  # nesting deeper than any parser's recursion
+        json.dumps({"type": "input_audio_buffer.append",  # half a minute of silence in one event
+                    "audio": base64.b64encode(bytes(cap * 3 // 4 - 4 * KiB)).decode()}),
+        json.dumps({"type": "no.such.event", "event_id": "x" * (cap - KiB)}),
+    )
+    ws_url = served.replace("http", "ws") + "/v1/realtime"
+
+    def oversized_frame() -> None:  # refused before it is read: the socket closes
+        with connect(ws_url, max_size=None) as ws:
+            assert json.loads(ws.recv())["type"] == "session.created"
+            ws.send("x" * (8 * cap))
+            with pytest.raises(ConnectionClosed) as closed:
+                ws.recv()
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
+
+    def hostile_frames() -> None:
+        with connect(ws_url, max_size=None) as ws:
+            assert json.loads(ws.recv())["type"] == "session.created"
+            for n, frame in enumerate(frames):
+                ws.send(frame)
+                # Audio gets no answer of its own: a probe after each frame says it was dealt with.
+                ws.send(json.dumps({"type": "no.such.event", "event_id": f"probe-{n}"}))
+                while (reply := json.loads(ws.recv()))["type"] != "error" or \
+                        reply["error"].get("event_id") != f"probe-{n}":
+                    assert reply["type"] != "error" or reply["error"]["code"] != "internal_error", reply
+
+    await server_keeps_up(hostile_frames)
+    await server_keeps_up(oversized_frame)
