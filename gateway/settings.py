@@ -73,6 +73,13 @@ class Settings(BaseSettings):
     #: uvicorn reads up to ``ws_max_size`` (twice this) and closes the socket (1009) past
     #: it; its own default was 16 MiB, whose reading alone held the event loop ~0.1 s.
     realtime_max_event_bytes: int = Field(2 * MiB, ge=64 * 1024)
+    #: WebRTC calls (``/v1/realtime/calls``): STUN/TURN servers a call's ICE may use,
+    #: comma-separated URLs (``stun:host:3478``, ``turn:host:3478?transport=udp``);
+    #: empty: host candidates only (the media reaches the replica directly).
+    webrtc_ice_servers: str = ""
+    #: Calls one process holds at once (each decodes and encodes Opus on this CPU);
+    #: past it a new call is 503 ``capacity_exhausted``.
+    webrtc_max_calls: int = Field(16, ge=0)
     #: Open sessions across all identities and replicas (0: no limit).
     max_open_sessions: int = Field(10_000, ge=0)
 

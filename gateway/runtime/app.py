@@ -13,7 +13,11 @@ from fastapi import FastAPI
 from gateway.api.chat.router import router as chat_router
 from gateway.api.demo.router import router as demo_router
 from gateway.api.ops import router as ops_router
+from gateway.api.realtime.calls import CALLS
+from gateway.api.realtime.calls import router as calls_router
+from gateway.api.realtime.client_secrets import router as client_secrets_router
 from gateway.api.realtime.router import router as realtime_router
+from gateway.api.realtime.webrtc import Calls
 from gateway.api.sessions import hot_routes
 from gateway.api.sessions.router import router as sessions_router
 from gateway.api.upload.router import UPLOAD_PATH
@@ -91,7 +95,7 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
             return None
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Resources]]:
+    async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Resources | Calls]]:
         async with open_redis(settings.redis_url, settings.redis_timeout_sec, cluster=settings.redis_cluster,
                               sentinels=settings.redis_sentinels,
                               sentinel_master=settings.redis_sentinel_master) as client:
@@ -124,6 +128,7 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
                 background.append(asyncio.create_task(
                     publish_card(store, settings.replica_id, active.capabilities,
                                  checks_requests=isinstance(active, RequestChecks)), name="engine-card"))
+            calls = Calls([url.strip() for url in settings.webrtc_ice_servers.split(",") if url.strip()])
             identity = IdentityResolver(settings.api_keys, settings.identity_header, settings.trusted_proxies)
             log_identity = logger.warning if identity.mode == "open" else logger.info
             log_identity("identity: %s", identity.describe())
@@ -131,9 +136,10 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
                         ", ".join(active.capabilities.model_names))
             try:
                 yield {"resources": Resources(settings, store, active, service, metrics, identity, draining,
-                                              tender)}
+                                              tender), CALLS: calls}
             finally:
                 draining.begin()
+                await calls.aclose()  # media cannot be handed over: the calls end, their sessions stay
                 tender.cancel()
                 for task in background:
                     task.cancel()
@@ -166,6 +172,8 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
     app.include_router(upload_router)
     app.include_router(chat_router)
     app.include_router(realtime_router)
+    app.include_router(client_secrets_router)
+    app.include_router(calls_router)
     app.include_router(ops_router)
     if settings.demo:
         app.include_router(demo_router)

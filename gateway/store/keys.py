@@ -68,6 +68,13 @@ def realtime_conversation(conversation_id: str) -> str:
     return f"{PREFIX}:realtime:{{{conversation_id}}}"
 
 
+def client_secret(digest: str) -> str:
+    """String (JSON, expiring with the secret): who a Realtime client secret speaks for.
+
+    Named by the secret's digest, so a dump of Redis holds no usable secret."""
+    return f"{PREFIX}:client-secret:{{{digest}}}"
+
+
 def reader_wake(reader_id: str) -> str:
     """Stream: wake-up marks for one replica's stream reader (store/stream_reader.py)."""
     return f"{PREFIX}:reader:{{{reader_id}}}:wake"

@@ -38,6 +38,7 @@ from gateway.store.keys import (
     SCHEDULE_FAILURES,
     WORK_WAITING,
     SessionKeys,
+    client_secret,
     engine_card,
     idempotency,
     identity_rate,
@@ -453,6 +454,13 @@ class SessionStore:
 
     async def load_conversation(self, conversation_id: str) -> str | None:
         return await self._get_text(realtime_conversation(conversation_id))
+
+    async def save_client_secret(self, digest: str, record: str, ttl_sec: float) -> None:
+        """A Realtime client secret's record, gone from Redis when the secret expires."""
+        await self._set_text(client_secret(digest), record, ttl_sec)
+
+    async def load_client_secret(self, digest: str) -> str | None:
+        return await self._get_text(client_secret(digest))
 
     # --- a replica's processes ---------------------------------------------
 

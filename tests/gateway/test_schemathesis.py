@@ -33,6 +33,12 @@ def ndjson(ctx: object, value: object) -> bytes:
     return value.encode() if isinstance(value, str) else json.dumps(value).encode() + b"\n"
 
 
+@schemathesis.serializer("application/sdp")
+def sdp(ctx: object, value: object) -> bytes:
+    """A WebRTC offer's body (``/v1/realtime/calls``): the generated text as it is."""
+    return value.encode() if isinstance(value, str) else json.dumps(value).encode()
+
+
 schema = schemathesis.openapi.from_path(SPEC_PATH)
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
 

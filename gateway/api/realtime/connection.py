@@ -73,6 +73,7 @@ from gateway.api.realtime.resume import (
     request_event_id,
     resume_position,
 )
+from gateway.api.realtime.tasks import spawn
 from gateway.api.realtime.vad import SpeechDetector
 from gateway.domain.policies import StartPolicy
 from gateway.domain.states import SessionState
@@ -365,17 +366,7 @@ class RealtimeConnection:
             await self._save()
 
     def _spawn(self, work: Awaitable[None], what: str) -> None:
-        async def supervised() -> None:
-            try:
-                await work
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                logger.exception("realtime %s: %s failed", self.id, what)
-
-        task = asyncio.create_task(supervised(), name=f"realtime-{self.id}-{what}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        spawn(self._tasks, work, f"realtime {self.id}: {what}")
 
     # --- session.update and the audio buffer ------------------------------------
 

@@ -3,6 +3,8 @@
 The handshake authenticates like every route: ``Authorization: Bearer`` or,
 for browsers (which cannot set headers on a WebSocket), the subprotocols
 ``realtime`` + ``openai-insecure-api-key.<key>``; ``realtime`` is echoed.
+Either may carry a client secret (``client_secrets.py``) instead of a key:
+the connection is then its minter's and starts from its session configuration.
 The identity's rate limit is charged once per connection here and once per
 turn (``connection.py``), never per event: a voice client sends 50 audio
 frames a second. Each connection has its own event budget instead
@@ -31,11 +33,12 @@ from fastapi.responses import JSONResponse
 
 from gateway import errors
 from gateway.api.realtime import events as ev
+from gateway.api.realtime.client_secrets import session_config
 from gateway.api.realtime.config import RealtimeConfig
 from gateway.api.realtime.connection import RealtimeConnection
 from gateway.api.realtime.limits import EventBudget
 from gateway.settings import Settings
-from gateway.web.resources import Resources
+from gateway.web.resources import Resources, resolve_caller
 
 logger = logging.getLogger(__name__)
 router = APIRouter(tags=["realtime"])
@@ -56,10 +59,11 @@ async def realtime(websocket: WebSocket, model: str | None = None, session_id: s
     if key and "authorization" not in headers:
         headers["authorization"] = f"Bearer {key}"
     try:
-        identity = resources.identity.resolve(headers, websocket.client.host if websocket.client else None)
-        served = resources.engine.capabilities.model_names
-        if model is not None and model not in served:
-            raise errors.ModelNotFound(f"model {model!r} is not served here", param="model")
+        caller = await resolve_caller(resources, headers, websocket.client.host if websocket.client else None,
+                                      client_secret_ok=True)
+        config = session_config(resources, model or (caller.session or {}).get("model"))
+        if caller.session:  # checked when the secret was minted
+            config.update(caller.session)
         resources.service.check_enabled()
     except errors.GatewayError as exc:
         # Refused before the upgrade: an HTTP answer with the envelope where the
@@ -70,8 +74,7 @@ async def realtime(websocket: WebSocket, model: str | None = None, session_id: s
             await websocket.close(POLICY_VIOLATION, exc.message[:120])
         return
     await websocket.accept(subprotocol="realtime" if "realtime" in protocols else None)
-    settings, metrics = resources.settings, resources.metrics
-    config = RealtimeConfig(model=model or served[0], can_speak="audio" in resources.engine.capabilities.output_modalities)
+    identity, settings, metrics = caller.identity, resources.settings, resources.metrics
     lock = asyncio.Lock()
 
     async def send(event: dict[str, Any]) -> None:
@@ -79,9 +82,7 @@ async def realtime(websocket: WebSocket, model: str | None = None, session_id: s
         async with lock:
             await websocket.send_text(ev.encoded(event))
 
-    budget = EventBudget(settings.realtime_events_per_sec, max(1, int(2 * settings.realtime_events_per_sec)))
-    connection = RealtimeConnection(send, resources.service, resources.store, identity, config, metrics,
-                                    settings, budget)
+    connection, budget = new_connection(resources, identity, config, send)
     metrics.connections.inc()
     metrics.connections_total.inc()
     opened = time.monotonic()
@@ -114,6 +115,15 @@ async def realtime(websocket: WebSocket, model: str | None = None, session_id: s
         logger.info("realtime %s: closed", connection.id)
 
 
+def new_connection(resources: Resources, identity: str, config: RealtimeConfig,
+                   send: Callable[[dict[str, Any]], Awaitable[None]]) -> tuple[RealtimeConnection, EventBudget]:
+    """A Realtime connection over any transport, with its own event budget."""
+    settings = resources.settings
+    budget = EventBudget(settings.realtime_events_per_sec, max(1, int(2 * settings.realtime_events_per_sec)))
+    return RealtimeConnection(send, resources.service, resources.store, identity, config, resources.metrics,
+                              settings, budget), budget
+
+
 #: Events from this size on (a long stretch of audio) are parsed in a worker thread.
 OFF_LOOP_CHARS = 256 * 1024
 
@@ -132,21 +142,28 @@ async def _serve(websocket: WebSocket, connection: RealtimeConnection,
         except TimeoutError:
             await websocket.close(NORMAL, "idle for longer than the session timeout")
             return
-        if not budget.take():
-            await send(ev.error(errors.TooManyRequests(
-                f"more than {settings.realtime_events_per_sec:g} events a second on this connection; "
-                "this event is dropped", retry_after=1)))
-            continue
-        if len(raw) > settings.realtime_max_event_bytes:
-            await send(ev.error(errors.RequestTooLarge(
-                f"an event may be at most {settings.realtime_max_event_bytes} bytes")))
-            continue
-        try:
-            message = await parse_event(raw)
-        except (ValueError, RecursionError):
-            await send(ev.error(errors.InvalidJson("the event is not valid JSON (or nested too deeply)")))
-            continue
-        if not isinstance(message, dict):
-            await send(ev.error(errors.InvalidRequest("an event is a JSON object with a type", param="type")))
-            continue
-        await connection.handle(message)
+        await receive_event(raw, connection.handle, send, settings, budget)
+
+
+async def receive_event(raw: str, handle: Callable[[dict[str, Any]], Awaitable[None]],
+                        send: Callable[[dict[str, Any]], Awaitable[None]], settings: Settings,
+                        budget: EventBudget) -> None:
+    """One client event as text, from any transport: over budget, too big or not JSON is an ``error`` event."""
+    if not budget.take():
+        await send(ev.error(errors.TooManyRequests(
+            f"more than {settings.realtime_events_per_sec:g} events a second on this connection; "
+            "this event is dropped", retry_after=1)))
+        return
+    if len(raw) > settings.realtime_max_event_bytes:
+        await send(ev.error(errors.RequestTooLarge(
+            f"an event may be at most {settings.realtime_max_event_bytes} bytes")))
+        return
+    try:
+        message = await parse_event(raw)
+    except (ValueError, RecursionError):
+        await send(ev.error(errors.InvalidJson("the event is not valid JSON (or nested too deeply)")))
+        return
+    if not isinstance(message, dict):
+        await send(ev.error(errors.InvalidRequest("an event is a JSON object with a type", param="type")))
+        return
+    await handle(message)

@@ -1,0 +1,107 @@
+"""Realtime over WebRTC (``/v1/realtime/calls``), called by an aiortc peer as a browser would.
+
+Real parts: Redis, aiortc on both sides (Opus both ways, the data channel),
+the real Listener (Silero VAD + Moonshine) hearing speech made by the real
+Talker (hibari), and the Talker speaking the answer, which the test hears on
+the answer's track and recognizes. The Thinker is the scripted engine
+(``echo: <what it heard>``); the browser test does the same with a real browser.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from openai.types.realtime.realtime_server_event import RealtimeServerEvent
+from pydantic import TypeAdapter
+
+from omni_adapter.listener import with_listener
+from omni_adapter.scripted import ScriptedEngine
+from omni_adapter.talker import with_talker
+from tests.gateway.client import live_app, make_settings
+from tests.gateway.test_client_secrets import KEY
+from tests.gateway.test_realtime import QUESTION, sdk
+from tests.gateway.webrtc_peer import Peer
+from tests.voice import SPEECH_RATE, recognize, speech
+
+SERVER_EVENT: TypeAdapter[Any] = TypeAdapter(RealtimeServerEvent)
+
+
+@pytest.fixture
+async def voice(redis_url: str) -> AsyncIterator[str]:
+    engine = with_talker(with_listener(ScriptedEngine()))
+    async with live_app(make_settings(redis_url=redis_url, api_keys=KEY), engine) as url:
+        yield url
+
+
+async def secret(url: str, **session: Any) -> str:
+    minted = await sdk(url, api_key=KEY).realtime.client_secrets.create(
+        session={"type": "realtime", "instructions": "Answer briefly.", **session})
+    return str(minted.value)
+
+
+def types(events: list[dict[str, Any]]) -> list[str]:
+    for event in events:
+        SERVER_EVENT.validate_python(event)  # every event is one the official SDK knows
+    return [e["type"] for e in events]
+
+
+async def test_a_call_hears_the_question_answers_aloud_and_barge_in_clears_the_answer(voice: str) -> None:
+    async with Peer(voice, await secret(voice)) as peer:
+        created = await peer.until("session.created")
+        assert created[-1]["session"]["instructions"] == "Answer briefly."
+        peer.say(speech(QUESTION))
+        turn = types(await peer.until("output_audio_buffer.stopped", 60))
+        for expected in ("input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped",
+                         "input_audio_buffer.committed", "response.created", "output_audio_buffer.started",
+                         "response.output_audio.done", "response.done"):
+            assert expected in turn, turn
+        assert "response.output_audio.delta" not in turn  # the audio came on the track
+        assert turn.index("output_audio_buffer.started") < turn.index("response.done")
+        heard = recognize(bytes(peer.heard), SPEECH_RATE).lower()
+        assert "capital" in heard and "france" in heard, heard
+
+        # Barge-in: speech while the answer plays flushes it.
+        peer.say(speech("Tell me more about France."))
+        await peer.until("output_audio_buffer.started", 60)
+        peer.say(speech("Stop."))
+        barged = types(await peer.until("output_audio_buffer.cleared", 30))
+        assert "input_audio_buffer.speech_started" in barged
+        assert "output_audio_buffer.stopped" not in barged
+
+        # And the client's own clear (after a response.cancel, in OpenAI's words).
+        await peer.until("output_audio_buffer.started", 60)
+        peer.send({"type": "output_audio_buffer.clear"})
+        assert types(await peer.until("output_audio_buffer.cleared", 10))
+
+
+async def test_signalling_is_refused_without_a_live_secret_or_an_offer(voice: str) -> None:
+    with pytest.raises(openai.AuthenticationError) as refused:
+        await Peer(voice, "ek_forged").call()
+    assert refused.value.code == "invalid_api_key"
+    async with httpx.AsyncClient(base_url=voice, headers={"Authorization": f"Bearer {KEY}"}) as client:
+        not_sdp = await client.post("/v1/realtime/calls", content="hello", headers={"Content-Type": "application/sdp"})
+        assert not_sdp.status_code == 400
+        assert not_sdp.json()["error"]["param"] == "sdp"
+        wrong_type = await client.post("/v1/realtime/calls", json={"sdp": "v=0"})
+        assert wrong_type.status_code == 400
+        bad_session = await client.post("/v1/realtime/calls", files={"sdp": (None, "v=0\r\nm=audio 9"),
+                                                                     "session": (None, '{"output_modalities": 1}')})
+        assert bad_session.status_code == 422
+        assert bad_session.json()["error"]["param"] == "session.output_modalities"
+
+
+async def test_a_form_offer_with_a_session_and_hang_up(voice: str) -> None:
+    peer = Peer(voice, KEY)
+    try:
+        await peer.call(session={"type": "realtime", "instructions": "From the form."})  # multipart, as the SDK sends it
+        created = await peer.until("session.created")
+        assert created[-1]["session"]["instructions"] == "From the form."
+        async with httpx.AsyncClient(base_url=voice, headers={"Authorization": f"Bearer {KEY}"}) as client:
+            assert (await client.post(peer.location + "/hangup")).status_code == 200
+            assert (await client.post(peer.location + "/hangup")).status_code == 404
+    finally:
+        await peer.__aexit__(None, None, None)

@@ -1,0 +1,95 @@
+"""A WebRTC caller made with aiortc, as a browser would call ``/v1/realtime/calls``.
+
+It offers an Opus microphone track and the ``oai-events`` data channel, posts
+the offer with a client secret (the openai SDK's ``realtime.calls.create``), and keeps what comes back: the server's
+events from the channel and the answer's audio track as 24 kHz pcm16.
+The microphone is the gateway's own paced track (``media.SpeakerTrack``),
+fed with speech made by the real Talker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from types import TracebackType
+from typing import Any
+
+from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+from aiortc.mediastreams import MediaStreamError
+from av.audio.resampler import AudioResampler
+from openai import AsyncOpenAI
+
+from gateway.api.realtime.media import RATE, SpeakerTrack
+
+
+class Peer:
+    def __init__(self, url: str, secret: str, *, channel: bool = True) -> None:
+        self.url, self.secret = url, secret
+        self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        self.mic = SpeakerTrack(lambda _: None, lambda _: None)
+        self.pc.addTrack(self.mic)
+        self.channel = self.pc.createDataChannel("oai-events") if channel else None
+        self.events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        #: The answer's audio as heard from its first sound on (24 kHz pcm16), and when that came.
+        self.heard = bytearray()
+        self.first_sound_at: float | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self.location = ""
+        self._said = 0
+        if self.channel is not None:
+            self.channel.on("message", lambda raw: self.events.put_nowait(json.loads(raw)))
+        self.pc.on("track", self._on_track)
+
+    async def call(self, session: dict[str, Any] | None = None) -> None:
+        """Offer, and take the answer: signalling through the official SDK's ``realtime.calls.create``."""
+        await self.pc.setLocalDescription(await self.pc.createOffer())
+        client = AsyncOpenAI(base_url=f"{self.url}/v1", api_key=self.secret, max_retries=0)
+        answer = await client.realtime.calls.create(sdp=self.pc.localDescription.sdp,
+                                                    **({"session": session} if session else {}))  # type: ignore[arg-type]
+        self.location = answer.response.headers["location"]
+        await self.pc.setRemoteDescription(RTCSessionDescription(sdp=answer.text, type="answer"))
+
+    async def __aenter__(self) -> Peer:
+        await self.call()
+        return self
+
+    async def __aexit__(self, *exc: tuple[type[BaseException], BaseException, TracebackType] | None) -> None:
+        await self.pc.close()
+        if self._reader is not None:
+            self._reader.cancel()
+            await asyncio.gather(self._reader, return_exceptions=True)
+
+    def say(self, pcm: bytes) -> None:
+        """Speak into the microphone (24 kHz pcm16), in real time from now."""
+        self._said += 1
+        self.mic.speak(f"said-{self._said}", pcm)
+        self.mic.spoken(f"said-{self._said}")
+
+    def send(self, event: dict[str, Any]) -> None:
+        assert self.channel is not None
+        self.channel.send(json.dumps(event))
+
+    async def until(self, last: str, within_sec: float = 30) -> list[dict[str, Any]]:
+        """Every event up to and including the first of type ``last``."""
+        seen: list[dict[str, Any]] = []
+        async with asyncio.timeout(within_sec):
+            while not seen or seen[-1]["type"] != last:
+                seen.append(await self.events.get())
+        return seen
+
+    def _on_track(self, track: Any) -> None:
+        self._reader = asyncio.create_task(self._listen(track))
+
+    async def _listen(self, track: Any) -> None:
+        resampler = AudioResampler(format="s16", layout="mono", rate=RATE)
+        with contextlib.suppress(MediaStreamError):
+            while True:
+                frame = await track.recv()
+                for piece in resampler.resample(frame):
+                    pcm = bytes(piece.planes[0])[:piece.samples * 2]
+                    if self.first_sound_at is None and any(pcm):
+                        self.first_sound_at = time.monotonic()
+                    if self.first_sound_at is not None:  # the recognizer hears nothing after seconds of silence
+                        self.heard += pcm
