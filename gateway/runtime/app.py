@@ -13,11 +13,10 @@ from fastapi import FastAPI
 from gateway.api.chat.router import router as chat_router
 from gateway.api.demo.router import router as demo_router
 from gateway.api.ops import router as ops_router
-from gateway.api.realtime.calls import CALLS
 from gateway.api.realtime.calls import router as calls_router
 from gateway.api.realtime.client_secrets import router as client_secrets_router
 from gateway.api.realtime.router import router as realtime_router
-from gateway.api.realtime.webrtc import Calls
+from gateway.api.realtime.webrtc import CALLS, Calls
 from gateway.api.sessions import hot_routes
 from gateway.api.sessions.router import router as sessions_router
 from gateway.api.upload.router import UPLOAD_PATH

@@ -9,12 +9,15 @@ the answer's track and recognizes. The Thinker is the scripted engine
 
 from __future__ import annotations
 
+import asyncio
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import openai
 import pytest
+import websockets
 from openai.types.realtime.realtime_server_event import RealtimeServerEvent
 from pydantic import TypeAdapter
 
@@ -105,3 +108,26 @@ async def test_a_form_offer_with_a_session_and_hang_up(voice: str) -> None:
             assert (await client.post(peer.location + "/hangup")).status_code == 404
     finally:
         await peer.__aexit__(None, None, None)
+
+
+async def test_a_backend_attaches_to_the_call_with_call_id(voice: str) -> None:
+    ws_url = voice.replace("http", "ws") + "/v1/realtime"
+    auth = {"Authorization": f"Bearer {KEY}"}
+    with pytest.raises(websockets.InvalidStatus) as refused:
+        async with websockets.connect(ws_url + "?call_id=rtc_nope", additional_headers=auth):
+            pass
+    assert refused.value.response.status_code == 404
+    async with Peer(voice, await secret(voice, output_modalities=["text"])) as peer:
+        await peer.until("session.created")
+        call_id = peer.location.rsplit("/", 1)[1]
+        async with websockets.connect(f"{ws_url}?call_id={call_id}", additional_headers=auth) as control:
+            await control.send(json.dumps({"type": "conversation.item.create", "item": {
+                "type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi there"}]}}))
+            await control.send(json.dumps({"type": "response.create"}))
+            on_channel = await peer.until("response.done")
+            assert on_channel[-1]["response"]["status"] == "completed"
+            assert "echo: hi there" in json.dumps(on_channel)
+            seen = []
+            while not seen or seen[-1]["type"] != "response.done":
+                seen.append(json.loads(await asyncio.wait_for(control.recv(), 10)))
+            assert "response.created" in types(seen) and "echo: hi there" in json.dumps(seen)

@@ -24,13 +24,11 @@ from starlette.datastructures import UploadFile
 from gateway import errors
 from gateway.api.realtime.client_secrets import session_config
 from gateway.api.realtime.router import new_connection, receive_event
-from gateway.api.realtime.webrtc import Calls
+from gateway.api.realtime.webrtc import CALLS, Calls
 from gateway.web.resources import CLIENT_SESSION, get_identity, get_resources
 
 router = APIRouter(prefix="/v1/realtime", tags=["realtime"])
 
-#: Where the lifespan puts the process's calls (``runtime/app.py``).
-CALLS = "calls"
 SDP = "application/sdp"
 
 _OFFER_BODY = {"requestBody": {"required": True, "content": {

@@ -17,6 +17,11 @@ reconnects to any replica with ``?session_id=<the session.created id>`` and
 ``&last_event_id=<the last event it got>``; it gets ``session.created`` for
 the same session, then exactly the events after that one (see
 ``connection.py``).
+
+A backend attaches to a WebRTC call it (or its browser) opened with
+``?call_id=`` on the replica that answered it, as OpenAI's server-side
+controls do: it gets the call's events (but the audio, which is the track's)
+and its events go into the call, to run tools server side.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from gateway.api.realtime.client_secrets import session_config
 from gateway.api.realtime.config import RealtimeConfig
 from gateway.api.realtime.connection import RealtimeConnection
 from gateway.api.realtime.limits import EventBudget
+from gateway.api.realtime.webrtc import CALLS, Call, Calls
 from gateway.settings import Settings
 from gateway.web.resources import Resources, resolve_caller
 
@@ -51,7 +57,7 @@ POLICY_VIOLATION, TRY_AGAIN_LATER, NORMAL = 1008, 1013, 1000
 
 @router.websocket("/v1/realtime")
 async def realtime(websocket: WebSocket, model: str | None = None, session_id: str | None = None,
-                   last_event_id: str | None = None) -> None:
+                   last_event_id: str | None = None, call_id: str | None = None) -> None:
     resources: Resources = websocket.state.resources
     protocols = [p.strip() for p in websocket.headers.get("sec-websocket-protocol", "").split(",") if p.strip()]
     headers = dict(websocket.headers.items())
@@ -65,6 +71,7 @@ async def realtime(websocket: WebSocket, model: str | None = None, session_id: s
         if caller.session:  # checked when the secret was minted
             config.update(caller.session)
         resources.service.check_enabled()
+        call = _call_of(websocket, caller.identity, call_id) if call_id is not None else None
     except errors.GatewayError as exc:
         # Refused before the upgrade: an HTTP answer with the envelope where the
         # server can send one, else the close that makes the handshake fail (403).
@@ -74,6 +81,9 @@ async def realtime(websocket: WebSocket, model: str | None = None, session_id: s
             await websocket.close(POLICY_VIOLATION, exc.message[:120])
         return
     await websocket.accept(subprotocol="realtime" if "realtime" in protocols else None)
+    if call is not None:
+        await _control(websocket, call, resources.settings)
+        return
     identity, settings, metrics = caller.identity, resources.settings, resources.metrics
     lock = asyncio.Lock()
 
@@ -122,6 +132,41 @@ def new_connection(resources: Resources, identity: str, config: RealtimeConfig,
     budget = EventBudget(settings.realtime_events_per_sec, max(1, int(2 * settings.realtime_events_per_sec)))
     return RealtimeConnection(send, resources.service, resources.store, identity, config, resources.metrics,
                               settings, budget), budget
+
+
+def _call_of(websocket: WebSocket, identity: str, call_id: str) -> Call:
+    """The caller's call held by this process (the one that answered its offer), or 404."""
+    calls: Calls = websocket.scope["state"][CALLS]
+    call = calls.get(call_id)
+    if call is None or call.identity != identity:
+        raise errors.SessionNotFound(f"no call {call_id!r} on this replica (a call lives where it was answered)",
+                                     param="call_id")
+    return call
+
+
+async def _control(websocket: WebSocket, call: Call, settings: Settings) -> None:
+    """A backend's socket on a call (OpenAI's sideband control): the call's events out, client events in."""
+    lock = asyncio.Lock()
+
+    async def send(event: dict[str, Any]) -> None:
+        async with lock:
+            await websocket.send_text(ev.encoded(event))
+
+    budget = EventBudget(settings.realtime_events_per_sec, max(1, int(2 * settings.realtime_events_per_sec)))
+    call.watch(send)
+    try:
+        while not call.ended:
+            try:
+                async with asyncio.timeout(settings.session_timeout_sec):
+                    raw = await websocket.receive_text()
+            except TimeoutError:
+                break
+            await receive_event(raw, call.handle, send, settings, budget)
+        await websocket.close(NORMAL, "the call ended" if call.ended else "idle for longer than the session timeout")
+    except WebSocketDisconnect:
+        pass
+    finally:
+        call.unwatch(send)
 
 
 #: Events from this size on (a long stretch of audio) are parsed in a worker thread.

@@ -42,6 +42,8 @@ from gateway.api.realtime.tasks import spawn
 
 logger = logging.getLogger(__name__)
 
+#: Where the lifespan puts the process's calls (``runtime/app.py``).
+CALLS = "calls"
 #: The data channel OpenAI's WebRTC clients open for events.
 EVENTS_CHANNEL = "oai-events"
 #: Checks a client event's text as the WebSocket does (budget, size, JSON), then hands it on.
@@ -67,7 +69,9 @@ class Call:
         self._inbox: asyncio.Queue[str] = asyncio.Queue()
         self._tasks: set[asyncio.Task[None]] = set()
         self._on_end = on_end
-        self._ended = False
+        self.ended = False
+        #: Backends' control sockets on the call (``?call_id=``): they get its events too.
+        self._watchers: list[Callable[[dict[str, Any]], Awaitable[None]]] = []
         #: The last response whose audio was heard (``output_audio_buffer.cleared`` names it).
         self._last_response = ""
 
@@ -110,6 +114,15 @@ class Call:
         channel = self._channel
         if channel is not None and channel.readyState == "open":
             channel.send(ev.encoded(event))
+        for watcher in self._watchers:  # a control socket that failed only logs: the call goes on
+            spawn(self._tasks, watcher(event), f"call {self.id}: control socket")
+
+    def watch(self, send: Callable[[dict[str, Any]], Awaitable[None]]) -> None:
+        self._watchers.append(send)
+
+    def unwatch(self, send: Callable[[dict[str, Any]], Awaitable[None]]) -> None:
+        with contextlib.suppress(ValueError):
+            self._watchers.remove(send)
 
     def _started(self, response_id: str) -> None:
         self._last_response = response_id
@@ -149,11 +162,12 @@ class Call:
         while True:
             message = await self._inbox.get()
             if isinstance(message, str):
-                await receive(message, self._handle)
+                await receive(message, self.handle)
             else:
                 await self.send(ev.error(errors.InvalidRequest("events are JSON text, not binary messages")))
 
-    async def _handle(self, message: dict[str, Any]) -> None:
+    async def handle(self, message: dict[str, Any]) -> None:
+        """A client event, from the data channel or a control socket."""
         if message.get("type") == "output_audio_buffer.clear":  # the buffer is the track's: the transport's own
             self._clear()
             return
@@ -174,9 +188,9 @@ class Call:
 
     async def close(self) -> None:
         """Hang up: the connection ends as a closed WebSocket's does; the peer connection closes."""
-        if self._ended:
+        if self.ended:
             return
-        self._ended = True
+        self.ended = True
         self._on_end(self)
         current = asyncio.current_task()
         tasks = [t for t in self._tasks if t is not current]
