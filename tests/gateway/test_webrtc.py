@@ -131,3 +131,19 @@ async def test_a_backend_attaches_to_the_call_with_call_id(voice: str) -> None:
             while not seen or seen[-1]["type"] != "response.done":
                 seen.append(json.loads(await asyncio.wait_for(control.recv(), 10)))
             assert "response.created" in types(seen) and "echo: hi there" in json.dumps(seen)
+
+
+async def test_a_call_ends_when_the_browser_closes_its_peer_connection(voice: str) -> None:
+    async with Peer(voice, KEY) as peer:
+        await peer.until("session.created")
+    # The peer is closed: the server's side of the call ends (its data channel closes) and is
+    # forgotten, which a control socket sees (404), without hanging up itself.
+    call_url = f"{voice.replace('http', 'ws')}/v1/realtime?call_id={peer.location.rsplit('/', 1)[1]}"
+    async with asyncio.timeout(15):
+        while True:
+            try:
+                async with websockets.connect(call_url, additional_headers={"Authorization": f"Bearer {KEY}"}):
+                    await asyncio.sleep(0.2)
+            except websockets.InvalidStatus as refused:
+                assert refused.response.status_code == 404
+                break
