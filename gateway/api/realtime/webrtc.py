@@ -72,8 +72,6 @@ class Call:
         self.ended = False
         #: Backends' control sockets on the call (``?call_id=``): they get its events too.
         self._watchers: list[Callable[[dict[str, Any]], Awaitable[None]]] = []
-        #: The last response whose audio was heard (``output_audio_buffer.cleared`` names it).
-        self._last_response = ""
 
     async def answer(self, offer_sdp: str) -> str:
         """The SDP answer to the browser's offer (ICE candidates included: aiortc gathers before answering)."""
@@ -125,7 +123,6 @@ class Call:
             self._watchers.remove(send)
 
     def _started(self, response_id: str) -> None:
-        self._last_response = response_id
         self._tell(ev.event("output_audio_buffer.started", response_id=response_id))
 
     def _stopped(self, response_id: str) -> None:
