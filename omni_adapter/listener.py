@@ -318,9 +318,11 @@ class ListeningSession:
     # -- internals --------------------------------------------------------------------
 
     async def _end_phrase_off_the_loop(self) -> str:
-        """The words of the open phrase; without one (a typed session), no trip to the
-        Listener's threads, which may be busy recognizing other sessions' phrases."""
-        if not self._heard_audio:
+        """The words of the open phrase; without one (a typed session, a pause at the end of
+        the speech), no trip to the Listener's threads, which may be busy recognizing other
+        sessions' phrases, and ``end_input`` follows the last feed without a wait, so the
+        engine takes the last words with its final input."""
+        if not self._heard_audio or not self._phrases.in_phrase:
             return ""
         return str(await self._in_thread(self._end_phrase))
 

@@ -107,6 +107,17 @@ async def test_the_last_phrase_is_recognized_with_a_guess_as_its_draft() -> None
     ears.close()
 
 
+async def test_the_end_after_a_pause_takes_no_trip_to_the_listener_threads() -> None:
+    thinker = ScriptedSession()
+    session = ListeningSession(thinker, hearing())
+    for chunk in audio_chunks(speech(QUESTION)):  # ends in 0.5 s of silence: the phrase closed
+        await session.feed([chunk])
+    trips = []
+    session._end_phrase = lambda: trips.append(1) or ""  # type: ignore[method-assign]
+    await session.end_input()
+    assert thinker.input_text == QUESTION and thinker.ended and not trips
+
+
 async def test_no_guesses_while_two_voices_speak_at_once() -> None:
     """Several voices keep the Listener's threads and the engine's cores for what is due."""
     seen = DraftsSeen(hearing().recognizer)
