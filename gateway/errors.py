@@ -9,11 +9,16 @@ the handler knows HTTP.
     ├── RequestTimeout (408 request_timeout)
     ├── HeadersTooLarge (431 headers_too_large)
     ├── InvalidRequest (400 invalid_request)
-    │   └── InvalidJson (400 invalid_json)
+    │   ├── InvalidJson (400 invalid_json)
+    │   ├── ItemNotFound (400 item_retrieve_invalid_item_id)      Realtime: OpenAI's codes
+    │   │   ├── ItemDeleteNotFound (400 item_delete_invalid_item_id)
+    │   │   └── ItemTruncateNotFound (400 item_truncate_invalid_item_id)
+    │   └── NoActiveResponse (400 response_cancel_not_active)
     ├── ValidationFailed (422 validation_error)
     │   ├── InvalidPayload (422 invalid_payload)
     │   ├── UnsupportedModality (422 unsupported_modality)
     │   ├── EmptyInput (422 empty_input)
+    │   │   └── EmptyAudioBuffer (422 input_audio_buffer_commit_empty)
     │   └── IdempotencyKeyReused (422 idempotency_key_reused)  the key came with another request
     ├── Unauthorized (401 missing_credentials)
     │   └── InvalidApiKey (401 invalid_api_key)
@@ -23,6 +28,7 @@ the handler knows HTTP.
     ├── ModelNotFound (404 model_not_found)
     ├── SessionExpired (410 session_expired)
     ├── ConflictError (409 conflict)
+    │   ├── ActiveResponse (409 conversation_already_has_active_response)
     │   ├── SessionExists (409 session_exists)  a create under an id already taken
     │   ├── SequenceConflict (409 sequence_conflict)
     │   ├── SequenceOutOfWindow (409 sequence_out_of_window)
@@ -107,6 +113,24 @@ class InvalidJson(InvalidRequest):
     code = "invalid_json"
 
 
+class ItemNotFound(InvalidRequest):
+    """A Realtime event names an item the conversation does not have (OpenAI's code per event)."""
+
+    code = "item_retrieve_invalid_item_id"
+
+
+class ItemDeleteNotFound(ItemNotFound):
+    code = "item_delete_invalid_item_id"
+
+
+class ItemTruncateNotFound(ItemNotFound):
+    code = "item_truncate_invalid_item_id"
+
+
+class NoActiveResponse(InvalidRequest):
+    code = "response_cancel_not_active"
+
+
 class ValidationFailed(GatewayError):
     status_code = HTTPStatus.UNPROCESSABLE_ENTITY
     code = "validation_error"
@@ -125,6 +149,8 @@ class EmptyInput(ValidationFailed):
     code = "empty_input"
 
 
+class EmptyAudioBuffer(EmptyInput):
+    code = "input_audio_buffer_commit_empty"
 class IdempotencyKeyReused(ValidationFailed):
     code = "idempotency_key_reused"
 
@@ -177,6 +203,10 @@ class ConflictError(GatewayError):
     type = "invalid_request_error"
 
 
+class ActiveResponse(ConflictError):
+    """A Realtime conversation has a response running already (OpenAI's code, which SDKs check)."""
+
+    code = "conversation_already_has_active_response"
 class SessionExists(ConflictError):
     code = "session_exists"
 

@@ -63,6 +63,16 @@ class Settings(BaseSettings):
     #: Requests one identity may send at once; unset: two seconds' worth of the
     #: rate, so lowering the rate lowers the burst too.
     rate_limit_burst: int | None = Field(None, ge=1)
+    #: A Realtime connection's own budget of events a second (0: none): audio frames of
+    #: 20 ms are 50 a second; the identity's rate above is charged per connection and turn.
+    realtime_events_per_sec: float = Field(100.0, ge=0)
+    #: The most audio one ``input_audio_buffer.append`` may carry (clients send 20-100 ms).
+    realtime_max_append_ms: int = Field(5_000, ge=20)
+    #: The largest Realtime event (an item with a whole utterance's audio is the largest):
+    #: 2 MiB holds ~30 s of 24 kHz audio; a bigger one is refused with an ``error`` event.
+    #: uvicorn reads up to ``ws_max_size`` (twice this) and closes the socket (1009) past
+    #: it; its own default was 16 MiB, whose reading alone held the event loop ~0.1 s.
+    realtime_max_event_bytes: int = Field(2 * MiB, ge=64 * 1024)
     #: Open sessions across all identities and replicas (0: no limit).
     max_open_sessions: int = Field(10_000, ge=0)
 
@@ -78,12 +88,6 @@ class Settings(BaseSettings):
     #: long (every engine slot busy) is dropped: 503 ``capacity_exhausted``.
     chat_queue_timeout_sec: float = Field(60.0, gt=0)
 
-    #: The largest Realtime event (a WebSocket message); a bigger one closes the
-    #: socket (1009) before it is read. 2 MiB holds ~30 s of 24 kHz audio in
-    #: one append; voice clients send 20-100 ms. uvicorn's own default was
-    #: 16 MiB, whose reading alone held the event loop for ~0.1 s.
-    realtime_max_event_bytes: int = Field(2 * MiB, ge=64 * 1024)
-
     #: Stop waiting for a request body that stalls this long (slow clients).
     body_idle_timeout_sec: float = Field(30.0, gt=0)
     #: Every request body may take this long to arrive, counted from its
@@ -94,6 +98,17 @@ class Settings(BaseSettings):
     body_timeout_sec: float = Field(10.0, gt=0)
     body_min_bytes_per_sec: int = Field(32 * 1024, ge=1)
     max_header_bytes: int = Field(16 * 1024, ge=1024)
+
+    @property
+    def realtime_max_append_chars(self) -> int:
+        """``realtime_max_append_ms`` of 24 kHz pcm16 as base64 characters."""
+        return -(-self.realtime_max_append_ms * 48 * 4 // 3)
+
+    @property
+    def ws_max_size(self) -> int:
+        """uvicorn's WebSocket message cap: above the event cap, so an oversized event is
+        refused with an ``error`` event (the socket stays) rather than closed with 1009."""
+        return 2 * self.realtime_max_event_bytes
 
     @property
     def token_burst(self) -> int:
@@ -200,6 +215,9 @@ class Settings(BaseSettings):
     #: The engine's ``max_num_seqs`` (requests it runs at once); unset: vLLM's
     #: default. Keep ``max_engine_sessions`` at or below it.
     engine_max_num_seqs: int | None = Field(None, ge=1)
+    #: vLLM's parser of the model's tool-call format (its ``--tool-call-parser``), for
+    #: ``tool_choice: auto``; ``xlam`` reads SmolLM2's. ``required`` and named calls need none.
+    tool_call_parser: str = "xlam"
     #: Sampling for a request that names none, on every front door; unset: the
     #: served model's defaults (the embedded model's card: temperature 0.2, top-p 0.9).
     default_temperature: float | None = Field(None, ge=0, le=2)

@@ -33,6 +33,8 @@ class EngineChoice:
     engine_timeout_sec: float = 120.0
     engine_start_timeout_sec: float = 900.0
     engine_audio: bool = False
+    #: ``vllm``: vLLM's parser of the model's own tool-call format.
+    tool_call_parser: str = "xlam"
     #: Sampling for what a request leaves unset; unset here too: the served model's defaults.
     sampling_defaults: SamplingOptions = field(default_factory=SamplingOptions)
     #: The CPU Listener's recognizer (a text model's audio input).
@@ -57,7 +59,7 @@ async def open_engine(choice: EngineChoice) -> Engine:
         model=model, served_model_name=name, dtype=choice.dtype,
         max_model_len=choice.max_model_len, kv_cache_space_gib=choice.kv_cache_space_gib,
         max_num_seqs=choice.max_num_seqs, compile=choice.compile,
-        sampling_overrides=choice.sampling_defaults))
+        sampling_overrides=choice.sampling_defaults, tool_call_parser=choice.tool_call_parser))
     # A text model hears through the CPU Listener (Moonshine) and speaks
     # through the CPU Talker (hibari), if installed; vLLM-Omni has its own stages.
     return with_talker(with_listener(thinker, choice.recognizer))

@@ -51,6 +51,7 @@ from omni_adapter.port import (
     InputChunk,
 )
 from omni_adapter.text_stream import IncrementalTokenizer, StreamingTokenizer
+from omni_adapter.tool_calls import ToolCallParser
 from omni_adapter.vllm_engine import VllmEngine, VllmSession, engine_error_from
 
 if TYPE_CHECKING:
@@ -150,7 +151,9 @@ class OmniEngine(VllmEngine):
             model_names=(model_name,),
         )
 
-    def _new_session(self, request: EngineRequest, tokens: IncrementalTokenizer, emitted: int) -> OmniSession:
+    def _new_session(self, request: EngineRequest, tokens: IncrementalTokenizer, emitted: int,
+                     tool_calls: ToolCallParser | None) -> OmniSession:
+        # No tool parser here (``capabilities.tools`` is off): the gateway refuses tools first.
         return OmniSession(self._llm, request, tokens, self._max_model_len, self._audio, emitted)
 
 

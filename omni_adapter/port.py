@@ -25,6 +25,8 @@ class Capabilities:
     #: True when the engine prefills input before it is complete.
     incremental: bool
     model_names: tuple[str, ...]
+    #: True when the engine calls functions (``tools`` / ``tool_choice``).
+    tools: bool = False
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,17 @@ class EngineRequest:
     #: Text the assistant has already emitted (replayed after a hand-off);
     #: generation continues after it.
     assistant_prefix: str = ""
+    #: Functions the model may call, in OpenAI's chat format
+    #: (``{"type": "function", "function": {"name", "description", "parameters"}}``).
+    tools: tuple[dict[str, Any], ...] = ()
+    #: ``auto`` (the default with tools), ``none``, ``required``, or
+    #: ``{"type": "function", "function": {"name": ...}}``.
+    tool_choice: str | dict[str, Any] | None = None
+    #: Whose words the streamed input is: the user's, a function's result
+    #: (``tool``, answering ``input_tool_call_id``) fed back to the model, or a
+    #: system note (the assistant speaks without the user: a greeting, a nudge).
+    input_role: Literal["user", "tool", "system"] = "user"
+    input_tool_call_id: str | None = None
     #: The end of ``assistant_prefix`` that no audio has spoken yet: a Talker
     #: speaks it first, so the answer's audio is complete after a hand-off.
     unspoken_prefix: str = ""
@@ -112,6 +125,20 @@ class AudioDelta:
     pcm16: bytes
     sample_rate: int
     transcript: str = ""
+
+
+@dataclass(frozen=True)
+class ToolCallDelta:
+    """A piece of a function call in the answer (OpenAI's ``tool_calls`` delta).
+
+    The first delta of a call has its ``id`` and ``name``; the following
+    ones add to its ``arguments`` (a JSON object, as text).
+    """
+
+    index: int
+    id: str | None = None
+    name: str | None = None
+    arguments: str = ""
 
 
 @dataclass(frozen=True)
@@ -147,7 +174,7 @@ class InputTranscript:
     heard: HeardInput = HeardInput()
 
 
-OutputEvent = TextDelta | AudioDelta | InputTranscript | Finished | EngineError
+OutputEvent = TextDelta | AudioDelta | ToolCallDelta | InputTranscript | Finished | EngineError
 
 
 class EngineSession(Protocol):

@@ -24,7 +24,9 @@ A script's options, not subclasses, give the other behaviours a test needs:
 - ``error_after_words`` / ``crash_after_words``: an ``EngineError`` event, or
   an exception out of ``events()`` (an adapter whose task died);
 - ``hang``: never finish until aborted;
-- ``end``: the finish reason, or the exact last event.
+- ``end``: the finish reason, or the exact last event;
+- ``calls``: the function calls the answer makes, as ``(name, arguments)``,
+  after its text, when the request has tools (finish reason ``tool_calls``).
 
 The engine has ``healthy`` (``check_health`` raises when false),
 ``refuse_with`` (``open_session`` raises it) and ``capabilities``; each
@@ -53,6 +55,7 @@ from omni_adapter.port import (
     OutputEvent,
     SamplingOptions,
     TextDelta,
+    ToolCallDelta,
     Usage,
 )
 
@@ -71,6 +74,8 @@ class Deltas(Protocol):
 
 #: The answer to a request, given its input (text as is, ``<audio>`` etc. for the rest).
 Answer = Callable[[EngineRequest, str], Deltas]
+#: The function calls of an answer, given the request and its input: ``(name, arguments JSON)``.
+Calls = Callable[[EngineRequest, str], list[tuple[str, str]]]
 
 
 def echo(request: EngineRequest, text: str) -> list[str]:
@@ -82,7 +87,7 @@ def echo(request: EngineRequest, text: str) -> list[str]:
 def text_capabilities(model: str = "scripted") -> Capabilities:
     """Text in, text out, prefilled incrementally, one model name."""
     return Capabilities(input_modalities=frozenset({"text"}), output_modalities=frozenset({"text"}),
-                        incremental=True, model_names=(model,))
+                        incremental=True, model_names=(model,), tools=True)
 
 
 @dataclass
@@ -101,6 +106,8 @@ class Script:
     #: The last event: a finish reason (usage: input characters, answer deltas)
     #: or the event itself.
     end: FinishReason | Finished | EngineError = "stop"
+    #: Function calls after the text, when the request may call its tools.
+    calls: Calls | None = None
 
 
 def _standalone_request() -> EngineRequest:
@@ -166,8 +173,16 @@ class ScriptedSession:
             await self._wake.wait()  # set again only by abort()
         if self.aborted:
             return
+        called = script.calls(self.request, text) if script.calls and self.request.tools \
+            and self.request.tool_choice != "none" else []
+        for index, (name, arguments) in enumerate(called):
+            half = len(arguments) // 2  # the arguments in two deltas, as a model streams them
+            yield ToolCallDelta(index, f"call_scripted_{index}", name, "")
+            yield ToolCallDelta(index, arguments=arguments[:half])
+            yield ToolCallDelta(index, arguments=arguments[half:])
         if isinstance(script.end, str):
-            yield Finished(script.end, Usage(prompt_tokens=len(text), completion_tokens=len(deltas)))
+            reason: FinishReason = "tool_calls" if called and script.end == "stop" else script.end
+            yield Finished(reason, Usage(prompt_tokens=len(text), completion_tokens=len(deltas)))
         else:
             yield script.end
 

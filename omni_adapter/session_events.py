@@ -15,6 +15,7 @@ from omni_adapter.port import (
     FinishReason,
     OutputEvent,
     TextDelta,
+    ToolCallDelta,
     Usage,
 )
 
@@ -26,6 +27,8 @@ def check_servable(capabilities: Capabilities, request: EngineRequest) -> None:
     unsupported = set(request.output_modalities) - capabilities.output_modalities
     if unsupported:
         raise EngineRejectedError(f"this engine does not produce {', '.join(sorted(unsupported))}")
+    if request.tools and request.tool_choice != "none" and not capabilities.tools:
+        raise EngineRejectedError("this engine does not call functions (tools)")
 
 
 class SessionEvents:
@@ -39,7 +42,7 @@ class SessionEvents:
         self._queue: asyncio.Queue[OutputEvent] = asyncio.Queue()
         self.ended = False
 
-    def emit(self, event: TextDelta | AudioDelta) -> None:
+    def emit(self, event: TextDelta | AudioDelta | ToolCallDelta) -> None:
         if not self.ended:
             self._queue.put_nowait(event)
 

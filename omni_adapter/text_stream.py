@@ -39,6 +39,7 @@ the end of input: still exact, just not incremental.
 from __future__ import annotations
 
 import codecs
+import functools
 import logging
 import re
 from collections.abc import Mapping, Sequence
@@ -149,14 +150,17 @@ class StreamingTokenizer:
         """Start a stream that begins with ``prefix`` and ends with ``suffix`` (plain strings are trusted)."""
         return IncrementalTokenizer(self, prefix=prefix, suffix=suffix)
 
-    def chat_frame(self, messages: Sequence[Mapping[str, Any]]) -> tuple[Framed, Framed]:
-        """Render the chat template around one streamed user turn.
+    def chat_frame(self, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[Mapping[str, Any]] = (),
+                   streamed: Mapping[str, Any] | None = None) -> tuple[Framed, Framed]:
+        """Render the chat template around one streamed turn.
 
-        Returns the text before and after the user's content. The template is
-        rendered once with unique sentinels as the user's content and as each
+        Returns the text before and after the streamed content. The template is
+        rendered once with unique sentinels as the streamed content and as each
         message's text, and split there: the template's own text is trusted,
         the messages' text is client text, and the whole stream tokenizes
         like the one-shot rendered prompt (with client text kept plain).
+        ``streamed``: the streamed message's other fields (default: the user's);
+        ``tools`` go to a template that renders them (see ``takes_tools``).
         """
         tag = uuid4().hex
         contents: dict[str, str] = {}
@@ -168,14 +172,28 @@ class StreamingTokenizer:
 
         conversation = [_with_hidden_text(m, hide) for m in messages]
         sentinel = f"OmniGatewayInput{tag}"
-        conversation.append({"role": "user", "content": sentinel})
+        conversation.append({"role": "user", **(streamed or {}), "content": sentinel})
+        # Tools are rendered as vLLM renders them (as JSON, by the template).
+        extra = {"tools": list(tools)} if tools else {}
         rendered = self.tokenizer.apply_chat_template(
-            conversation, add_generation_prompt=True, tokenize=False
+            conversation, add_generation_prompt=True, tokenize=False, **extra
         )
         if not isinstance(rendered, str) or rendered.count(sentinel) != 1:
             raise ValueError("the chat template does not place the user input verbatim")
         before, after = rendered.split(sentinel)
         return self._unhide(before, contents), self._unhide(after, contents)
+
+    @functools.cached_property
+    def takes_tools(self) -> bool:
+        """Whether the chat template renders ``tools`` (SmolLM2's ignores them)."""
+        probe = [{"role": "user", "content": "hi"}]
+        tool = {"type": "function", "function": {"name": "probe_tool", "description": "probe",
+                                                 "parameters": {"type": "object", "properties": {}}}}
+        try:
+            with_tools = self.tokenizer.apply_chat_template(probe, tools=[tool], tokenize=False)
+        except Exception:
+            return False
+        return bool(with_tools != self.tokenizer.apply_chat_template(probe, tokenize=False))
 
     @staticmethod
     def _unhide(text: str, contents: Mapping[str, str]) -> Framed:

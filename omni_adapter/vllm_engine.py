@@ -56,6 +56,13 @@ from omni_adapter.port import (
 from omni_adapter.process_lifetime import engine_children_die_with_parent
 from omni_adapter.session_events import SessionEvents, check_servable
 from omni_adapter.text_stream import Framed, IncrementalTokenizer, StreamingTokenizer, client
+from omni_adapter.tool_calls import (
+    DEFAULT_TOOL_CALL_PARSER,
+    ToolCallParser,
+    calls_tools,
+    conversation,
+    tool_call_parser_class,
+)
 
 if TYPE_CHECKING:
     from vllm.engine.protocol import EngineClient, StreamingInput
@@ -85,6 +92,10 @@ class VllmEngineConfig:
     max_num_seqs: int | None = None
     gpu_memory_utilization: float = 0.5
     seed: int = 0
+    #: vLLM's parser of the model's own tool-call format (``--tool-call-parser``), for ``tool_choice: auto``.
+    tool_call_parser: str = DEFAULT_TOOL_CALL_PARSER
+    #: KV cache block size, the prefix cache's granularity (``None``: vLLM's, 128 on the CPU).
+    block_size: int | None = None
     #: torch.compile the model. ``None``: not on the CPU, where compiling made the
     #: first start about 4 min instead of under 1 and each restart 20-40 s slower,
     #: for decode 15-25 % faster on SmolLM2 (bench/engine_start.py, bench/README.md);
@@ -126,6 +137,7 @@ async def open_vllm_engine(config: VllmEngineConfig) -> VllmEngine:
         seed=config.seed,
         enforce_eager=not compile_model,
         max_num_seqs=config.max_num_seqs,
+        block_size=config.block_size,
         disable_log_stats=True,
     )
     try:
@@ -134,11 +146,12 @@ async def open_vllm_engine(config: VllmEngineConfig) -> VllmEngine:
         raise EngineUnavailableError(f"the vLLM engine failed to start: {exc}") from exc
     try:
         streaming = StreamingTokenizer(llm.get_tokenizer())
+        parser_cls = tool_call_parser_class(config.tool_call_parser, streaming.tokenizer)
     except BaseException:
         llm.shutdown()
         raise
     model_defaults = SamplingOptions.known(llm.model_config.get_diff_sampling_param())
-    return VllmEngine(llm, streaming, config.served_model_name,
+    return VllmEngine(llm, streaming, config.served_model_name, parser_cls,
                       config.sampling_overrides.or_defaults(model_defaults))
 
 
@@ -184,8 +197,13 @@ class TokenizerChecks:
     def frame(self, request: EngineRequest) -> tuple[Framed, Framed]:
         """The chat template around the streamed input; raises for what the engine would refuse."""
         check_servable(self._capabilities, request)
+        messages, tools = conversation(request.messages, request.tools, request.tool_choice,
+                                       self._streaming.takes_tools)
+        streamed: dict[str, Any] = {"role": request.input_role}
+        if request.input_tool_call_id is not None:
+            streamed["tool_call_id"] = request.input_tool_call_id
         try:
-            prefix, suffix = self._streaming.chat_frame(request.messages)
+            prefix, suffix = self._streaming.chat_frame(messages, tools=tools, streamed=streamed)
         except Exception as exc:
             raise EngineRejectedError(f"the chat template cannot render the messages: {exc}") from exc
         # Built here to reject invalid options now, not after the input.
@@ -210,11 +228,13 @@ class VllmEngine:
     """One ``AsyncLLM`` shared by every session of the process."""
 
     def __init__(self, llm: EngineClient, streaming: StreamingTokenizer, model_name: str,
-                 sampling_defaults: SamplingOptions | None = None) -> None:
+                 tool_parser_cls: Any = None, sampling_defaults: SamplingOptions | None = None) -> None:
         self._llm = llm
         #: What a request's unset sampling fields become (the served model's defaults).
         self.sampling_defaults = sampling_defaults or SamplingOptions()
         self._streaming = streaming
+        #: vLLM's parser class for the model's tool calls (``None``: the engine calls no functions).
+        self._tool_parser_cls = tool_parser_cls
         self._max_model_len: int = llm.model_config.max_model_len
         self._sessions: weakref.WeakSet[VllmSession] = weakref.WeakSet()
         self._closed = False
@@ -223,6 +243,7 @@ class VllmEngine:
             output_modalities=TEXT_ONLY,
             incremental=streaming.incremental,
             model_names=(model_name,),
+            tools=tool_parser_cls is not None,
         )
 
     @property
@@ -253,12 +274,17 @@ class VllmEngine:
         # After a hand-off the answer so far is part of the prompt; it still
         # counts against max_tokens and in the usage as completion tokens.
         emitted = len(self._streaming.encode_plain(request.assistant_prefix)) if request.assistant_prefix else 0
-        session = self._new_session(request, tokens, emitted)
+        tool_calls = None
+        if calls_tools(request.tools, request.tool_choice) and self._tool_parser_cls is not None:
+            tool_calls = ToolCallParser(self._tool_parser_cls, self._streaming.tokenizer, request.tools,
+                                        request.tool_choice)
+        session = self._new_session(request, tokens, emitted, tool_calls)
         self._sessions.add(session)
         return session
 
-    def _new_session(self, request: EngineRequest, tokens: IncrementalTokenizer, emitted: int) -> VllmSession:
-        return VllmSession(self._llm, request, tokens, self._max_model_len, emitted)
+    def _new_session(self, request: EngineRequest, tokens: IncrementalTokenizer, emitted: int,
+                     tool_calls: ToolCallParser | None) -> VllmSession:
+        return VllmSession(self._llm, request, tokens, self._max_model_len, emitted, tool_calls)
 
     async def check_health(self) -> None:
         from vllm.v1.engine.exceptions import EngineDeadError as VllmEngineDead
@@ -361,8 +387,16 @@ class VllmSession:
         tokens: IncrementalTokenizer,
         max_model_len: int,
         emitted_tokens: int = 0,
+        tool_calls: ToolCallParser | None = None,
     ) -> None:
         self._llm = llm
+        #: The answer's text through vLLM's tool-call parser (``None``: no tools).
+        self._tool_calls = tool_calls
+        #: Structured output (``required`` / a named function) holds the whole
+        #: input for one final engine input: vLLM sets a request's grammar when
+        #: the request is added, and an input after the first changes its
+        #: sampling parameters but not its grammar.
+        self._whole_input = tool_calls is not None and tool_calls.structured_outputs is not None
         #: Tokens of the answer that an earlier holder already emitted.
         self._emitted = emitted_tokens
         self._request = request
@@ -533,18 +567,32 @@ class VllmSession:
         """
         self._completion_tokens += len(completion.token_ids)
         text, stopped = self._stops.feed(completion.text)
-        if text:
-            self._events.emit(TextDelta(text))
+        done = stopped or completion.finish_reason is not None
+        if done and not stopped:
+            text += self._stops.flush()
+        self._emit_text(text, completion.token_ids, done)
         if stopped:
-            self._finish("stop")
+            self._finish(self._reason("stop"))
             # Ends the generate() loop with an "abort" output, ignored.
             await self._llm.abort(self._request.request_id)
             return None
-        if completion.finish_reason is None:
-            return None
-        if tail := self._stops.flush():
-            self._events.emit(TextDelta(tail))
         reason: str | None = completion.finish_reason
+        return reason
+
+    def _emit_text(self, text: str, token_ids: Sequence[int], done: bool) -> None:
+        """The answer's text as it is, or through the tool-call parser: content and calls."""
+        if self._tool_calls is None:
+            if text:
+                self._events.emit(TextDelta(text))
+            return
+        for event in self._tool_calls.parse(text, token_ids, finished=done):
+            self._events.emit(event)
+
+    def _reason(self, reason: FinishReason) -> FinishReason:
+        """OpenAI's: ``tool_calls`` when the answer called functions (``stop`` for a named one)."""
+        calls = self._tool_calls
+        if reason == "stop" and calls is not None and calls.called and not calls.named:
+            return "tool_calls"
         return reason
 
     def _settle(self, engine_reason: str) -> None:
@@ -552,7 +600,7 @@ class VllmSession:
         if reason is None:
             self._fail(EngineError(f"generation failed ({engine_reason})"))
         else:
-            self._finish(reason)
+            self._finish(self._reason(reason))
 
     def _error_from(self, exc: BaseException) -> EngineError:
         return engine_error_from(exc)
@@ -575,7 +623,8 @@ class VllmSession:
             # starts the answer, is never empty.
             while not (
                 self._phase in (Phase.CLOSING, Phase.INPUT_ENDED)
-                or (self._phase is Phase.FEEDING and len(self._ready) > 1 and not self._ending)
+                or (self._phase is Phase.FEEDING and len(self._ready) > 1
+                    and not self._ending and not self._whole_input)
             ):
                 self._wake.clear()
                 await self._wake.wait()
@@ -598,6 +647,8 @@ class VllmSession:
             self._request.sampling, max_tokens=room if requested is None else min(requested, room)
         )
         final.output_kind = RequestOutputKind.DELTA
+        if self._tool_calls is not None:
+            final.structured_outputs = self._tool_calls.structured_outputs
         self._step(Step.SENT_FINAL)
         yield StreamingInput(self._prompt(batch), final)
         # The phase moves while this generator is suspended (an abort), which

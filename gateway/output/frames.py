@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from omni_adapter.port import HeardInput, Usage
+from omni_adapter.port import HeardInput, ToolCallDelta, Usage
 
 DONE = "[DONE]"
 
@@ -93,6 +93,17 @@ class FrameBuilder:
         """An OpenAI audio delta: ``{"id", "data" (base64 pcm16), "transcript", "expires_at"}``."""
         return self._chunk([{"index": 0, "delta": {"audio": audio}, "finish_reason": None}])
 
+    def tool_call(self, delta: ToolCallDelta) -> str:
+        """OpenAI's ``tool_calls`` delta: the call's id, type and name first, then its arguments."""
+        call: dict[str, Any] = {"index": delta.index}
+        function: dict[str, Any] = {"arguments": delta.arguments}
+        if delta.id is not None:
+            call.update(id=delta.id, type="function")
+        if delta.name is not None:
+            function["name"] = delta.name
+        call["function"] = function
+        return self._chunk([{"index": 0, "delta": {"tool_calls": [call]}, "finish_reason": None}])
+
     def transcript(self, text: str, heard: HeardInput | None = None) -> str:
         """The recognized spoken input: a chunk with no choices (OpenAI readers skip those,
         as they skip the usage chunk), sent as the named SSE event ``transcript``.
@@ -111,7 +122,11 @@ class FrameBuilder:
         """The extra frame OpenAI sends for ``stream_options.include_usage``."""
         return self._chunk([], usage=usage_dict(usage))
 
-    def completion(self, text: str, finish_reason: str, usage: Usage) -> dict[str, Any]:
+    def completion(self, text: str, finish_reason: str, usage: Usage,
+                   tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if tool_calls:
+            message.update(content=text or None, tool_calls=tool_calls)
         return {
             "id": self.session_id,
             "object": "chat.completion",
@@ -119,8 +134,27 @@ class FrameBuilder:
             "model": self.model,
             "choices": [{
                 "index": 0,
-                "message": {"role": "assistant", "content": text},
+                "message": message,
                 "finish_reason": finish_reason,
             }],
             "usage": usage_dict(usage),
         }
+
+
+class ToolCalls:
+    """An answer's function calls, put together from their deltas (for the completion)."""
+
+    def __init__(self) -> None:
+        self._calls: dict[int, dict[str, Any]] = {}
+
+    def add(self, delta: ToolCallDelta) -> None:
+        call = self._calls.setdefault(delta.index, {"id": "", "type": "function",
+                                                    "function": {"name": "", "arguments": ""}})
+        if delta.id is not None:
+            call["id"] = delta.id
+        if delta.name is not None:
+            call["function"]["name"] = delta.name
+        call["function"]["arguments"] += delta.arguments
+
+    def listed(self) -> list[dict[str, Any]]:
+        return [self._calls[i] for i in sorted(self._calls)]

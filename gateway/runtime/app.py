@@ -70,7 +70,8 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
         engine_start_timeout_sec=settings.engine_start_timeout_sec,
         engine_audio=settings.engine_audio, recognizer=settings.recognizer,
         sampling_defaults=SamplingOptions(temperature=settings.default_temperature,
-                                          top_p=settings.default_top_p))
+                                          top_p=settings.default_top_p),
+        tool_call_parser=settings.tool_call_parser)
 
     async def open_active(store: SessionStore) -> Engine:
         if role == "api":

@@ -82,7 +82,7 @@ def uvicorn_config(app: object, settings: Settings, **kwargs: object) -> uvicorn
                           # The Realtime WebSocket: websockets' sans-I/O core (the
                           # "websockets" choice is its deprecated legacy API). A message
                           # over the cap closes the socket (1009) before it is assembled.
-                          ws="websockets-sansio", ws_max_size=settings.realtime_max_event_bytes,
+                          ws="websockets-sansio", ws_max_size=settings.ws_max_size,
                           **kwargs)  # type: ignore[arg-type]
 
 

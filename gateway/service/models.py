@@ -42,12 +42,74 @@ class ChunkIn(StrictModel):
         return self
 
 
+class FunctionCall(StrictModel):
+    name: str
+    #: A JSON object, as text (as the model wrote it).
+    arguments: str
+
+
+class ToolCall(StrictModel):
+    """A function call the assistant made (OpenAI's ``tool_calls`` item)."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(StrictModel):
     """A turn of the history placed before the streamed input."""
 
-    role: Literal["system", "user", "assistant"]
-    content: str
+    role: Literal["system", "user", "assistant", "tool"]
+    #: ``None`` only for an assistant message that only calls functions.
+    content: str | None
     name: str | None = None
+    #: The assistant's function calls.
+    tool_calls: list[ToolCall] | None = None
+    #: A ``tool`` message: the call whose result it is.
+    tool_call_id: str | None = None
+
+    @model_validator(mode="after")
+    def _roles(self) -> ChatMessage:
+        check_message_fields(self.role, self.content, self.tool_calls, self.tool_call_id)
+        return self
+
+
+def check_message_fields(role: str, content: object, tool_calls: list[ToolCall] | None,
+                         tool_call_id: str | None) -> None:
+    """What a message's role allows: content, function calls, the call a result answers."""
+    if content is None and not (role == "assistant" and tool_calls):
+        raise ValueError("content is required, except for an assistant message with tool_calls")
+    if tool_calls and role != "assistant":
+        raise ValueError("only assistant messages have tool_calls")
+    if (role == "tool") != (tool_call_id is not None):
+        raise ValueError("a tool message, and only a tool message, has a tool_call_id")
+
+
+class FunctionDefinition(StrictModel):
+    name: str = Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")
+    description: str | None = None
+    #: A JSON Schema object for the arguments.
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(StrictModel):
+    """A function the model may call (OpenAI's chat ``tools`` item)."""
+
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(StrictModel):
+    name: str
+
+
+class NamedToolChoice(StrictModel):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
 
 
 class AudioOptions(StrictModel):
@@ -80,14 +142,39 @@ class GenerationOptions(StrictModel):
     repetition_penalty: float | None = Field(None, gt=0)
     stream_options: StreamOptions | None = None
     metadata: dict[str, str] | None = None
+    tools: list[Tool] | None = Field(None, min_length=1)
+    tool_choice: ToolChoice | None = Field(
+        None, description="auto (the default with tools), none, required, or a named function")
+    #: Accepted for OpenAI compatibility: a ``required`` answer may hold several calls either way.
+    parallel_tool_calls: bool | None = None
+
+    @model_validator(mode="after")
+    def _choice_among_tools(self) -> GenerationOptions:
+        named = {t.function.name for t in self.tools or ()}
+        choice = self.tool_choice
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in named:
+            raise ValueError(f"tool_choice names {choice.function.name!r}, which is not among the tools")
+        if choice == "required" and not named:
+            raise ValueError("tool_choice required needs tools")
+        return self
 
 
 class CreateSessionRequest(GenerationOptions):
     messages: list[ChatMessage] = Field(
         default_factory=list, description="system prompt / history placed before the streamed input")
+    input_role: Literal["user", "tool", "system"] = Field(
+        "user", description="whose words the streamed input is: the user's, a function's result (tool), or a "
+        "system note (a turn the assistant takes without the user: a greeting, a nudge)")
+    input_tool_call_id: str | None = Field(None, description="with input_role tool: the call it answers")
     start_policy: StartPolicy | None = None
     min_length: dict[MinLengthKind, int] | None = None
     first_chunk: ChunkIn | None = None
+
+    @model_validator(mode="after")
+    def _tool_input(self) -> CreateSessionRequest:
+        if (self.input_role == "tool") != (self.input_tool_call_id is not None):
+            raise ValueError("input_role tool goes with input_tool_call_id (and only it)")
+        return self
 
     @field_validator("min_length")
     @classmethod

@@ -18,6 +18,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from sse_starlette import ServerSentEvent
 
@@ -27,7 +28,7 @@ from gateway.domain.policies import StartThresholds
 from gateway.domain.states import SessionState
 from gateway.metrics import Metrics
 from gateway.output.sse import session_events
-from gateway.service.models import CreateSessionRequest
+from gateway.service.models import ChatMessage, CreateSessionRequest
 from gateway.settings import Settings
 from gateway.store.records import ChunkRecord, InputOutcome, event_id_key
 from gateway.store.redis_store import SessionStore
@@ -37,6 +38,7 @@ from gateway.work.pool import RunnerPool
 from omni_adapter.port import (
     Capabilities,
     EngineRejectedError,
+    EngineRequest,
     RequestChecks,
     SamplingOptions,
 )
@@ -104,6 +106,24 @@ class SessionService:
         text = chunk.payload.decode("utf-8", errors="replace")
         return dataclasses.replace(chunk, min_tokens=await asyncio.to_thread(self._checks.input_tokens_at_least, text))
 
+    @property
+    def max_input_tokens(self) -> int | None:
+        """The most prompt tokens a request may take; ``None`` when the engine cannot count."""
+        return None if self._checks is None else self._checks.max_input_tokens
+
+    async def prompt_tokens(self, messages: list[ChatMessage], tools: list[dict[str, Any]]) -> int:
+        """The tokens ``messages`` take before a turn's input (template included), counted as the
+        engine counts them (a worker thread: it is tokenizing)."""
+        if self._checks is None:
+            return 0
+        request = EngineRequest("count", self._capabilities.model_names[0],
+                                tuple(m.model_dump(exclude_none=True) for m in messages), SamplingOptions(),
+                                tools=tuple(tools))
+        try:
+            return await asyncio.to_thread(self._checks.check_request, request)
+        except EngineRejectedError as exc:
+            raise errors.ValidationFailed(str(exc)) from exc
+
     def check_input_modality(self, chunk: ChunkRecord, param: str = "modality") -> None:
         """422 for input the engine cannot take, before anything is stored."""
         if chunk.modality not in self._capabilities.input_modalities:
@@ -163,6 +183,9 @@ class SessionService:
             raise errors.UnsupportedModality(
                 f"the engine cannot produce {', '.join(sorted(unsupported))} output (it produces: {produced})",
                 param="modalities")
+        if body.tools and body.tool_choice != "none" and not self._capabilities.tools:
+            raise errors.ValidationFailed("the engine does not call functions: tools are not served here",
+                                          param="tools")
         if first is not None:
             self.check_input_modality(first, param="first_chunk.modality")
         new = await self._checked(self._new_session(body, model, identity))
@@ -296,7 +319,11 @@ class SessionService:
             messages=tuple(m.model_dump(exclude_none=True) for m in body.messages),
             modalities=tuple(body.modalities), sampling=sampling,
             include_usage=bool(body.stream_options and body.stream_options.include_usage),
-            metadata=body.metadata or {})
+            metadata=body.metadata or {},
+            tools=tuple(t.model_dump(exclude_none=True) for t in body.tools or ()),
+            tool_choice=(body.tool_choice if isinstance(body.tool_choice, str) or body.tool_choice is None
+                         else body.tool_choice.model_dump()),
+            input_role=body.input_role, input_tool_call_id=body.input_tool_call_id)
         timeout_ms = int(s.session_timeout_sec * 1000)
         return NewSession(
             policy=policy, model=model, identity=identity, request=request,

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from gateway.domain.policies import StartPolicy, StartThresholds
 from gateway.domain.states import SessionState
@@ -57,12 +57,17 @@ class StoredRequest:
     sampling: SamplingOptions
     include_usage: bool = False
     metadata: dict[str, str] = field(default_factory=dict)
+    tools: tuple[dict[str, Any], ...] = ()
+    tool_choice: str | dict[str, Any] | None = None
+    input_role: Literal["user", "tool", "system"] = "user"
+    input_tool_call_id: str | None = None
 
     def to_json(self) -> str:
         sampling = {**asdict(self.sampling), "stop": list(self.sampling.stop)}
         return json.dumps({"messages": list(self.messages), "modalities": list(self.modalities),
                            "sampling": sampling, "include_usage": self.include_usage,
-                           "metadata": self.metadata})
+                           "metadata": self.metadata, "tools": list(self.tools), "tool_choice": self.tool_choice,
+                           "input_role": self.input_role, "input_tool_call_id": self.input_tool_call_id})
 
     @classmethod
     def from_json(cls, text: str) -> StoredRequest:
@@ -70,12 +75,15 @@ class StoredRequest:
         sampling = stored["sampling"]
         return cls(messages=tuple(stored["messages"]), modalities=tuple(stored["modalities"]),
                    sampling=SamplingOptions(**{**sampling, "stop": tuple(sampling["stop"])}),
-                   include_usage=stored.get("include_usage", False), metadata=stored.get("metadata") or {})
+                   include_usage=stored.get("include_usage", False), metadata=stored.get("metadata") or {},
+                   tools=tuple(stored.get("tools") or ()), tool_choice=stored.get("tool_choice"),
+                   input_role=stored.get("input_role", "user"), input_tool_call_id=stored.get("input_tool_call_id"))
 
     def engine_request(self, request_id: str, model: str, assistant_prefix: str = "") -> EngineRequest:
         return EngineRequest(request_id=request_id, model=model, messages=self.messages,
                              sampling=self.sampling, output_modalities=self.modalities,
-                             assistant_prefix=assistant_prefix)
+                             assistant_prefix=assistant_prefix, tools=self.tools, tool_choice=self.tool_choice,
+                             input_role=self.input_role, input_tool_call_id=self.input_tool_call_id)
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,7 @@ from gateway.output.frames import (
     DONE,
     TRANSCRIPT_EVENT,
     FrameBuilder,
+    ToolCalls,
     content_of,
     heard_of,
     unspoken_end,
@@ -72,6 +73,7 @@ from omni_adapter.port import (
     InputChunk,
     InputTranscript,
     TextDelta,
+    ToolCallDelta,
 )
 
 logger = logging.getLogger(__name__)
@@ -428,6 +430,7 @@ class SessionRunner:
         audio = AudioOutput(frames, ttl_sec=record.result_ttl_ms / 1000)
         audio.replay(progress.frame_data)
         pieces: list[str] = [progress.text] if progress.text else []
+        calls = ToolCalls()
         written = emitted = len(progress.frame_data)
 
         async def publish(out: list[tuple[str, str, bool]], completion: dict[str, Any] | None = None) -> bool:
@@ -457,6 +460,9 @@ class SessionRunner:
                     await emit(("", frames.content(event.text), False))
                 elif isinstance(event, AudioDelta):
                     await emit(("", audio.frame(event), False))
+                elif isinstance(event, ToolCallDelta):
+                    calls.add(event)
+                    await emit(("", frames.tool_call(event), False))
                 elif isinstance(event, InputTranscript):
                     if progress.transcript.startswith(event.text):
                         continue  # told already, before a hand-off
@@ -472,7 +478,8 @@ class SessionRunner:
                     if record.request.include_usage:
                         out.append(("", frames.usage(event.usage), False))
                     out.append(("", DONE, True))
-                    completion = audio.complete(frames.completion("".join(pieces), event.finish_reason, event.usage))
+                    completion = audio.complete(frames.completion("".join(pieces), event.finish_reason, event.usage,
+                                                                  calls.listed()))
                     if await publish(out, completion):
                         self._metrics.transition(SessionState.GENERATING, SessionState.COMPLETED)
                     return

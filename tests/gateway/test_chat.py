@@ -162,6 +162,64 @@ async def test_a_client_that_leaves_a_stream_cancels_its_session(redis_url: str)
             assert engine.sessions[0].aborted
 
 
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+
+
+async def test_tool_calls_come_back_streamed_and_not_and_their_result_feeds_the_next_answer(
+        redis_url: str) -> None:
+    engine = ScriptedEngine(script=Script(calls=lambda request, text: [("get_weather", '{"city": "Paris"}')]
+                                          if request.input_role == "user" else []))
+    async with app_client(make_settings(redis_url=redis_url), engine) as client:
+        oai = openai_client(client)
+        asked = [{"role": "user", "content": "weather in Paris?"}]
+        completion = await oai.chat.completions.create(model="scripted", messages=asked, tools=[WEATHER],
+                                                       tool_choice="auto")
+        choice = completion.choices[0]
+        assert choice.finish_reason == "tool_calls"
+        [call] = choice.message.tool_calls or []
+        assert call.function.name == "get_weather" and call.function.arguments == '{"city": "Paris"}'
+        assert engine.sessions[0].request.tools == (WEATHER,)
+        assert engine.sessions[0].request.tool_choice == "auto"
+
+        stream = await oai.chat.completions.create(model="scripted", messages=asked, tools=[WEATHER], stream=True)
+        deltas = [c.choices[0].delta for c in [chunk async for chunk in stream] if c.choices]
+        streamed = [t for d in deltas for t in d.tool_calls or []]
+        assert streamed[0].id and streamed[0].function and streamed[0].function.name == "get_weather"
+        assert "".join(t.function.arguments or "" for t in streamed if t.function) == '{"city": "Paris"}'
+
+        # The function's result goes back as a tool message after the assistant's call.
+        followed = await oai.chat.completions.create(model="scripted", tools=[WEATHER], messages=[
+            *asked, {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+            {"role": "tool", "tool_call_id": call.id, "content": "sunny, 24 C"}])
+        assert followed.choices[0].message.content == "echo: sunny, 24 C"
+        assert followed.choices[0].finish_reason == "stop"
+        last = engine.sessions[-1].request
+        assert (last.input_role, last.input_tool_call_id) == ("tool", call.id)
+        assert last.messages[-1]["tool_calls"][0]["function"]["name"] == "get_weather"
+
+
+async def test_bad_tool_requests_are_refused(client: httpx.AsyncClient, redis_url: str) -> None:
+    named = {"type": "function", "function": {"name": "nope"}}
+    cases = [
+        {"messages": USER, "tools": [WEATHER], "tool_choice": named},
+        {"messages": USER, "tool_choice": "required"},
+        {"messages": USER, "tools": [{"type": "function", "function": {"name": "bad name!"}}]},
+        {"messages": [{"role": "tool", "content": "x"}]},
+        {"messages": [{"role": "user", "content": None}]},
+    ]
+    for body in cases:
+        assert_error(await client.post(CHAT, json=body), 422, "validation_error")
+    plain = ScriptedEngine(capabilities=Capabilities(
+        input_modalities=frozenset({"text"}), output_modalities=frozenset({"text"}), incremental=True,
+        model_names=("scripted",)))
+    async with app_client(make_settings(redis_url=redis_url), plain) as other:
+        assert_error(await other.post(CHAT, json={"messages": USER, "tools": [WEATHER]}), 422,
+                     "validation_error", "tools")
+        # tool_choice none: the tools are not used, so any engine answers.
+        response = await other.post(CHAT, json={"messages": USER, "tools": [WEATHER], "tool_choice": "none"})
+        assert response.status_code == 200, response.text
 async def test_a_non_streamed_answer_that_waits_too_long_for_room_is_a_503(redis_url: str) -> None:
     """Every engine slot busy: the request is dropped after ``chat_queue_timeout_sec``, not left hanging."""
     settings = make_settings(redis_url=redis_url, max_engine_sessions=1, chat_queue_timeout_sec=0.5,

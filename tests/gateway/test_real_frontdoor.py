@@ -7,6 +7,7 @@ composed as the embedded default is (``with_talker``).
 from __future__ import annotations
 
 import base64
+import json
 from collections.abc import AsyncIterator
 
 import httpx
@@ -59,6 +60,32 @@ async def test_openai_client_streamed_text_equals_non_streamed(client: httpx.Asy
     assert chunks[-1].usage == completion.usage
     assert completion.usage is not None and 0 < completion.usage.completion_tokens <= 10
     assert [m.id for m in (await oai.models.list()).data] == [MODEL]
+
+
+async def test_a_named_function_call_streamed_and_not_then_its_result_answered(client: httpx.AsyncClient) -> None:
+    """Function calling on vLLM's structured output: valid arguments even from the 135M model."""
+    oai = openai_client(client)
+    weather = {"type": "function", "function": {
+        "name": "get_weather", "description": "The weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+    asked = [{"role": "user", "content": "What is the weather in Paris?"}]
+    calling = {"model": MODEL, "messages": asked, "tools": [weather], "temperature": 0, "max_tokens": 24,
+               "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}
+    completion = await oai.chat.completions.create(**calling)
+    [call] = completion.choices[0].message.tool_calls or []
+    assert call.function.name == "get_weather"
+    assert isinstance(json.loads(call.function.arguments)["city"], str)
+    stream = await oai.chat.completions.create(**calling, stream=True)
+    deltas = [t for c in [chunk async for chunk in stream] if c.choices for t in c.choices[0].delta.tool_calls or []]
+    assert deltas[0].function and deltas[0].function.name == "get_weather"
+    assert "".join(t.function.arguments or "" for t in deltas if t.function) == call.function.arguments
+
+    answer = await oai.chat.completions.create(model=MODEL, temperature=0, max_tokens=24, tools=[weather], messages=[
+        {"role": "system", "content": "Tell the user the weather the tool reported."}, *asked,
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": "Sunny and 24 degrees"}])
+    said = answer.choices[0].message.content or ""
+    assert "sunny" in said.lower() or "24" in said, said
 
 
 async def test_the_real_engines_capabilities_decide_validation(client: httpx.AsyncClient) -> None:

@@ -13,7 +13,7 @@ import asyncio
 import base64
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
@@ -193,6 +193,8 @@ async def test_browsers_authenticate_with_the_key_subprotocol(redis_url: str) ->
 
 async def test_a_spoken_turn_with_a_commit_is_heard_while_it_streams(server: tuple[str, ScriptedEngine]) -> None:
     url, engine = server
+    transcribed = {**TEXT_ONLY, "audio": {"input": {"turn_detection": None,
+                                                    "transcription": {"model": "gpt-4o-transcribe"}}}}
     async with sdk(url).realtime.connect(model="scripted") as connection:
         await connection.session.update(session=TEXT_ONLY)
         for piece in pieces(speech(QUESTION), SPEECH_RATE, 200):
@@ -201,7 +203,21 @@ async def test_a_spoken_turn_with_a_commit_is_heard_while_it_streams(server: tup
         committed_at = time.monotonic()
         await connection.input_audio_buffer.commit()
         await connection.response.create()
+        untold = await until(connection, "response.done")
+        # Transcription events only when the session asks for them; the answer heard the words either way.
+        assert not [e for e in untold if e["type"].startswith("conversation.item.input_audio_transcription")]
+        assert answer_text(untold) == "echo: What is the capital of France?"
+
+        await connection.session.update(session=transcribed)
+        for piece in pieces(speech(QUESTION), SPEECH_RATE, 200):
+            await connection.input_audio_buffer.append(audio=base64.b64encode(piece).decode())
+        await connection.input_audio_buffer.commit()
+        await connection.response.create()
         events = await until(connection, "response.done")
+        item_id = next(e["item_id"] for e in events if e["type"] == "input_audio_buffer.committed")
+        await connection.conversation.item.retrieve(item_id=item_id)
+        retrieved = await until(connection, "conversation.item.retrieved")
+        assert retrieved[-1]["item"]["content"][0]["transcript"] == "What is the capital of France?"
     heard = [e for e in events if e["type"] == "conversation.item.input_audio_transcription.completed"]
     assert heard and heard[0]["transcript"] == "What is the capital of France?"
     deltas = "".join(e["delta"] for e in events if e["type"] == "conversation.item.input_audio_transcription.delta")
@@ -256,27 +272,43 @@ async def test_a_spoken_question_gets_a_spoken_answer_from_the_real_engine(redis
     assert word_error_rate(answer, recognize(spoken, SPEECH_RATE)) <= 0.5
 
 
+async def ask_then_break(url: str, words: str, stop: Callable[[list[dict[str, Any]]], bool],
+                         ) -> tuple[str, list[dict[str, Any]]]:
+    """A text turn asked over a raw socket, which breaks (no close handshake) once ``stop``
+    holds for the events seen; the Realtime session's id and those events."""
+    ws = await websockets.connect(url.replace("http", "ws") + "/v1/realtime")
+    session_id = json.loads(await ws.recv())["session"]["id"]
+    await ws.send(json.dumps({"type": "session.update", "session": TEXT_ONLY}))
+    await ws.send(json.dumps({"type": "conversation.item.create", "item": {
+        "type": "message", "role": "user", "content": [{"type": "input_text", "text": words}]}}))
+    await ws.send(json.dumps({"type": "response.create"}))
+    before: list[dict[str, Any]] = []
+    while not stop(before):
+        before.append(conforming(json.loads(await ws.recv())))
+    ws.transport.abort()
+    return session_id, before
+
+
+async def resumed_until_done(url: str, session_id: str, last_event_id: str) -> list[dict[str, Any]]:
+    """Reconnect with the resume parameters; every event up to ``response.done``."""
+    async with websockets.connect(f"{url.replace('http', 'ws')}/v1/realtime?session_id={session_id}"
+                                  f"&last_event_id={last_event_id}") as ws:
+        after: list[dict[str, Any]] = []
+        while not after or after[-1]["type"] != "response.done":
+            after.append(conforming(json.loads(await asyncio.wait_for(ws.recv(), 30))))
+        return after
+
+
 async def test_a_broken_socket_resumes_on_another_replica_with_nothing_lost_or_repeated(redis_url: str) -> None:
     settings = make_settings(redis_url=redis_url)
     words = "one two three four five six seven eight nine ten"
     async with live_app(settings, ScriptedEngine(Script(word_delay_sec=0.15))) as a, \
             live_app(settings, ScriptedEngine()) as b:
-        ws_a = await websockets.connect(a.replace("http", "ws") + "/v1/realtime")
-        session_id = json.loads(await ws_a.recv())["session"]["id"]
-        await ws_a.send(json.dumps({"type": "session.update", "session": TEXT_ONLY}))
-        await ws_a.send(json.dumps({"type": "conversation.item.create", "item": {
-            "type": "message", "role": "user", "content": [{"type": "input_text", "text": words}]}}))
-        await ws_a.send(json.dumps({"type": "response.create"}))
-        before: list[dict[str, Any]] = []
-        while sum(e["type"] == "response.output_text.delta" for e in before) < 3:
-            before.append(conforming(json.loads(await ws_a.recv())))
-        ws_a.transport.abort()  # the socket breaks: no close handshake
-        last = before[-1]["event_id"]
-        async with websockets.connect(f"{b.replace('http', 'ws')}/v1/realtime?session_id={session_id}"
-                                      f"&last_event_id={last}") as ws_b:
-            after: list[dict[str, Any]] = []
-            while not after or after[-1]["type"] != "response.done":
-                after.append(conforming(json.loads(await asyncio.wait_for(ws_b.recv(), 30))))
+        session_id, before = await ask_then_break(
+            a, words, lambda seen: sum(e["type"] == "response.output_text.delta" for e in seen) >= 3)
+        after = await resumed_until_done(b, session_id, before[-1]["event_id"])
+        async with websockets.connect(f"{b.replace('http', 'ws')}/v1/realtime?session_id={session_id}") as ws_b:
+            await ws_b.recv()  # session.created: the answer is over, nothing more to replay
             assert after[0]["type"] == "session.created" and after[0]["session"]["id"] == session_id
             assert answer_text(before) + answer_text(after) == f"echo: {words}"
             assert after[-1]["response"]["output"][0]["content"][0]["text"] == f"echo: {words}"

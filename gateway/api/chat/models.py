@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
-from gateway.service.models import GenerationOptions, StrictModel
+from gateway.service.models import GenerationOptions, StrictModel, ToolCall, check_message_fields
 
 
 class TextPart(StrictModel):
@@ -38,13 +38,23 @@ ContentPart = Annotated[TextPart | AudioPart | ImagePart, Field(discriminator="t
 
 
 class ChatCompletionMessage(StrictModel):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[ContentPart]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    #: ``None`` only for an assistant message that only calls functions.
+    content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    #: A ``tool`` message: the call whose result it is.
+    tool_call_id: str | None = None
+
+    @model_validator(mode="after")
+    def _roles(self) -> ChatCompletionMessage:
+        check_message_fields(self.role, self.content, self.tool_calls, self.tool_call_id)
+        return self
 
 
 class ChatCompletionRequest(GenerationOptions):
-    """OpenAI's chat completion request; the last message is the user's input."""
+    """OpenAI's chat completion request; the last message (the user's, or a
+    function's result) is the input."""
 
     messages: list[ChatCompletionMessage] = Field(min_length=1)
     stream: bool = False
@@ -76,6 +86,7 @@ class CompletionMessage(BaseModel):
     role: Literal["assistant"]
     content: str | None
     audio: CompletionAudio | None = None
+    tool_calls: list[ToolCall] | None = None
 
 
 class CompletionChoice(BaseModel):

@@ -51,14 +51,15 @@ class ChatService:
             raise errors.InvalidRequest("stream_options is only allowed with stream: true",
                                         param="stream_options")
         *history, last = body.messages
-        if last.role != "user":
-            raise errors.ValidationFailed("the last message must be the user's", param="messages")
+        if last.role not in ("user", "tool"):
+            raise errors.ValidationFailed("the last message must be the user's or a function's result (tool)",
+                                          param="messages")
         chunks = self._input_chunks(last, f"messages.{len(history)}.content")
         for chunk in chunks:
             self._sessions.check_input_modality(chunk, param=f"messages.{len(history)}.content")
         options = body.model_dump(include=set(GenerationOptions.model_fields))
         request = CreateSessionRequest(
-            **options, start_policy=StartPolicy.ON_END_ONLY,
+            **options, start_policy=StartPolicy.ON_END_ONLY, input_role=last.role, input_tool_call_id=last.tool_call_id,
             messages=[_history_message(m, f"messages.{i}.content") for i, m in enumerate(history)])
         record, _ = await self._sessions.create(identity, request, chunks[0], idempotency_key)
         try:
@@ -117,7 +118,9 @@ class ChatService:
     def _input_chunks(self, message: ChatCompletionMessage, where: str) -> list[ChunkRecord]:
         """The chunks of the user's message, in order; adjacent text parts are one chunk."""
         parts = [TextPart(type="text", text=message.content)] if isinstance(message.content, str) \
-            else message.content
+            else message.content or []
+        if message.role == "tool" and not all(isinstance(p, TextPart) for p in parts):
+            raise errors.ValidationFailed("a function's result is text", param=where)
         chunks: list[ChunkIn] = []
         texts: list[str] = []
 
@@ -156,14 +159,15 @@ class ChatService:
 
 
 def _history_message(message: ChatCompletionMessage, where: str) -> ChatMessage:
-    """An earlier turn as session history, which is text."""
-    if isinstance(message.content, str):
+    """An earlier turn as session history, which is text (and function calls)."""
+    if message.content is None or isinstance(message.content, str):
         content = message.content
     elif len(texts := [part.text for part in message.content if isinstance(part, TextPart)]) == len(message.content):
         content = "\n".join(texts)
     else:
         raise errors.ValidationFailed("only the last message may carry audio or images", param=where)
     role = "system" if message.role == "developer" else message.role
-    return ChatMessage(role=role, content=content, name=message.name)
+    return ChatMessage(role=role, content=content, name=message.name, tool_calls=message.tool_calls,
+                       tool_call_id=message.tool_call_id)
 
 

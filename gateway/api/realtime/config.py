@@ -1,9 +1,11 @@
 """A Realtime connection's session configuration: OpenAI's defaults, ``session.update``.
 
 Only what this service can honour is taken from ``session.update``; fields
-it does not implement (tools, tracing, noise reduction...) are ignored, as
+it does not implement (tracing, noise reduction, prompts...) are ignored, as
 OpenAI's own server ignores what a model does not use, and the
-``session.updated`` reply shows what is in effect.
+``session.updated`` reply shows what is in effect. Tools are Realtime's flat
+function shape here and the chat shape (``{"type", "function": {...}}``) on
+the way to the engine.
 """
 
 from __future__ import annotations
@@ -11,7 +13,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import TypeAdapter, ValidationError
+
 from gateway import errors
+from gateway.service.models import NamedToolChoice, Tool
+
+#: History room kept for the new input and for an answer with no ``max_output_tokens``.
+INPUT_RESERVE_TOKENS = 512
+ANSWER_RESERVE_TOKENS = 512
+#: ``truncation: auto`` drops down to this share of the budget at once, so the
+#: history's start stays put (and in the prefix cache) for many turns after.
+AUTO_RETENTION_RATIO = 0.75
+_TOOLS: TypeAdapter[list[Tool]] = TypeAdapter(list[Tool])
 
 
 @dataclass
@@ -21,11 +34,13 @@ class ServerVad:
     silence_duration_ms: int = 500
     create_response: bool = True
     interrupt_response: bool = True
+    #: With no speech this long after an answer, the turn ends by itself (OpenAI's ``idle_timeout_ms``).
+    idle_timeout_ms: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {"type": "server_vad", "threshold": self.threshold, "prefix_padding_ms": self.prefix_padding_ms,
                 "silence_duration_ms": self.silence_duration_ms, "create_response": self.create_response,
-                "interrupt_response": self.interrupt_response}
+                "interrupt_response": self.interrupt_response, "idle_timeout_ms": self.idle_timeout_ms}
 
 
 @dataclass
@@ -39,6 +54,18 @@ class RealtimeConfig:
     temperature: float | None = None
     voice: str = "alloy"
     server_vad: ServerVad | None = field(default_factory=ServerVad)
+    #: Functions the model may call, in the chat shape (``{"type": "function", "function": {...}}``).
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    #: ``auto``, ``none``, ``required`` or the chat shape of a named function.
+    tool_choice: str | dict[str, Any] = "auto"
+    #: ``auto`` / ``retention_ratio`` drop the oldest items when the history outgrows the
+    #: context; ``disabled`` keeps them (and a turn that no longer fits fails).
+    truncation: str = "auto"
+    retention_ratio: float = AUTO_RETENTION_RATIO
+    #: ``token_limits.post_instructions``: the history's budget, when the client sets one.
+    history_token_limit: int | None = None
+    #: ``audio.input.transcription`` as the client set it; transcription events only with it.
+    transcription: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if not self.can_speak:
@@ -55,14 +82,32 @@ class RealtimeConfig:
         """The turn session's ``modalities``: audio output comes with its text."""
         return ["text", "audio"] if "audio" in self.output_modalities else ["text"]
 
+    def history_budget(self, max_input_tokens: int, max_output_tokens: int | None) -> int:
+        """The tokens the history may take: the client's limit, else the context less room for
+        the new input and the answer."""
+        if self.history_token_limit is not None:
+            return self.history_token_limit
+        answer = max_output_tokens or self.max_output_tokens or ANSWER_RESERVE_TOKENS
+        return max(0, max_input_tokens - INPUT_RESERVE_TOKENS - answer)
+
+    def _truncation_object(self) -> str | dict[str, Any]:
+        if self.truncation != "retention_ratio":
+            return self.truncation
+        body: dict[str, Any] = {"type": "retention_ratio", "retention_ratio": self.retention_ratio}
+        if self.history_token_limit is not None:
+            body["token_limits"] = {"post_instructions": self.history_token_limit}
+        return body
+
     def session_object(self, session_id: str) -> dict[str, Any]:
         pcm = {"type": "audio/pcm", "rate": 24_000}
         return {
             "type": "realtime", "object": "realtime.session", "id": session_id, "model": self.model,
             "instructions": self.instructions, "output_modalities": self.output_modalities,
             "max_output_tokens": "inf" if self.max_output_tokens is None else self.max_output_tokens,
+            "tools": [realtime_tool(t) for t in self.tools], "tool_choice": realtime_tool_choice(self.tool_choice),
+            "truncation": self._truncation_object(),
             "audio": {
-                "input": {"format": pcm, "transcription": None,
+                "input": {"format": pcm, "transcription": self.transcription,
                           "turn_detection": self.server_vad.as_dict() if self.server_vad else None},
                 "output": {"format": pcm, "voice": self.voice},
             },
@@ -83,14 +128,16 @@ class RealtimeConfig:
                 raise errors.UnsupportedModality("this engine does not speak", param="session.output_modalities")
             self.output_modalities = list(modalities)
         if "max_output_tokens" in session:
-            limit = session["max_output_tokens"]
-            if limit == "inf" or limit is None:
-                self.max_output_tokens = None
-            elif isinstance(limit, int) and not isinstance(limit, bool) and limit >= 1:
-                self.max_output_tokens = limit
-            else:
-                raise errors.ValidationFailed("max_output_tokens is a positive integer or \"inf\"",
-                                              param="session.max_output_tokens")
+            self.max_output_tokens = output_token_limit(session["max_output_tokens"], "session.max_output_tokens")
+        if "tools" in session:
+            self.tools = chat_tools(session["tools"], "session.tools")
+        if "tool_choice" in session:
+            self.tool_choice = chat_tool_choice(session["tool_choice"], "session.tool_choice")
+        if self.tool_choice not in ("auto", "none") and not tool_choice_fits(self.tool_choice, self.tools):
+            raise errors.ValidationFailed("tool_choice names a function that is not among the tools",
+                                          param="session.tool_choice")
+        if "truncation" in session:
+            self._update_truncation(session["truncation"])
         if "temperature" in session:  # the beta field; GA leaves sampling to the model
             value = session["temperature"]
             if not isinstance(value, int | float) or isinstance(value, bool) or not 0 <= value <= 2:
@@ -101,6 +148,23 @@ class RealtimeConfig:
             if not isinstance(audio, dict):
                 raise errors.ValidationFailed("audio is an object", param="session.audio")
             self._update_audio(audio)
+
+    def _update_truncation(self, truncation: Any) -> None:
+        where = "session.truncation"
+        if truncation in ("auto", "disabled"):
+            self.truncation, self.retention_ratio, self.history_token_limit = truncation, AUTO_RETENTION_RATIO, None
+            return
+        if not isinstance(truncation, dict) or truncation.get("type") != "retention_ratio":
+            raise errors.ValidationFailed('truncation is "auto", "disabled" or {type: retention_ratio, ...}',
+                                          param=where)
+        ratio = truncation.get("retention_ratio")
+        if not isinstance(ratio, int | float) or isinstance(ratio, bool) or not 0 <= ratio <= 1:
+            raise errors.ValidationFailed("retention_ratio is a number from 0 to 1", param=f"{where}.retention_ratio")
+        limit = (truncation.get("token_limits") or {}).get("post_instructions")
+        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
+            raise errors.ValidationFailed("post_instructions is a positive integer",
+                                          param=f"{where}.token_limits.post_instructions")
+        self.truncation, self.retention_ratio, self.history_token_limit = "retention_ratio", float(ratio), limit
 
     def _update_audio(self, audio: dict[str, Any]) -> None:
         for side in ("input", "output"):
@@ -113,6 +177,13 @@ class RealtimeConfig:
         if "voice" in output:
             self.voice = _typed(output, "voice", str)
         inputs = audio.get("input") or {}
+        if "transcription" in inputs:
+            transcription = inputs["transcription"]
+            if transcription is not None and not isinstance(transcription, dict):
+                raise errors.ValidationFailed("transcription is null or an object",
+                                              param="session.audio.input.transcription")
+            # The model named is not loaded: the engine's own recognizer hears the audio.
+            self.transcription = transcription
         if "turn_detection" in inputs:
             detection = inputs["turn_detection"]
             if detection is None:
@@ -136,13 +207,65 @@ def _server_vad(detection: dict[str, Any]) -> ServerVad:
     vad = ServerVad()
     where = "session.audio.input.turn_detection"
     for name, kind in (("threshold", float), ("prefix_padding_ms", int), ("silence_duration_ms", int),
-                       ("create_response", bool), ("interrupt_response", bool)):
-        if name not in detection:
+                       ("create_response", bool), ("interrupt_response", bool), ("idle_timeout_ms", int)):
+        if detection.get(name) is None:
             continue
         value = detection[name]
         numeric = isinstance(value, int | float) and not isinstance(value, bool)
         if kind is bool and not isinstance(value, bool) or kind is not bool and not numeric \
-                or kind is not bool and not 0 <= value <= (1 if kind is float else 10_000):
+                or kind is not bool and not 0 <= value <= (1 if kind is float else _MAX_MS.get(name, 10_000)):
             raise errors.ValidationFailed(f"{name} is out of range or of the wrong type", param=f"{where}.{name}")
         setattr(vad, name, kind(value))
     return vad
+
+
+#: ``idle_timeout_ms`` may be long (OpenAI: up to 30 minutes); the other durations are short.
+_MAX_MS = {"idle_timeout_ms": 1_800_000}
+
+
+def output_token_limit(limit: Any, param: str) -> int | None:
+    """``max_output_tokens``: a positive integer, or ``"inf"`` (``None``: no limit)."""
+    if limit == "inf" or limit is None:
+        return None
+    if isinstance(limit, int) and not isinstance(limit, bool) and limit >= 1:
+        return limit
+    raise errors.ValidationFailed('max_output_tokens is a positive integer or "inf"', param=param)
+
+
+def chat_tools(tools: Any, param: str) -> list[dict[str, Any]]:
+    """Realtime's function tools (``{"type": "function", "name", ...}``) in the chat shape."""
+    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+        raise errors.ValidationFailed("tools is a list of function tools", param=param)
+    for i, tool in enumerate(tools):
+        if tool.get("type") != "function":
+            raise errors.ValidationFailed("only function tools are served here", param=f"{param}.{i}.type")
+    shaped = [{"type": "function", "function": {k: v for k, v in t.items() if k != "type"}} for t in tools]
+    try:
+        return [t.model_dump(exclude_none=True) for t in _TOOLS.validate_python(shaped)]
+    except ValidationError as exc:
+        where = ".".join(str(p) for p in exc.errors()[0]["loc"] if p != "function")
+        raise errors.ValidationFailed(f"invalid tool: {exc.errors()[0]['msg']}", param=f"{param}.{where}") from exc
+
+
+def chat_tool_choice(choice: Any, param: str) -> str | dict[str, Any]:
+    """Realtime's ``tool_choice`` (a mode, or ``{"type": "function", "name"}``) in the chat shape."""
+    if choice in ("auto", "none", "required"):
+        return str(choice)
+    if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("name"), str):
+        return NamedToolChoice(type="function", function={"name": choice["name"]}).model_dump()
+    raise errors.ValidationFailed('tool_choice is "auto", "none", "required" or {type: function, name}',
+                                  param=param)
+
+
+def tool_choice_fits(choice: str | dict[str, Any], tools: list[dict[str, Any]]) -> bool:
+    """``required`` needs tools; a named function must be one of them."""
+    names = {t["function"]["name"] for t in tools}
+    return bool(names) if choice == "required" else choice["function"]["name"] in names  # type: ignore[index]
+
+
+def realtime_tool(tool: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "function", **tool["function"]}
+
+
+def realtime_tool_choice(choice: str | dict[str, Any]) -> str | dict[str, Any]:
+    return choice if isinstance(choice, str) else {"type": "function", "name": choice["function"]["name"]}

@@ -1,21 +1,39 @@
 """One Realtime WebSocket connection: OpenAI Realtime events in, session calls out.
 
-Transports translate, sessions decide. Each turn of the conversation is one
-streaming-input session, the same kind Mode B clients make (Redis, sequence
-ids, start policy, lease, identity, limits), whose history is the earlier
-turns. Appended audio and user items are appended to the turn's session as
-they arrive, so the engine prefills while the user is still speaking;
-``response.create`` (or the end of speech, with ``server_vad``) ends the
-input, and the session's frames come back as response events (``answer.py``).
-A reader per turn follows the session's output from its start, so the
-transcript of the spoken input is told while it grows.
+Transports translate, sessions decide. The conversation is a list of items
+(``conversation.py``); every answer is one streaming-input session, the kind
+Mode B clients make (Redis, sequence ids, start policy, lease, identity,
+limits), whose history is the conversation before it. Two kinds of *run*
+(a session and the response it becomes):
 
-Reconnects: the connection's state (settings, history, the open turn) is
-saved in Redis after every change, and every event made from a session frame
-has an id derived from it (``event_<frame id>_<n>``), so a client that lost
-its socket reconnects to any replica with ``?session_id=`` and
-``last_event_id=`` and gets exactly the events after that one: the reader
-replays the turn's frames from the start, muted up to that point.
+* a **turn**: the user's live input. Appended audio and user items go into
+  its session as they arrive, so the engine prefills while the user is still
+  speaking; ``response.create`` (or the end of speech, with ``server_vad``)
+  ends the input, and the session's frames come back as response events.
+* an **answer from items**: its input is the conversation's last item (a
+  function's output, a user or system message), complete at once. It serves
+  ``response.create`` when no turn is open, a response with its own
+  ``instructions`` / ``tools`` / ``input``, and out-of-band answers
+  (``conversation: none``, which add nothing to the conversation).
+
+An edit of the history (an item placed before the end, a system or assistant
+item, a function's output, a delete, a truncate) ends a text-only turn that
+has not been answered: its items are in the conversation, and the answer is
+made from them. A turn holding audio keeps its session (its audio is in that
+session only), and the edit applies from the next answer.
+
+While an answer is in progress, the user's next input (audio, a commit, a
+user item) waits and is handled when the answer ends, so speech during an
+answer with ``interrupt_response: false`` is answered next; with it, speech
+cancels the answer (barge-in).
+
+Reconnects: the connection's state (settings, items, the open turn) is saved
+in Redis when it changes, never per audio append (the turn's session is its
+own cursor: a reconnect reads its next sequence id from it), and the answer
+is saved before the input is finished (intent first). Every event's id marks
+a position (``resume.py``), so a client that lost its socket reconnects to
+any replica with ``?session_id=`` and ``last_event_id=`` and gets exactly the
+events after that one: the reader replays the turn's frames, muted up to it.
 """
 
 from __future__ import annotations
@@ -26,10 +44,11 @@ import binascii
 import contextlib
 import json
 import logging
+from collections import deque
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 from sse_starlette import ServerSentEvent
@@ -37,12 +56,30 @@ from sse_starlette import ServerSentEvent
 from gateway import errors
 from gateway.api.chunks import b64decode_in_slices, record_from_json
 from gateway.api.realtime import events as ev
-from gateway.api.realtime.answer import Answer
-from gateway.api.realtime.config import RealtimeConfig
+from gateway.api.realtime.answer import BYTES_PER_MS, Answer
+from gateway.api.realtime.config import (
+    RealtimeConfig,
+    chat_tool_choice,
+    chat_tools,
+    output_token_limit,
+    tool_choice_fits,
+)
+from gateway.api.realtime.conversation import ROOT, Conversation, item_text, public, without_oldest
+from gateway.api.realtime.limits import EventBudget
+from gateway.api.realtime.resume import (
+    START,
+    Position,
+    frame_event_id,
+    request_event_id,
+    resume_position,
+)
 from gateway.api.realtime.vad import SpeechDetector
+from gateway.domain.policies import StartPolicy
+from gateway.domain.states import SessionState
 from gateway.metrics import Metrics
 from gateway.service.models import ChatMessage, ChunkIn, CreateSessionRequest, StreamOptions
 from gateway.service.sessions import SessionService
+from gateway.settings import Settings
 from gateway.store.records import event_id_key
 from gateway.store.redis_store import SessionStore
 
@@ -56,8 +93,10 @@ AUDIO_PIECE_BYTES = RATE * 2
 OFF_LOOP_CHARS = 256 * 1024
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
-#: An event's place in a session's output: (frame id as sortable, its index among that frame's events).
-Position = tuple[tuple[int, int], int]
+#: The client events that are the user's input: while an answer runs, they wait for its end.
+USER_INPUT = frozenset({"input_audio_buffer.append", "input_audio_buffer.commit", "conversation.item.create"})
+#: What the held input may add up to (base64 characters: about a minute of audio).
+MAX_HELD_CHARS = 4 * 1024 * 1024
 
 
 @dataclass
@@ -67,31 +106,48 @@ class _FrameOrigin:
     frame_id: str
     #: Events at or before this place were sent before a reconnect: not again.
     muted_through: Position | None
+    #: The open turn's frames: request events after them name their position.
+    tracked: bool
     count: int = 0
 
 
 _FRAME: ContextVar[_FrameOrigin | None] = ContextVar("realtime_frame", default=None)
 
 
-def resume_position(last_event_id: str | None) -> Position | None:
-    """Where a reconnecting client stopped, from the id of the last event it saw."""
-    if not last_event_id or not last_event_id.startswith("event_"):
-        return None
-    frame_id, _, index = last_event_id[len("event_"):].rpartition("_")
-    try:
-        return event_id_key(frame_id), int(index)
-    except ValueError:
-        return None
+@dataclass(frozen=True)
+class Params:
+    """What an answer is made with: the session's settings, and a response's own."""
+
+    instructions: str
+    modalities: tuple[str, ...]
+    max_output_tokens: int | None
+    temperature: float | None
+    tools: tuple[str, ...]  # JSON of each, so the whole is comparable
+    tool_choice: str
+    metadata: tuple[tuple[str, str], ...] = ()
+
+    def tools_list(self) -> list[dict[str, Any]]:
+        return [json.loads(t) for t in self.tools]
+
+    def choice(self) -> str | dict[str, Any]:
+        return self.tool_choice if self.tool_choice in ("auto", "none", "required") else json.loads(self.tool_choice)
 
 
 @dataclass
-class Turn:
-    """One user turn: its session, and what the conversation keeps of it."""
+class Run:
+    """A session and the response it becomes (see the module docstring)."""
 
     session_id: str
+    #: True: a turn, its input streamed as it comes; False: an answer from items.
+    streaming: bool
+    #: Its answer's items join the conversation (False: out of band).
+    in_conversation: bool = True
+    #: What it was made from; a turn whose basis differs from a response's is not that response.
+    basis: tuple[Any, ...] = ()
     next_seq: int = 0
-    texts: list[str] = field(default_factory=list)
-    #: The item of the audio since the last commit (None: no audio yet).
+    #: The conversation items that are its input.
+    item_ids: list[str] = field(default_factory=list)
+    #: The input buffer's item (None: no audio in this turn).
     audio_item_id: str | None = None
     committed: bool = False
     audio_ms: int = 0
@@ -100,48 +156,69 @@ class Turn:
     answer: Answer | None = None
     reader: asyncio.Task[None] | None = None
 
+    @property
+    def answering(self) -> bool:
+        return self.answer is not None and not self.answer.ended
+
     def saved(self) -> dict[str, Any]:
         # The transcript and the answer's text are not kept: a reconnect replays them from the frames.
-        answer = None if self.answer is None else {"response_id": self.answer.response_id,
-                                                   "item_id": self.answer.item_id}
-        return {"session_id": self.session_id, "next_seq": self.next_seq, "texts": self.texts,
-                "audio_item_id": self.audio_item_id, "committed": self.committed, "audio_ms": self.audio_ms,
-                "answer": answer}
+        return {"session_id": self.session_id, "streaming": self.streaming, "basis": list(self.basis),
+                "item_ids": self.item_ids, "audio_item_id": self.audio_item_id, "committed": self.committed,
+                "audio_ms": self.audio_ms, "answer": None if self.answer is None else self.answer.saved()}
 
 
 class RealtimeConnection:
     def __init__(self, send: Send, service: SessionService, store: SessionStore, identity: str,
-                 config: RealtimeConfig, metrics: Metrics, max_chunk_bytes: int, keep_sec: float) -> None:
+                 config: RealtimeConfig, metrics: Metrics, settings: Settings, budget: EventBudget) -> None:
         self._send_raw = send
         self._service = service
         self._store = store
         self._identity = identity
         self.config = config
         self._metrics = metrics
-        self._max_chunk_bytes = max_chunk_bytes
-        self._keep_sec = keep_sec
-        self._history: list[ChatMessage] = []
-        self._turn: Turn | None = None
-        self._last_item_id: str | None = None
+        self._settings = settings
+        self._budget = budget
+        self.conversation = Conversation()
+        #: Bumped by every edit of the history (not by a turn's own input).
+        self._version = 0
+        self._turn: Run | None = None
+        #: Out-of-band answers, by response id.
+        self._side: dict[str, Run] = {}
+        self._held: deque[dict[str, Any]] = deque()
+        self._held_chars = 0
         self._detector: SpeechDetector | None = None
         self._padding = bytearray()
+        self._lock = asyncio.Lock()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._idle: asyncio.Task[None] | None = None
+        #: Audio received on this connection, and where the last answer ended (ms).
+        self._audio_in_ms = 0
+        self._answered_at_ms = 0
+        #: The last frame event of the open turn that was sent (see resume.py).
+        self._position: Position | None = None
+        self._position_frame: str | None = None
         self.id = ev.new_id("sess")
         self._saved = ""
         self._resume_at: Position | None = None
 
     # --- state kept in Redis, for a reconnect ---------------------------------
 
-    async def _save(self) -> None:
-        state = json.dumps({
-            "identity": self._identity, "config": asdict(self.config),
-            "history": [m.model_dump(exclude_none=True) for m in self._history],
-            "last_item_id": self._last_item_id, "turn": self._turn.saved() if self._turn else None})
+    def _state(self) -> str:
+        return json.dumps({
+            "identity": self._identity, "config": asdict(self.config), "items": self.conversation.items,
+            "version": self._version, "turn": self._turn.saved() if self._turn else None})
+
+    async def _save(self, *, strict: bool = False) -> None:
+        """Write the state if it changed; ``strict``: a failure is the caller's (intent first)."""
+        state = self._state()
         if state == self._saved:
             return
         try:
-            await self._store.save_conversation(self.id, state, self._keep_sec)
+            await self._store.save_conversation(self.id, state, self._settings.session_timeout_sec)
             self._saved = state
         except errors.StoreUnavailable:
+            if strict:
+                raise
             logger.warning("realtime %s: could not save its state (a reconnect would miss the latest)", self.id)
 
     async def restore(self, conversation_id: str, last_event_id: str | None) -> None:
@@ -152,16 +229,32 @@ class RealtimeConnection:
             raise errors.SessionNotFound(f"no realtime session {conversation_id!r} to resume", param="session_id")
         self.id = conversation_id
         self.config = RealtimeConfig.restored(state["config"])
-        self._history = [ChatMessage(**m) for m in state["history"]]
-        self._last_item_id = state["last_item_id"]
+        self.conversation = Conversation(state["items"])
+        self._version = state["version"]
         saved = state["turn"]
         if saved is not None:
-            turn = Turn(saved["session_id"], saved["next_seq"], saved["texts"], saved["audio_item_id"],
-                        saved["committed"], saved["audio_ms"])
-            if saved["answer"] is not None:
-                turn.answer = Answer(self._emit, self.config.output_modalities, **saved["answer"])
-            self._turn = turn
-            self._resume_at = resume_position(last_event_id)  # its reader starts after session.created
+            self._turn = await self._restored_run(saved)
+            self._resume_at = resume_position(last_event_id) or START  # its reader starts after session.created
+        self._saved = self._state()
+
+    async def _restored_run(self, saved: dict[str, Any]) -> Run | None:
+        """The open turn as saved, its cursor read from its session (which a crash cannot leave behind)."""
+        try:
+            record = await self._service.view(self._identity, saved["session_id"])
+        except errors.GatewayError:
+            return None
+        if record.state in (SessionState.FAILED, SessionState.CANCELLED, SessionState.EXPIRED):
+            return None
+        answer = saved.pop("answer")
+        run = Run(**{**saved, "basis": tuple(saved["basis"])}, next_seq=record.next_seq)
+        if answer is None and record.state in (SessionState.GENERATING, SessionState.COMPLETED):
+            # Finished, but the answer's id never reached the state: it is this turn's answer all the same.
+            answer = {"response_id": ev.new_id("resp"), "modalities": self.config.output_modalities,
+                      "in_conversation": True, "metadata": None}
+        if answer is not None:
+            run.answer = Answer(self._emit, answer["modalities"], answer["response_id"],
+                                self.conversation if answer["in_conversation"] else None, answer["metadata"])
+        return run
 
     @property
     def _identity_checked(self) -> bool:
@@ -169,12 +262,17 @@ class RealtimeConnection:
         return not self._identity.startswith("client:")
 
     async def _emit(self, event: dict[str, Any]) -> None:
-        """Send an event; one made from a session frame gets an id a reconnect can resume after."""
+        """Send an event with an id that marks its position (``resume.py``)."""
         origin = _FRAME.get()
-        if origin is not None:
+        if origin is None:
+            event["event_id"] = request_event_id(self._position, self._position_frame)
+        else:
             index, origin.count = origin.count, origin.count + 1
-            event["event_id"] = f"event_{origin.frame_id}_{index}"
-            if origin.muted_through is not None and (event_id_key(origin.frame_id), index) <= origin.muted_through:
+            event["event_id"] = frame_event_id(origin.frame_id, index)
+            position = (event_id_key(origin.frame_id), index)
+            if origin.tracked:
+                self._position, self._position_frame = position, origin.frame_id
+            if origin.muted_through is not None and position <= origin.muted_through:
                 return
         await self._send_raw(event)
 
@@ -184,11 +282,20 @@ class RealtimeConnection:
         await self._emit(ev.event("session.created", session=self.config.session_object(self.id)))
         turn = self._turn
         if turn is not None and turn.reader is None:  # restored: follow it again, muted up to where the client was
-            turn.reader = asyncio.create_task(self._follow(turn, self._resume_at), name=f"realtime-{turn.session_id}")
+            self._follow(turn, self._resume_at)
         await self._save()
 
     async def handle(self, message: dict[str, Any]) -> None:
         """One client event; a bad one gets an ``error`` event and the connection goes on."""
+        async with self._lock:
+            kind = message.get("type")
+            if kind in USER_INPUT and self._holds(kind, message):
+                await self._hold(message)
+                return
+            await self._dispatch(message)
+            await self._save()
+
+    async def _dispatch(self, message: dict[str, Any]) -> None:
         client_event_id = message.get("event_id") if isinstance(message.get("event_id"), str) else None
         kind = message.get("type")
         handler = self._handlers.get(kind) if isinstance(kind, str) else None
@@ -199,33 +306,78 @@ class RealtimeConnection:
             await handler(self, message)
         except errors.GatewayError as exc:
             if exc.code in ("session_expired", "session_not_found", "session_closed", "session_cancelled"):
-                gone, self._turn = self._turn, None  # its session is gone: the next input opens a new turn
-                if gone is not None and gone.reader is not None:
-                    gone.reader.cancel()
+                await self._drop_turn(cancel=False)  # its session is gone: the next input opens a new turn
             await self._emit(ev.error(exc, client_event_id))
         except Exception:
             # A bug must not take the connection (and its open turn) down with it.
             logger.exception("realtime %s: handling %s failed", self.id, kind)
             await self._emit(ev.error(errors.GatewayError("the server failed to handle this event"), client_event_id))
-        await self._save()
 
     async def close(self) -> None:
         """The socket closed: stop reading. The open turn stays for a reconnect (its session's timeout)."""
-        turn = self._turn
-        if turn is not None and turn.reader is not None:
-            turn.reader.cancel()
-            await asyncio.gather(turn.reader, return_exceptions=True)
+        tasks = [t for t in (*self._tasks, self._idle) if t is not None]
+        for run in (self._turn, *self._side.values()):
+            if run is not None and run.reader is not None:
+                tasks.append(run.reader)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _drop_turn(self) -> None:
-        """End the open turn for good: stop reading it and cancel its session."""
-        turn, self._turn = self._turn, None
-        if turn is None:
+    # --- held input: the next turn's, while an answer runs ----------------------
+
+    def _holds(self, kind: str, message: dict[str, Any]) -> bool:
+        if kind == "conversation.item.create" and not self._is_user_item_at_end(message):
+            return False
+        if self._held:
+            return True  # behind what waits already, in order
+        if not (self._turn is not None and self._turn.answering):
+            return False
+        vad = self.config.server_vad
+        # With barge-in the VAD hears the audio at once (speech cancels the answer).
+        return not (kind == "input_audio_buffer.append" and vad is not None and vad.interrupt_response)
+
+    def _is_user_item_at_end(self, message: dict[str, Any]) -> bool:
+        item = message.get("item")
+        previous = message.get("previous_item_id")
+        return isinstance(item, dict) and item.get("type", "message") == "message" and item.get("role") == "user" \
+            and previous in (None, self.conversation.last_id())
+
+    async def _hold(self, message: dict[str, Any]) -> None:
+        size = len(str(message.get("audio") or "")) + 256
+        if self._held_chars + size > MAX_HELD_CHARS:
+            await self._emit(ev.error(errors.RequestTooLarge(
+                "input during an answer waits for its end, up to about a minute of audio: this event is dropped"),
+                message.get("event_id") if isinstance(message.get("event_id"), str) else None))
             return
-        if turn.reader is not None:
-            turn.reader.cancel()
-            await asyncio.gather(turn.reader, return_exceptions=True)
-        with contextlib.suppress(errors.GatewayError):
-            await self._service.cancel(self._identity, turn.session_id)
+        self._held.append(message)
+        self._held_chars += size
+
+    def _replay_held_soon(self) -> None:
+        if self._held:
+            self._spawn(self._replay_held(), "held input")
+
+    async def _replay_held(self) -> None:
+        async with self._lock:
+            while self._held and not (self._turn is not None and self._turn.answering):
+                message = self._held.popleft()
+                self._held_chars -= len(str(message.get("audio") or "")) + 256
+                await self._dispatch(message)
+            await self._save()
+
+    def _spawn(self, work: Awaitable[None], what: str) -> None:
+        async def supervised() -> None:
+            try:
+                await work
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                logger.exception("realtime %s: %s failed", self.id, what)
+
+        task = asyncio.create_task(supervised(), name=f"realtime-{self.id}-{what}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # --- session.update and the audio buffer ------------------------------------
 
     async def _session_update(self, message: dict[str, Any]) -> None:
         session = message.get("session")
@@ -239,11 +391,16 @@ class RealtimeConnection:
         audio = message.get("audio")
         if not isinstance(audio, str):
             raise errors.ValidationFailed("input_audio_buffer.append needs audio (base64 pcm16)", param="audio")
+        if len(audio) > self._settings.realtime_max_append_chars:
+            raise errors.RequestTooLarge(
+                f"an append carries at most {self._settings.realtime_max_append_ms} ms of audio "
+                "(clients send 20-100 ms per event)", param="audio")
         try:
             pcm = b64decode_in_slices(audio) if len(audio) < OFF_LOOP_CHARS else \
                 await asyncio.to_thread(b64decode_in_slices, audio)
         except (binascii.Error, ValueError) as exc:
             raise errors.InvalidPayload("audio is not valid base64", param="audio") from exc
+        self._audio_in_ms += len(pcm) // BYTES_PER_MS
         # A long stretch of audio in one event is taken a second at a time, as if the client
         # had sent it so: the event loop gets a turn between pieces (minutes of audio in one
         # event held it for over 0.1 s).
@@ -255,6 +412,7 @@ class RealtimeConnection:
     async def _audio_piece(self, pcm: bytes) -> None:
         vad = self.config.server_vad
         if vad is None:
+            self._disarm_idle()
             await self._append_audio(pcm)
             return
         if self._detector is None:
@@ -264,6 +422,7 @@ class RealtimeConnection:
         if not was_speaking and not any(c.kind == "speech_started" for c in changes):
             self._keep_padding(pcm, vad.prefix_padding_ms)
             return
+        self._disarm_idle()
         for change in changes:
             if change.kind == "speech_started":
                 await self._speech_started(change.at_ms, vad.interrupt_response)
@@ -274,65 +433,135 @@ class RealtimeConnection:
                                           item_id=self._turn.audio_item_id if self._turn else ""))
                 await self._commit()
                 if vad.create_response:
-                    await self._respond()
+                    await self._respond(self._params({}))
 
     async def _audio_commit(self, _: dict[str, Any]) -> None:
         await self._commit()
 
     async def _audio_clear(self, _: dict[str, Any]) -> None:
-        """Drop the audio since the last commit: the turn starts again with its text items."""
+        """Drop the audio since the last commit; the turn's text items stay in the conversation."""
         turn = self._turn
         self._padding.clear()
         if turn is not None and turn.audio_item_id is not None and not turn.committed:
-            if turn.answer is not None:
-                raise errors.ConflictError("a response is in progress; cancel it first")
             await self._drop_turn()
-            for text in turn.texts:
-                await self._append(ChunkIn(sequence_id=0, text=text))
-            if self._turn is not None:
-                self._turn.texts = list(turn.texts)
         await self._emit(ev.event("input_audio_buffer.cleared"))
+
+    # --- conversation items -------------------------------------------------------
 
     async def _item_create(self, message: dict[str, Any]) -> None:
         item = message.get("item")
-        if not isinstance(item, dict) or item.get("type") != "message" or item.get("role") != "user":
-            raise errors.ValidationFailed("conversation.item.create takes a user message item", param="item")
-        content = item.get("content")
-        if not isinstance(content, list) or not content:
-            raise errors.ValidationFailed("a user message needs content", param="item.content")
-        given_id = item.get("id")
-        item_id = given_id if isinstance(given_id, str) else ev.new_id("item")
+        previous = message.get("previous_item_id")
+        if not isinstance(item, dict):
+            raise errors.ValidationFailed("conversation.item.create needs an item", param="item")
+        if previous is not None and not isinstance(previous, str):
+            raise errors.ValidationFailed("previous_item_id is an item id or root", param="previous_item_id")
+        if self._is_user_item_at_end(message) and not (self._turn is not None and self._turn.answering):
+            await self._user_item(item)
+            return
+        stored = _item_for_conversation(item)
+        if any(part.get("type") == "input_audio" for part in stored.get("content") or ()):
+            raise errors.ValidationFailed("a user's audio item is taken at the end of the conversation only "
+                                          "(its words are heard in its own turn)", param="previous_item_id")
+        if previous not in (None, ROOT) and self.conversation.index(previous) is None:
+            raise errors.ItemNotFound(f"no item {previous!r} to place this item after", param="previous_item_id")
+        await self._history_changed()
+        before = self.conversation.add(stored, previous)
+        await self._tell_item(stored, before)
+
+    async def _user_item(self, item: dict[str, Any]) -> None:
+        """A user message at the end: the open turn's input (it opens one)."""
+        stored = _item_for_conversation(item)
         chunks: list[ChunkIn] = []
-        for i, part in enumerate(content):  # all checked before anything is appended
-            if isinstance(part, dict) and part.get("type") == "input_text" and isinstance(part.get("text"), str):
+        for part in item["content"]:
+            if part["type"] == "input_text":
                 chunks.append(ChunkIn(sequence_id=0, text=part["text"]))
-            elif isinstance(part, dict) and part.get("type") == "input_audio" and isinstance(part.get("audio"), str):
+            else:
                 chunks.append(ChunkIn(sequence_id=0, modality="audio", payload=part["audio"], format="pcm16",
                                       sample_rate=RATE))
-            else:
-                raise errors.ValidationFailed("content parts are input_text (text) or input_audio (audio)",
-                                              param=f"item.content.{i}")
+        turn = await self._streaming_turn()
         for chunk in chunks:
-            turn = await self._append(chunk)
-            if chunk.text is not None:
-                turn.texts.append(chunk.text)
-            elif turn.audio_item_id is None:
-                turn.audio_item_id, turn.committed = item_id, True  # an item, not the input buffer
-        # The audio itself is not echoed back (it can be megabytes).
-        content = [p if p.get("type") == "input_text" else {"type": "input_audio", "transcript": None}
-                   for p in content]
-        shown = ev.user_item(item_id, content)
-        await self._emit(ev.event("conversation.item.added", previous_item_id=self._last_item_id, item=shown))
-        await self._emit(ev.event("conversation.item.done", previous_item_id=self._last_item_id, item=shown))
-        self._last_item_id = item_id
+            await self._append(turn, chunk)
+        if any(c.modality == "audio" for c in chunks) and turn.audio_item_id is None:
+            turn.audio_item_id, turn.committed = stored["id"], True  # an item, not the input buffer
+        turn.item_ids.append(stored["id"])
+        before = self.conversation.add(stored)
+        await self._tell_item(stored, before)
 
-    async def _response_create(self, _: dict[str, Any]) -> None:
-        await self._respond()
+    async def _tell_item(self, item: dict[str, Any], previous: str | None) -> None:
+        shown = public(item)
+        await self._emit(ev.event("conversation.item.added", previous_item_id=previous, item=shown))
+        await self._emit(ev.event("conversation.item.done", previous_item_id=previous, item=shown))
 
-    async def _response_cancel(self, _: dict[str, Any]) -> None:
+    async def _item_delete(self, message: dict[str, Any]) -> None:
+        item_id = _item_id(message)
+        self.conversation.get(item_id, errors.ItemDeleteNotFound)
         turn = self._turn
-        if turn is None or turn.answer is None or turn.answer.ended:
-            raise errors.ConflictError("there is no response in progress to cancel")
+        if turn is not None and not turn.answering and item_id in turn.item_ids:
+            await self._drop_turn()  # its input is gone
+        await self._history_changed()
+        self.conversation.delete(item_id)
+        await self._emit(ev.event("conversation.item.deleted", item_id=item_id))
+
+    async def _item_retrieve(self, message: dict[str, Any]) -> None:
+        item = self.conversation.get(_item_id(message))
+        await self._emit(ev.event("conversation.item.retrieved", item=public(item)))
+
+    async def _item_truncate(self, message: dict[str, Any]) -> None:
+        """What the user heard of an answer: the rest of its audio and words leave the history."""
+        item_id = _item_id(message)
+        content_index, audio_end_ms = message.get("content_index", 0), message.get("audio_end_ms")
+        if not isinstance(content_index, int) or not isinstance(audio_end_ms, int) or audio_end_ms < 0:
+            raise errors.ValidationFailed("truncate takes content_index and audio_end_ms (integers >= 0)",
+                                          param="audio_end_ms")
+        self.conversation.get(item_id, errors.ItemTruncateNotFound)
+        turn = self._turn
+        if turn is not None and turn.answering and turn.answer is not None and turn.answer.message_id == item_id:
+            await self._cancel_answer(turn, "client_cancelled")  # no more of it will be heard
+        await self._history_changed()
+        end = self.conversation.truncate(item_id, content_index, audio_end_ms)
+        await self._emit(ev.event("conversation.item.truncated", item_id=item_id, content_index=content_index,
+                                  audio_end_ms=end))
+
+    async def _history_changed(self) -> None:
+        """An edit of the history: an unanswered text-only turn is made again from the items."""
+        self._version += 1
+        turn = self._turn
+        if turn is not None and turn.streaming and turn.answer is None and turn.audio_item_id is None:
+            await self._drop_turn()
+
+    # --- responses -------------------------------------------------------------------
+
+    async def _response_create(self, message: dict[str, Any]) -> None:
+        body = message.get("response") or {}
+        if not isinstance(body, dict):
+            raise errors.ValidationFailed("response is an object", param="response")
+        conversation = body.get("conversation") or "auto"
+        if conversation not in ("auto", "none"):
+            raise errors.ValidationFailed('conversation is "auto" or "none"', param="response.conversation")
+        params = self._params(body)
+        given = body.get("input")  # null: not given
+        items = None if given is None else self._input_items(given)
+        if conversation == "none":
+            await self._answer_from_items(items if items is not None else list(self.conversation.items), params,
+                                          in_conversation=False)
+            return
+        if self._turn is not None and self._turn.answering:
+            raise errors.ActiveResponse("the conversation already has an active response; wait for "
+                                        "response.done or cancel it")
+        if items is not None:
+            await self._answer_from_items(items, params, in_conversation=True)
+            return
+        await self._respond(params)
+
+    async def _response_cancel(self, message: dict[str, Any]) -> None:
+        wanted = message.get("response_id")
+        side = self._side.get(wanted) if isinstance(wanted, str) else None
+        if side is not None:
+            await self._cancel_answer(side, "client_cancelled")
+            return
+        turn = self._turn
+        if turn is None or not turn.answering or (wanted and turn.answer and turn.answer.response_id != wanted):
+            raise errors.NoActiveResponse("there is no response in progress to cancel")
         await self._cancel_answer(turn, "client_cancelled")
 
     _handlers: dict[str, Callable[[RealtimeConnection, dict[str, Any]], Awaitable[None]]] = {
@@ -341,42 +570,202 @@ class RealtimeConnection:
         "input_audio_buffer.commit": _audio_commit,
         "input_audio_buffer.clear": _audio_clear,
         "conversation.item.create": _item_create,
+        "conversation.item.delete": _item_delete,
+        "conversation.item.retrieve": _item_retrieve,
+        "conversation.item.truncate": _item_truncate,
         "response.create": _response_create,
         "response.cancel": _response_cancel,
     }
 
-    # --- turns ------------------------------------------------------------------
-
-    async def _open_turn(self) -> Turn:
-        if self._turn is not None and self._turn.answer is None:
-            return self._turn
-        if self._turn is not None and not self._turn.answer.ended:  # type: ignore[union-attr]
-            raise errors.ConflictError("a response is in progress; wait for response.done or cancel it")
+    def _params(self, body: dict[str, Any]) -> Params:
+        """The session's settings with a response's own on top (a null field is one not given)."""
+        body = {k: v for k, v in body.items() if v is not None}
         c = self.config
-        messages = ([ChatMessage(role="system", content=c.instructions)] if c.instructions else []) + self._history
-        request = CreateSessionRequest(
-            messages=messages, modalities=c.session_modalities, max_tokens=c.max_output_tokens,
-            temperature=c.temperature, stream_options=StreamOptions(include_usage=True))
+        instructions = body.get("instructions", c.instructions)
+        if not isinstance(instructions, str):
+            raise errors.ValidationFailed("instructions is a string", param="response.instructions")
+        modalities = body.get("output_modalities", c.output_modalities)
+        if modalities not in (["text"], ["audio"]) or (modalities == ["audio"] and not c.can_speak):
+            raise errors.ValidationFailed('output_modalities is ["text"] or ["audio"] (audio if the engine speaks)',
+                                          param="response.output_modalities")
+        limit = output_token_limit(body["max_output_tokens"], "response.max_output_tokens") \
+            if "max_output_tokens" in body else c.max_output_tokens
+        tools = chat_tools(body["tools"], "response.tools") if "tools" in body else c.tools
+        choice = chat_tool_choice(body["tool_choice"], "response.tool_choice") if "tool_choice" in body \
+            else c.tool_choice
+        if choice not in ("auto", "none") and not tool_choice_fits(choice, tools):
+            raise errors.ValidationFailed("tool_choice names a function that is not among the tools",
+                                          param="response.tool_choice")
+        metadata = body.get("metadata") or {}
+        if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+            raise errors.ValidationFailed("metadata maps strings to strings", param="response.metadata")
+        return Params(instructions, tuple(modalities), limit, c.temperature,
+                      tuple(json.dumps(t, sort_keys=True) for t in tools),
+                      choice if isinstance(choice, str) else json.dumps(choice, sort_keys=True),
+                      tuple(sorted(metadata.items())))
+
+    def _basis(self, params: Params) -> tuple[Any, ...]:
+        """What makes two answers' sessions alike (metadata is the response's own)."""
+        return (params.instructions, params.modalities, params.max_output_tokens, params.temperature,
+                params.tools, params.tool_choice, self._version)
+
+    def _input_items(self, given: Any) -> list[dict[str, Any]]:
+        """``response.input``: items, or references to the conversation's."""
+        if not isinstance(given, list):
+            raise errors.ValidationFailed("input is a list of items", param="response.input")
+        items = []
+        for i, entry in enumerate(given):
+            if isinstance(entry, dict) and entry.get("type") == "item_reference":
+                items.append(self.conversation.get(str(entry.get("id"))))
+            elif isinstance(entry, dict):
+                items.append(_item_for_conversation(entry, where=f"response.input.{i}"))
+            else:
+                raise errors.ValidationFailed("input is a list of items", param=f"response.input.{i}")
+        return items
+
+    async def _respond(self, params: Params) -> None:
+        """An answer in the conversation: the open turn's, when it was made as this one would be."""
+        turn = self._turn
+        if turn is not None and turn.next_seq > 0 and (turn.basis == self._basis(params)
+                                                        or turn.audio_item_id is not None):
+            await self._finish_turn(turn, params)
+            return
+        if turn is not None:
+            await self._drop_turn()  # made otherwise: answered from its items instead
+        if not self.conversation.items:
+            raise errors.EmptyInput("no input to respond to: append audio or create a user item first")
+        await self._answer_from_items(list(self.conversation.items), params, in_conversation=True)
+
+    async def _finish_turn(self, turn: Run, params: Params) -> None:
+        await self._charge_turn()
+        if turn.audio_item_id is not None and not turn.committed:
+            await self._commit()  # the audio so far is this turn's input
+        turn.answer = Answer(self._emit, list(params.modalities), ev.new_id("resp"), self.conversation,
+                             dict(params.metadata) or None, params.max_output_tokens)
+        await self._save(strict=True)  # intent first: a reconnect finds the answer before it exists
+        await turn.answer.begin()
+        try:
+            await self._service.finish(self._identity, turn.session_id, None)
+        except errors.GatewayError as exc:
+            await self._end_run(turn, "failed", None, {"type": exc.type, "code": exc.code, "message": exc.message})
+            raise
+
+    async def _answer_from_items(self, items: list[dict[str, Any]], params: Params, *, in_conversation: bool,
+                                 cue: str | None = None) -> Run:
+        """A session whose input is the last item (or ``cue``, a system note), complete at once.
+
+        The history is trimmed to fit when it is the conversation's own (not a response's ``input``).
+        """
+        whole = in_conversation and items == self.conversation.items
+        if cue is not None:
+            items = [*items, {"id": "", "type": "message", "role": "system",
+                              "content": [{"type": "input_text", "text": cue}]}]
+        if not items:
+            raise errors.EmptyInput("no input to respond to", param="response.input")
+        *history, last = items
+        role, text, call_id = _input_of(last)
+        request = await self._session_request(history, params, trim=whole, streaming=False)
+        request.input_role, request.input_tool_call_id = role, call_id
+        await self._charge_turn()
+        first = record_from_json(ChunkIn(sequence_id=0, text=text, end_of_input=True),
+                                 self._settings.max_chunk_bytes)
+        record, _ = await self._service.create(self._identity, request, first)
+        run = Run(record.session_id, streaming=False, in_conversation=in_conversation,
+                  basis=self._basis(params), next_seq=1)
+        run.answer = Answer(self._emit, list(params.modalities), ev.new_id("resp"),
+                            self.conversation if in_conversation else None, dict(params.metadata) or None,
+                            params.max_output_tokens)
+        if in_conversation:
+            self._turn = run
+            self._position = self._position_frame = None
+        else:
+            self._side[run.answer.response_id] = run
+        await run.answer.begin()
+        self._follow(run, None)
+        return run
+
+    async def _session_request(self, history_items: list[dict[str, Any]], params: Params, *, trim: bool,
+                               streaming: bool) -> CreateSessionRequest:
+        messages = await self._history(history_items, params, trim=trim)
+        tools = params.tools_list()
+        return CreateSessionRequest(
+            messages=messages, modalities=["text", "audio"] if "audio" in params.modalities else ["text"],
+            max_tokens=params.max_output_tokens, temperature=params.temperature,
+            stream_options=StreamOptions(include_usage=True),
+            start_policy=None if streaming else StartPolicy.ON_END_ONLY,
+            tools=tools or None, tool_choice=params.choice() if tools else None)
+
+    async def _history(self, items: list[dict[str, Any]], params: Params, *, trim: bool) -> list[ChatMessage]:
+        """The instructions and the items' history; with ``trim`` (the items are the conversation's
+        oldest), its oldest items are dropped when the history outgrows its budget."""
+        system = [ChatMessage(role="system", content=params.instructions)] if params.instructions else []
+        messages = system + self.conversation.messages(items)
+        limit = self._service.max_input_tokens
+        if not trim or self.config.truncation == "disabled" or limit is None:
+            return messages
+        budget = self.config.history_budget(limit, params.max_output_tokens)
+        tools = params.tools_list()
+        if await self._service.prompt_tokens(messages, tools) <= budget:
+            return messages
+        # Drop down to retention_ratio of the budget at once: the history's start
+        # then stays put, and in the engine's prefix cache, for many turns.
+        keep_under = int(budget * self.config.retention_ratio)
+        low, high = 1, len(items)
+        while low < high:  # the fewest oldest items to drop
+            middle = (low + high) // 2
+            kept = system + self.conversation.messages(without_oldest(items, middle))
+            if await self._service.prompt_tokens(kept, tools) <= keep_under:
+                high = middle
+            else:
+                low = middle + 1
+        kept_items = without_oldest(items, low)
+        self.conversation.keep_only(kept_items, items)
+        logger.info("realtime %s: dropped the %d oldest items to fit the context", self.id, len(items) - len(kept_items))
+        return system + self.conversation.messages(kept_items)
+
+    async def _charge_turn(self) -> None:
+        """A response takes one request of the identity's rate; the input before it (its audio
+        frames) takes none, so a refusal is one ``error`` for the response, and the turn stays."""
+        if self._settings.rate_limit_rps > 0:
+            await self._store.take_token(self._identity, self._settings.rate_limit_rps, self._settings.token_burst)
+
+    # --- turns ------------------------------------------------------------------------
+
+    async def _streaming_turn(self) -> Run:
+        turn = self._turn
+        if turn is not None and turn.streaming and turn.answer is None:
+            return turn
+        if turn is not None and turn.answering:
+            raise errors.ActiveResponse("a response is in progress; wait for response.done or cancel it")
+        params = self._params({})
+        request = await self._session_request(list(self.conversation.items), params, trim=True, streaming=True)
         record, _ = await self._service.create(self._identity, request, None)
-        turn = Turn(record.session_id)
-        turn.reader = asyncio.create_task(self._follow(turn, None), name=f"realtime-{record.session_id}")
+        turn = Run(record.session_id, streaming=True, basis=self._basis(params))
         self._turn = turn
+        self._position = self._position_frame = None
+        self._follow(turn, None)
         return turn
 
-    async def _append(self, chunk: ChunkIn) -> Turn:
-        turn = await self._open_turn()
-        record = record_from_json(chunk.model_copy(update={"sequence_id": turn.next_seq}), self._max_chunk_bytes)
-        await self._service.append(self._identity, turn.session_id, record)
+    async def _append(self, turn: Run, chunk: ChunkIn) -> None:
+        record = record_from_json(chunk.model_copy(update={"sequence_id": turn.next_seq}),
+                                  self._settings.max_chunk_bytes)
+        try:
+            await self._service.append(self._identity, turn.session_id, record)
+        except errors.SequenceConflict:
+            # Our count is behind the session's (a reconnect's state was older): the session knows.
+            turn.next_seq = (await self._service.view(self._identity, turn.session_id)).next_seq
+            record = record_from_json(chunk.model_copy(update={"sequence_id": turn.next_seq}),
+                                      self._settings.max_chunk_bytes)
+            await self._service.append(self._identity, turn.session_id, record)
         turn.next_seq += 1
         turn.audio_ms += record.audio_ms
-        return turn
 
     async def _append_audio(self, pcm: bytes) -> None:
         if not pcm:
             return
-        turn = await self._append(ChunkIn(sequence_id=0, modality="audio",
-                                          payload=base64.b64encode(pcm).decode(), format="pcm16",
-                                          sample_rate=RATE))
+        turn = await self._streaming_turn()
+        await self._append(turn, ChunkIn(sequence_id=0, modality="audio", payload=base64.b64encode(pcm).decode(),
+                                         format="pcm16", sample_rate=RATE))
         if turn.audio_item_id is None:
             turn.audio_item_id = ev.new_id("item")
 
@@ -386,11 +775,12 @@ class RealtimeConnection:
         del self._padding[:max(0, len(self._padding) - keep)]
 
     async def _speech_started(self, at_ms: int, interrupt: bool) -> None:
-        if interrupt and self._turn is not None and self._turn.answer is not None and not self._turn.answer.ended:
-            await self._cancel_answer(self._turn, "turn_detected")  # barge-in
+        turn = self._turn
+        if interrupt and turn is not None and turn.answering:
+            await self._cancel_answer(turn, "turn_detected")  # barge-in
         padding, self._padding = bytes(self._padding), bytearray()
         await self._append_audio(padding)
-        turn = await self._open_turn()
+        turn = await self._streaming_turn()
         if turn.audio_item_id is None:
             turn.audio_item_id = ev.new_id("item")
         await self._emit(ev.event("input_audio_buffer.speech_started", audio_start_ms=at_ms,
@@ -399,118 +789,237 @@ class RealtimeConnection:
     async def _commit(self) -> None:
         turn = self._turn
         if turn is None or turn.audio_item_id is None or turn.committed or turn.answer is not None:
-            raise errors.EmptyInput("the input audio buffer is empty", param="audio")
+            raise errors.EmptyAudioBuffer("the input audio buffer is empty", param="audio")
         turn.committed = True
-        await self._emit(ev.event("input_audio_buffer.committed", previous_item_id=self._last_item_id,
-                                  item_id=turn.audio_item_id))
         item = ev.user_item(turn.audio_item_id, [{"type": "input_audio", "transcript": None}])
-        await self._emit(ev.event("conversation.item.added", previous_item_id=self._last_item_id, item=item))
-        await self._emit(ev.event("conversation.item.done", previous_item_id=self._last_item_id, item=item))
-        self._last_item_id = turn.audio_item_id
+        turn.item_ids.append(item["id"])
+        before = self.conversation.add(item)
+        await self._emit(ev.event("input_audio_buffer.committed", previous_item_id=before,
+                                  item_id=turn.audio_item_id))
+        await self._tell_item(item, before)
 
-    async def _respond(self) -> None:
-        turn = self._turn
-        if turn is not None and turn.answer is not None and not turn.answer.ended:
-            raise errors.ConflictError("the conversation already has an active response")
-        if turn is None or turn.answer is not None or turn.next_seq == 0:
-            raise errors.EmptyInput("no new input to respond to: append audio or create a user item first")
-        if turn.audio_item_id is not None and not turn.committed:
-            await self._commit()  # the audio so far is this turn's input
-        turn.answer = Answer(self._emit, self.config.output_modalities, ev.new_id("resp"), ev.new_id("item"))
-        await turn.answer.begin()
-        await self._service.finish(self._identity, turn.session_id, None)
+    async def _drop_turn(self, *, cancel: bool = True) -> None:
+        """End the open turn without an answer: stop reading it and cancel its session."""
+        turn, self._turn = self._turn, None
+        if turn is None:
+            return
+        if turn.reader is not None:
+            turn.reader.cancel()
+            await asyncio.gather(turn.reader, return_exceptions=True)
+        if cancel:
+            with contextlib.suppress(errors.GatewayError):
+                await self._service.cancel(self._identity, turn.session_id)
 
-    async def _cancel_answer(self, turn: Turn, reason: str) -> None:
+    async def _cancel_answer(self, run: Run, reason: str) -> None:
         # Told first, so the reason is this one (the session's own cancel frame follows).
-        await self._end_turn(turn, "cancelled", reason)
+        await self._end_run(run, "cancelled", reason)
         with contextlib.suppress(errors.SessionClosed):  # it completed meanwhile
-            await self._service.cancel(self._identity, turn.session_id)
+            await self._service.cancel(self._identity, run.session_id)
+
+    # --- idle timeout (server_vad idle_timeout_ms) ---------------------------------------
+
+    def _arm_idle(self) -> None:
+        vad = self.config.server_vad
+        self._disarm_idle()
+        if vad is not None and vad.idle_timeout_ms:
+            self._idle = asyncio.create_task(self._idle_after(vad.idle_timeout_ms), name=f"realtime-{self.id}-idle")
+
+    def _disarm_idle(self) -> None:
+        if self._idle is not None and self._idle is not asyncio.current_task():
+            self._idle.cancel()
+        self._idle = None
+
+    async def _idle_after(self, timeout_ms: int) -> None:
+        await asyncio.sleep(timeout_ms / 1000)
+        async with self._lock:
+            if self._turn is not None and (self._turn.answering or self._turn.next_seq) \
+                    or (self._detector is not None and self._detector.speaking):
+                return
+            self._idle = None
+            await self._emit(ev.event("input_audio_buffer.timeout_triggered", audio_start_ms=self._answered_at_ms,
+                                      audio_end_ms=self._audio_in_ms, item_id=ev.new_id("item")))
+            vad = self.config.server_vad
+            if vad is not None and vad.create_response:
+                try:
+                    await self._answer_from_items(list(self.conversation.items), self._params({}),
+                                                  in_conversation=True,
+                                                  cue=f"The user has said nothing for {timeout_ms // 1000} seconds.")
+                except errors.GatewayError as exc:
+                    await self._emit(ev.error(exc))
+            await self._save()
 
     # --- the session's output -----------------------------------------------------
 
-    async def _follow(self, turn: Turn, muted_through: Position | None) -> None:
-        """Read the turn's session output from its start; a failure ends only this turn."""
+    def _follow(self, run: Run, muted_through: Position | None) -> None:
+        run.reader = asyncio.create_task(self._read(run, muted_through), name=f"realtime-{run.session_id}")
+
+    async def _read(self, run: Run, muted_through: Position | None) -> None:
+        """Read the run's session output from its start; a failure ends only this run."""
         try:
-            stream = await self._service.events(self._identity, turn.session_id, "0-0")
+            stream = await self._service.events(self._identity, run.session_id, "0-0")
             if stream is None:  # only after the final frame, and this read starts at the first
                 return
             async for frame in stream:
-                token = _FRAME.set(_FrameOrigin(str(frame.id), muted_through))
+                token = _FRAME.set(_FrameOrigin(str(frame.id), muted_through, tracked=run.in_conversation))
                 try:
-                    await self._on_frame(turn, frame)
+                    await self._on_frame(run, frame)
                 finally:
                     _FRAME.reset(token)
         except asyncio.CancelledError:
             raise
         except Exception:
-            logger.exception("realtime %s: following session %s failed", self.id, turn.session_id)
-            if turn.answer is not None:
-                await self._end_turn(turn, "failed", None,
-                                     {"type": "server_error", "code": "internal_error", "message": "the answer broke off"})
+            logger.exception("realtime %s: following session %s failed", self.id, run.session_id)
+            if run.answer is not None:
+                await self._end_run(run, "failed", None,
+                                    {"type": "server_error", "code": "internal_error", "message": "the answer broke off"})
 
-    async def _on_frame(self, turn: Turn, frame: ServerSentEvent) -> None:
-        if turn.answer is not None and turn.answer.ended:
+    async def _on_frame(self, run: Run, frame: ServerSentEvent) -> None:
+        if run.answer is not None and run.answer.ended:
             return  # cancelled: what the engine wrote before it stopped is not sent after response.done
         data = str(frame.data)
         if frame.event == "transcript":
-            heard = json.loads(data)["input_transcript"]
-            delta = heard[len(turn.transcript):] if heard.startswith(turn.transcript) else heard
-            turn.transcript = heard
-            if delta and turn.audio_item_id:
-                await self._emit(ev.event("conversation.item.input_audio_transcription.delta",
-                                          item_id=turn.audio_item_id, content_index=0, delta=delta))
+            await self._heard(run, json.loads(data)["input_transcript"])
             return
         if frame.event == "error":
             body = json.loads(data)["error"]
-            if turn.answer is None:
+            if run.answer is None:
                 # The turn failed before its response (e.g. no speech recognized, or it expired).
                 await self._emit(ev.error(errors.from_envelope({"error": body})))
-                if self._turn is turn:
+                if self._turn is run:
                     self._turn = None
                 return
             cancelled = body.get("code") == "session_cancelled"
-            await self._end_turn(turn, "cancelled" if cancelled else "failed", "client_cancelled" if cancelled else None,
-                                 None if cancelled else {"type": body.get("type"), "code": body.get("code"),
-                                                         "message": body.get("message")})
+            await self._end_run(run, "cancelled" if cancelled else "failed", "client_cancelled" if cancelled else None,
+                                None if cancelled else {"type": body.get("type"), "code": body.get("code"),
+                                                        "message": body.get("message")})
             return
-        if data == "[DONE]" or turn.answer is None:
-            if turn.answer is not None:
-                await self._tell_transcript(turn)
-                await self._end_turn(turn, "completed")
+        if data == "[DONE]" or run.answer is None:
+            if run.answer is not None:
+                await self._tell_transcript(run)
+                await self._end_run(run, "completed")
             return
         chunk = orjson.loads(data)  # a frame per answer token; written by orjson too (output/frames.py)
         if chunk.get("usage"):
-            turn.answer.on_usage(chunk["usage"])
+            run.answer.on_usage(chunk["usage"])
         for choice in chunk.get("choices") or ():
             delta = choice.get("delta") or {}
             if delta.get("content"):
-                await self._tell_transcript(turn)
-                await turn.answer.on_text(delta["content"])
+                await self._tell_transcript(run)
+                await run.answer.on_text(delta["content"])
             if delta.get("audio"):
-                await turn.answer.on_audio(delta["audio"]["data"])
+                await run.answer.on_audio(delta["audio"]["data"], delta["audio"].get("transcript") or "")
+            for call in delta.get("tool_calls") or ():
+                await self._tell_transcript(run)
+                await run.answer.on_tool_call(call)
 
-    async def _tell_transcript(self, turn: Turn) -> None:
-        """``...transcription.completed`` once, before the answer, for a turn that was spoken."""
-        if turn.told_transcript or turn.audio_item_id is None:
-            return
-        turn.told_transcript = True
-        await self._emit(ev.event("conversation.item.input_audio_transcription.completed",
-                                  item_id=turn.audio_item_id, content_index=0, transcript=turn.transcript,
-                                  usage={"type": "duration", "seconds": turn.audio_ms / 1000}))
+    async def _heard(self, run: Run, heard: str) -> None:
+        """What the recognizer heard so far; told as it grows when transcription is on."""
+        delta = heard[len(run.transcript):] if heard.startswith(run.transcript) else heard
+        run.transcript = heard
+        if delta and run.audio_item_id and self.config.transcription is not None:
+            await self._emit(ev.event("conversation.item.input_audio_transcription.delta",
+                                      item_id=run.audio_item_id, content_index=0, delta=delta))
 
-    async def _end_turn(self, turn: Turn, status: str, reason: str | None = None,
-                        error: dict[str, Any] | None = None) -> None:
-        """The response is over: tell it, and keep the turn in the conversation's history."""
-        assert turn.answer is not None
-        if turn.answer.ended:
+    async def _tell_transcript(self, run: Run) -> None:
+        """The spoken input's words join its item (the history); ``...transcription.completed`` once."""
+        if run.told_transcript or run.audio_item_id is None:
             return
-        await turn.answer.end(status, reason, error)
-        self._last_item_id = turn.answer.item_id
-        said = " ".join(part for part in [*turn.texts, turn.transcript] if part)
-        if said:
-            self._history.append(ChatMessage(role="user", content=said))
-            if turn.answer.text:
-                self._history.append(ChatMessage(role="assistant", content=turn.answer.text))
-        if self._turn is turn:
-            self._turn = None
+        run.told_transcript = True
+        index = self.conversation.index(run.audio_item_id)
+        if index is not None:
+            item = self.conversation.items[index]
+            item["_heard"] = run.transcript
+            if self.config.transcription is not None:
+                item["content"][0]["transcript"] = run.transcript
+        if self.config.transcription is not None:
+            await self._emit(ev.event("conversation.item.input_audio_transcription.completed",
+                                      item_id=run.audio_item_id, content_index=0, transcript=run.transcript,
+                                      usage={"type": "duration", "seconds": run.audio_ms / 1000}))
+
+    async def _end_run(self, run: Run, status: str, reason: str | None = None,
+                       error: dict[str, Any] | None = None) -> None:
+        """The response is over: tell it; its items are already in the conversation."""
+        assert run.answer is not None
+        if run.answer.ended:
+            return
+        await run.answer.end(status, reason, error)
+        await self._emit(ev.event("rate_limits.updated", rate_limits=[self._budget.rate_limit()]))
+        if run.in_conversation:
+            if self._turn is run:
+                self._turn = None
+            self._answered_at_ms = self._audio_in_ms
+            self._arm_idle()
+        else:
+            self._side.pop(run.answer.response_id, None)
+        self._replay_held_soon()
         await self._save()
+
+
+def _item_id(message: dict[str, Any]) -> str:
+    item_id = message.get("item_id")
+    if not isinstance(item_id, str):
+        raise errors.ValidationFailed("the event needs an item_id", param="item_id")
+    return item_id
+
+
+#: The content parts a message item of each role may carry.
+_PARTS = {"user": ("input_text", "input_audio"), "system": ("input_text",),
+          "assistant": ("output_text", "text", "output_audio", "audio")}
+
+
+def _item_for_conversation(item: dict[str, Any], where: str = "item") -> dict[str, Any]:
+    """A client's item, checked, as the conversation keeps it (audio bytes left out)."""
+    kind = item.get("type", "message")
+    item_id = item.get("id") if isinstance(item.get("id"), str) else ev.new_id("item")
+    base = {"id": item_id, "object": "realtime.item", "status": "completed"}
+    if kind == "function_call":
+        if not isinstance(item.get("name"), str) or not isinstance(item.get("arguments", ""), str):
+            raise errors.ValidationFailed("a function_call item has a name and arguments (a JSON string)",
+                                          param=where)
+        return {**base, "type": kind, "name": item["name"], "arguments": item.get("arguments", ""),
+                "call_id": item.get("call_id") or ev.new_id("call")}
+    if kind == "function_call_output":
+        if not isinstance(item.get("call_id"), str) or not isinstance(item.get("output"), str):
+            raise errors.ValidationFailed("a function_call_output item has a call_id and an output (a string)",
+                                          param=where)
+        return {**base, "type": kind, "call_id": item["call_id"], "output": item["output"]}
+    role = item.get("role")
+    if kind != "message" or role not in _PARTS:
+        raise errors.ValidationFailed("items are messages (user, system, assistant), function_call or "
+                                      "function_call_output", param=f"{where}.type")
+    content = item.get("content")
+    if not isinstance(content, list) or not content:
+        raise errors.ValidationFailed("a message needs content", param=f"{where}.content")
+    kept = []
+    for i, part in enumerate(content):
+        part_type = part.get("type") if isinstance(part, dict) else None
+        if part_type not in _PARTS[role]:
+            raise errors.ValidationFailed(f"a {role} message's parts are {', '.join(_PARTS[role])}",
+                                          param=f"{where}.content.{i}")
+        if part_type in ("input_audio", "audio", "output_audio"):
+            if part_type == "input_audio" and not isinstance(part.get("audio"), str):
+                raise errors.ValidationFailed("an input_audio part needs audio (base64 pcm16)",
+                                              param=f"{where}.content.{i}.audio")
+            shown_type = "input_audio" if role == "user" else "output_audio"
+            kept.append({**{k: v for k, v in part.items() if k != "audio"}, "type": shown_type,
+                         "transcript": part.get("transcript")})
+        else:
+            if not isinstance(part.get("text"), str):
+                raise errors.ValidationFailed("a text part needs text", param=f"{where}.content.{i}.text")
+            # The client's other fields stay, as sent (an item is echoed back as it came).
+            kept.append({**part, "type": "output_text" if role == "assistant" else "input_text"})
+    return {**base, "type": "message", "role": role, "content": kept}
+
+
+def _input_of(item: dict[str, Any]) -> tuple[Literal["user", "tool", "system"], str, str | None]:
+    """(role, text, call id) of the item an answer from items responds to."""
+    if item["type"] == "function_call_output":
+        return "tool", item["output"] or " ", item["call_id"]
+    if item["type"] == "message" and item["role"] in ("user", "system"):
+        text = item_text(item)
+        if not text:
+            raise errors.EmptyInput("the last item says nothing (spoken input is answered in its own turn)",
+                                    param="response.input")
+        return ("system" if item["role"] == "system" else "user"), text, None
+    raise errors.EmptyInput("nothing to respond to: the conversation ends with the assistant's item",
+                            param="response.input")

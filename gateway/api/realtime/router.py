@@ -3,10 +3,12 @@
 The handshake authenticates like every route: ``Authorization: Bearer`` or,
 for browsers (which cannot set headers on a WebSocket), the subprotocols
 ``realtime`` + ``openai-insecure-api-key.<key>``; ``realtime`` is echoed.
-Each client event is charged to the identity's rate limit; a client that
-floods is closed with 1008 (policy violation). A message over the request
-cap gets an ``error`` event; a connection with no message for the session
-timeout is closed with 1000.
+The identity's rate limit is charged once per connection here and once per
+turn (``connection.py``), never per event: a voice client sends 50 audio
+frames a second. Each connection has its own event budget instead
+(``limits.py``); an event over it, over the size cap, or one that meets a
+store error gets an ``error`` event and the connection goes on. A
+connection with no message for the session timeout is closed with 1000.
 
 Resume (ours; OpenAI's protocol has none): a client whose socket broke
 reconnects to any replica with ``?session_id=<the session.created id>`` and
@@ -31,6 +33,8 @@ from gateway import errors
 from gateway.api.realtime import events as ev
 from gateway.api.realtime.config import RealtimeConfig
 from gateway.api.realtime.connection import RealtimeConnection
+from gateway.api.realtime.limits import EventBudget
+from gateway.settings import Settings
 from gateway.web.resources import Resources
 
 logger = logging.getLogger(__name__)
@@ -75,8 +79,9 @@ async def realtime(websocket: WebSocket, model: str | None = None, session_id: s
         async with lock:
             await websocket.send_text(ev.encoded(event))
 
+    budget = EventBudget(settings.realtime_events_per_sec, max(1, int(2 * settings.realtime_events_per_sec)))
     connection = RealtimeConnection(send, resources.service, resources.store, identity, config, metrics,
-                                    settings.max_chunk_bytes, keep_sec=settings.session_timeout_sec)
+                                    settings, budget)
     metrics.connections.inc()
     metrics.connections_total.inc()
     opened = time.monotonic()
@@ -90,7 +95,16 @@ async def realtime(websocket: WebSocket, model: str | None = None, session_id: s
                 await websocket.close(POLICY_VIOLATION, exc.message[:120])
                 return
         await connection.opened()
-        await _serve(websocket, connection, send, resources, identity)
+        if settings.rate_limit_rps > 0:  # the connection is one request of the identity's rate
+            try:
+                await resources.store.take_token(identity, settings.rate_limit_rps, settings.token_burst)
+            except errors.TooManyRequests as exc:
+                await send(ev.error(exc))
+                await websocket.close(POLICY_VIOLATION, "too many requests for this identity")
+                return
+            except errors.StoreUnavailable as exc:
+                await send(ev.error(exc))  # said, and the connection goes on: its turns are checked again
+        await _serve(websocket, connection, send, settings, budget)
     except WebSocketDisconnect:
         pass
     finally:
@@ -110,8 +124,7 @@ async def parse_event(raw: str) -> Any:
 
 
 async def _serve(websocket: WebSocket, connection: RealtimeConnection,
-                 send: Callable[[dict[str, Any]], Awaitable[None]], resources: Resources, identity: str) -> None:
-    settings = resources.settings
+                 send: Callable[[dict[str, Any]], Awaitable[None]], settings: Settings, budget: EventBudget) -> None:
     while True:
         try:
             async with asyncio.timeout(settings.session_timeout_sec):
@@ -119,16 +132,14 @@ async def _serve(websocket: WebSocket, connection: RealtimeConnection,
         except TimeoutError:
             await websocket.close(NORMAL, "idle for longer than the session timeout")
             return
-        if settings.rate_limit_rps > 0:
-            try:
-                await resources.store.take_token(identity, settings.rate_limit_rps, settings.token_burst)
-            except errors.TooManyRequests as exc:
-                await send(ev.error(exc))
-                await websocket.close(POLICY_VIOLATION, "too many events")
-                return
-        if len(raw) > settings.max_request_bytes:
+        if not budget.take():
+            await send(ev.error(errors.TooManyRequests(
+                f"more than {settings.realtime_events_per_sec:g} events a second on this connection; "
+                "this event is dropped", retry_after=1)))
+            continue
+        if len(raw) > settings.realtime_max_event_bytes:
             await send(ev.error(errors.RequestTooLarge(
-                f"an event may be at most {settings.max_request_bytes} bytes")))
+                f"an event may be at most {settings.realtime_max_event_bytes} bytes")))
             continue
         try:
             message = await parse_event(raw)
@@ -139,4 +150,3 @@ async def _serve(websocket: WebSocket, connection: RealtimeConnection,
             await send(ev.error(errors.InvalidRequest("an event is a JSON object with a type", param="type")))
             continue
         await connection.handle(message)
-

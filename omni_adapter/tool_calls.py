@@ -1,0 +1,174 @@
+"""Function calling in the ``vllm`` adapter, through vLLM's own tool-call support.
+
+Three parts, each vLLM's own wherever vLLM has one:
+
+* **What the model is told.** A chat template that renders ``tools`` gets
+  them as they are. One that ignores them (SmolLM2's) gets the tools in the
+  system prompt, in the format its model family was taught (SmolLM2's model
+  card: the tools in ``<tools>...</tools>``, calls written as
+  ``<tool_call>[{"name": ..., "arguments": {...}}]</tool_call>``), and the
+  conversation's earlier calls as that same text.
+* **What the model may say.** ``required`` and a named function become
+  structured output with the JSON schema vLLM's own server derives from the
+  tools (``ToolParser.adjust_request``), so even the 135M default model
+  emits a call with valid arguments. ``auto`` is free text.
+* **What the answer holds.** vLLM's parser (``Parser.parse_delta``, the one
+  its chat server streams with) splits the text into content and tool-call
+  deltas: the JSON of ``required`` / named, the model's own format for
+  ``auto`` (vLLM's ``xlam`` parser reads SmolLM2's ``<tool_call>[...]``).
+
+vLLM is imported lazily, as everywhere in the adapter.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from omni_adapter.port import EngineRejectedError, TextDelta, ToolCallDelta
+
+if TYPE_CHECKING:
+    from vllm.sampling_params import StructuredOutputsParams
+
+logger = logging.getLogger(__name__)
+
+#: The parser for the default model: SmolLM2's call format is xLAM's.
+DEFAULT_TOOL_CALL_PARSER = "xlam"
+
+#: SmolLM2's function-calling system prompt (its model card), for templates without tools.
+TOOL_PROMPT = (
+    "You are an expert in composing functions. You are given a question and a set of possible "
+    "functions. Based on the question, you will need to make one or more function/tool calls to "
+    "achieve the purpose. If none of the functions can be used, answer the question directly.\n\n"
+    "You have access to the following tools:\n<tools>{tools}</tools>\n\n"
+    "To call tools, the output MUST strictly adhere to the following format, with no other text:\n"
+    '<tool_call>[\n{{"name": "func_name1", "arguments": {{"argument1": "value1"}}}},\n'
+    "... (more tool calls as required)\n]</tool_call>"
+)
+
+
+def calls_as_text(message: Mapping[str, Any]) -> dict[str, Any]:
+    """An assistant message's ``tool_calls`` as the text the model writes for them
+    (for a template that knows no tools; others get the message as it is)."""
+    calls = message.get("tool_calls")
+    if not calls:
+        return {k: v for k, v in message.items() if k != "tool_calls"}
+    written = json.dumps([{"name": c["function"]["name"], "arguments": _arguments(c["function"]["arguments"])}
+                          for c in calls], ensure_ascii=False)
+    text = f"{message.get('content') or ''}<tool_call>{written}</tool_call>"
+    return {k: v for k, v in message.items() if k != "tool_calls"} | {"content": text}
+
+
+def _arguments(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text  # as the client gave it
+
+
+def tools_in_prompt(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The conversation told about ``tools`` in its system prompt (the first message, or a new one)."""
+    block = TOOL_PROMPT.format(tools=json.dumps([t["function"] for t in tools], ensure_ascii=False))
+    out = [dict(m) for m in messages]
+    if out and out[0].get("role") == "system" and isinstance(out[0].get("content"), str):
+        out[0]["content"] = f"{out[0]['content']}\n\n{block}"
+    else:
+        out.insert(0, {"role": "system", "content": block})
+    return out
+
+
+def calls_tools(tools: Sequence[Mapping[str, Any]], tool_choice: str | Mapping[str, Any] | None) -> bool:
+    """Whether a request may call functions (tools given, and not ``tool_choice: none``)."""
+    return bool(tools) and tool_choice != "none"
+
+
+class ToolCallParser:
+    """One answer's text through vLLM's parser: content and tool-call deltas.
+
+    ``structured_outputs`` is what the final input must carry (``required`` /
+    a named function), ``None`` for ``auto``.
+    """
+
+    def __init__(self, parser_cls: Any, tokenizer: Any, tools: Sequence[Mapping[str, Any]],
+                 tool_choice: str | Mapping[str, Any] | None) -> None:
+        from pydantic import ValidationError
+        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
+        try:
+            request = ChatCompletionRequest(messages=[], tools=list(tools), tool_choice=tool_choice or "auto")
+            self._parser = parser_cls(tokenizer, request.tools)
+            self._request = self._parser.adjust_request(request)
+        except (ValidationError, ValueError) as exc:
+            raise EngineRejectedError(f"invalid tools or tool_choice: {exc}") from exc
+        #: Some call was emitted (the answer's finish reason is then ``tool_calls``).
+        self.called = False
+        self._declared = {t["function"]["name"] for t in tools}
+        #: The model's call index -> the answer's (calls to undeclared functions are left out).
+        self._indices: dict[int, int] = {}
+        self._dropped: set[int] = set()
+        #: A named function: OpenAI's finish reason stays ``stop``.
+        self.named = isinstance(tool_choice, Mapping)
+
+    @property
+    def structured_outputs(self) -> StructuredOutputsParams | None:
+        params: StructuredOutputsParams | None = self._request.structured_outputs
+        return params
+
+    def parse(self, text: str, token_ids: Sequence[int], *, finished: bool) -> list[TextDelta | ToolCallDelta]:
+        # No reasoning parser: an empty prompt tells it no reasoning is open.
+        delta = self._parser.parse_delta(text, list(token_ids), self._request, prompt_token_ids=[],
+                                         finished=finished)
+        if delta is None:
+            return []
+        events: list[TextDelta | ToolCallDelta] = [TextDelta(delta.content)] if delta.content else []
+        for call in delta.tool_calls:
+            function = call.function
+            name = function.name if function is not None else None
+            arguments = (function.arguments if function is not None else None) or ""
+            if call.id is None and name is None and not arguments:
+                continue
+            index = self._index_of(call.index, name)
+            if index is None:
+                continue
+            self.called = True
+            events.append(ToolCallDelta(index, call.id, name, arguments))
+        return events
+
+    def _index_of(self, model_index: int, name: str | None) -> int | None:
+        """The call's index in the answer; ``None`` for a call to a function the request did not
+        declare. A small model writes those ("capital" for a question about one): no client
+        can run them (the OpenAI Agents SDK reports an error), so they are left out."""
+        if model_index in self._dropped:
+            return None
+        if model_index not in self._indices:
+            if name is not None and name not in self._declared:
+                logger.warning("the model called an undeclared function %r: left out of the answer", name)
+                self._dropped.add(model_index)
+                return None
+            self._indices[model_index] = len(self._indices)
+        return self._indices[model_index]
+
+
+def tool_call_parser_class(name: str, tokenizer: Any) -> Any:
+    """vLLM's parser class for ``name`` (``--tool-call-parser``), checked against the tokenizer."""
+    from vllm.parser.parser_manager import ParserManager
+
+    return ParserManager.get_parser(tool_parser_name=name, enable_auto_tools=True, tokenizer=tokenizer)
+
+
+def conversation(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]],
+                 tool_choice: str | Mapping[str, Any] | None, takes_tools: bool,
+                 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The messages to render and the tools to hand the template.
+
+    A template that takes tools gets both as they are; for one that does not,
+    the tools are told in the system prompt and earlier calls become text.
+    With ``tool_choice: none`` the model is not told of any tool.
+    """
+    calling = calls_tools(tools, tool_choice)
+    if takes_tools:
+        return [dict(m) for m in messages], [dict(t) for t in tools] if calling else []
+    said = [calls_as_text(m) for m in messages]
+    return (tools_in_prompt(said, tools) if calling else said), []

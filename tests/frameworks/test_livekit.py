@@ -1,0 +1,83 @@
+"""LiveKit Agents' OpenAI plugin: ``livekit.plugins.openai.realtime.RealtimeModel(base_url=...)``.
+
+An ``AgentSession`` needs a LiveKit room (a LiveKit server, which does not run
+here), so this drives the session class the plugin gives every agent
+(``RealtimeModel.session()``, the same ``RealtimeSession`` an ``AgentSession``
+uses) directly: a text turn from its chat context (``update_chat_ctx`` +
+``generate_reply``) and a spoken turn of ``push_audio`` frames that server VAD
+answers. Not covered: the room's transport and the ``AgentSession`` turn logic.
+The plugin validates every server event it handles; an invalid one, or an
+``error`` event, is its ``error`` event here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+import pytest
+from livekit import rtc
+from livekit.agents import llm
+from livekit.plugins.openai.realtime import RealtimeModel
+
+from tests.frameworks.conftest import Gateway
+from tests.gateway.test_realtime import conforming
+from tests.voice import SPEECH_RATE, pieces, speech
+
+pytestmark = pytest.mark.engine
+
+
+async def said(generation: llm.GenerationCreatedEvent) -> tuple[str, bytes]:
+    """The text and the audio of a generation's messages, read to their end."""
+    text, audio = [], []
+
+    async def read(message: llm.MessageGeneration) -> None:
+        async def texts() -> None:
+            async for piece in message.text_stream:
+                text.append(str(piece))
+
+        async def frames() -> None:
+            async for frame in message.audio_stream:
+                audio.append(bytes(frame.data))
+
+        await asyncio.gather(texts(), frames())
+
+    async with asyncio.timeout(180):
+        async for message in generation.message_stream:
+            await read(message)
+    return "".join(text), b"".join(audio)
+
+
+async def test_a_session_with_a_text_turn_and_a_spoken_turn(gateway: Gateway) -> None:
+    model = RealtimeModel(model=gateway.model, base_url=f"{gateway.url}/v1", api_key="unused")
+    session = model.session()
+    failures: list[Any] = []
+    raw: list[dict[str, Any]] = []
+    session.on("error", failures.append)
+    session.on("openai_server_event_received", raw.append)
+    try:
+        await session.update_instructions("You are a helpful assistant. Answer in one short sentence.")
+        context = session.chat_ctx.copy()
+        context.add_message(role="user", content="Hello! Say hi back.")
+        await session.update_chat_ctx(context)
+        text, audio = await said(await session.generate_reply())
+        assert text.strip() and len(audio) > SPEECH_RATE // 2, "a spoken answer, with its words"
+
+        spoken: asyncio.Future[llm.GenerationCreatedEvent] = asyncio.get_running_loop().create_future()
+        session.on("generation_created", lambda ev: spoken.done() or spoken.set_result(ev))
+        for piece in pieces(speech("What is the capital of France?") + bytes(SPEECH_RATE), SPEECH_RATE, 20):
+            samples = np.frombuffer(piece, dtype="<i2")
+            session.push_audio(rtc.AudioFrame(piece, SPEECH_RATE, 1, len(samples)))
+            await asyncio.sleep(0.002)
+        text, audio = await said(await asyncio.wait_for(spoken, 120))
+        assert text.strip() and len(audio) > SPEECH_RATE // 2
+        heard = gateway.engine.requests[-1]
+        assert heard.input_role == "user" and heard.messages[-2:] != ()
+    finally:
+        await session.aclose()
+        await model.aclose()
+    assert failures == [], failures
+    for event in raw:
+        conforming(event)
+    assert any(e["type"] == "input_audio_buffer.speech_started" for e in raw)

@@ -1,0 +1,117 @@
+"""Limits a voice client can live with on /v1/realtime: per connection and turn, not per frame.
+
+Real Redis (its own process where a test kills it), the scripted engine,
+raw WebSockets sending 20 ms audio frames as the SDKs do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from typing import Any
+
+import websockets
+
+from omni_adapter.port import Capabilities
+from omni_adapter.scripted import ScriptedEngine
+from tests.gateway.client import live_app, make_settings
+from tests.gateway.test_realtime import TEXT_ONLY
+from tests.redis_server import redis_process
+
+FRAME_20MS = base64.b64encode(bytes(2 * 24_000 // 50)).decode()
+NO_VAD = {"type": "session.update", "session": TEXT_ONLY}
+
+
+def hearing() -> ScriptedEngine:
+    """The scripted engine taking audio as it is (no recognizer: these tests are about limits)."""
+    return ScriptedEngine(capabilities=Capabilities(
+        input_modalities=frozenset({"text", "audio"}), output_modalities=frozenset({"text"}), incremental=True,
+        model_names=("scripted",)))
+
+
+async def received(ws: Any, within_sec: float = 0.3) -> list[dict[str, Any]]:
+    """Every event that arrives until the socket is quiet for ``within_sec``."""
+    seen = []
+    while True:
+        try:
+            seen.append(json.loads(await asyncio.wait_for(ws.recv(), within_sec)))
+        except TimeoutError:
+            return seen
+
+
+async def test_two_voice_users_on_one_key_stream_20ms_frames_without_being_closed(redis_url: str) -> None:
+    """The identity's rate (here 5 requests/s, burst 10) is charged per connection and turn:
+    two users sending 50 frames a second each for two seconds use two of it."""
+    settings = make_settings(redis_url=redis_url, api_keys="sk-one", rate_limit_rps=5, rate_limit_burst=10)
+    async with live_app(settings, hearing()) as url:
+        headers = {"Authorization": "Bearer sk-one"}
+        async with websockets.connect(url.replace("http", "ws") + "/v1/realtime", additional_headers=headers) as a, \
+                websockets.connect(url.replace("http", "ws") + "/v1/realtime", additional_headers=headers) as b:
+            for ws in (a, b):
+                await ws.send(json.dumps(NO_VAD))
+            for _ in range(100):
+                for ws in (a, b):
+                    await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": FRAME_20MS}))
+                await asyncio.sleep(0.02)
+            for ws in (a, b):
+                events = await received(ws)
+                assert [e["type"] for e in events if e["type"] == "error"] == [], events[-3:]
+                await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+                committed = await received(ws)
+                assert "input_audio_buffer.committed" in [e["type"] for e in committed]
+
+
+async def test_a_flood_beyond_the_connections_budget_gets_error_events_and_the_socket_stays(redis_url: str) -> None:
+    settings = make_settings(redis_url=redis_url, realtime_events_per_sec=10)
+    async with live_app(settings, hearing()) as url, \
+            websockets.connect(url.replace("http", "ws") + "/v1/realtime") as ws:
+        await received(ws)
+        for _ in range(40):  # the budget holds 20 at once
+            await ws.send(json.dumps({"type": "input_audio_buffer.clear"}))
+        events = await received(ws)
+        codes = [e["error"]["code"] for e in events if e["type"] == "error"]
+        assert codes and set(codes) == {"rate_limit_exceeded"}
+        assert sum(e["type"] == "input_audio_buffer.cleared" for e in events) >= 20
+        await asyncio.sleep(0.3)  # the budget refills
+        await ws.send(json.dumps(NO_VAD))
+        assert (await received(ws))[-1]["type"] == "session.updated"
+
+
+async def test_an_append_over_the_audio_cap_and_an_event_over_the_size_cap_get_error_events(redis_url: str) -> None:
+    settings = make_settings(redis_url=redis_url, realtime_max_append_ms=100, realtime_max_event_bytes=100_000)
+    async with live_app(settings, hearing()) as url, \
+            websockets.connect(url.replace("http", "ws") + "/v1/realtime") as ws:
+        await received(ws)
+        await ws.send(json.dumps(NO_VAD))
+        await ws.send(json.dumps({"type": "input_audio_buffer.append",
+                                  "audio": base64.b64encode(bytes(48 * 200)).decode()}))  # 200 ms
+        await ws.send(json.dumps({"type": "conversation.item.create", "item": {
+            "type": "message", "role": "user", "content": [{"type": "input_text", "text": "x" * 150_000}]}}))
+        events = await received(ws)
+        assert [e["error"]["code"] for e in events if e["type"] == "error"] == \
+            ["request_too_large", "request_too_large"]
+        await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": FRAME_20MS}))
+        await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        assert "input_audio_buffer.committed" in [e["type"] for e in await received(ws)]
+
+
+async def test_a_store_error_during_an_event_is_an_error_event_and_the_socket_stays() -> None:
+    with redis_process() as redis:
+        settings = make_settings(redis_url=redis.url, redis_timeout_sec=0.5)
+        async with live_app(settings, hearing()) as url, \
+                websockets.connect(url.replace("http", "ws") + "/v1/realtime") as ws:
+            await received(ws)
+            await ws.send(json.dumps(NO_VAD))
+            await received(ws)
+            redis.kill()
+            await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": FRAME_20MS}))
+            events = await received(ws, 2.0)
+            assert [e["error"]["code"] for e in events if e["type"] == "error"] == ["store_unavailable"]
+            redis.start()
+            await asyncio.sleep(0.5)
+            await ws.send(json.dumps({"type": "conversation.item.create", "item": {
+                "type": "message", "role": "user", "content": [{"type": "input_text", "text": "back"}]}}))
+            await ws.send(json.dumps({"type": "response.create"}))
+            events = await received(ws, 2.0)
+            assert events[-1]["type"] == "response.done" or "response.done" in [e["type"] for e in events]

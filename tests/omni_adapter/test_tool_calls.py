@@ -1,0 +1,145 @@
+"""Function calling in the ``vllm`` adapter: vLLM's parsers and structured output, on the real engine."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import pytest
+from transformers import AutoTokenizer
+
+from omni_adapter.model_bootstrap import ensure_default_model
+from omni_adapter.port import Finished, TextDelta, ToolCallDelta
+from omni_adapter.tool_calls import ToolCallParser, conversation, tool_call_parser_class
+from omni_adapter.vllm_engine import VllmEngine
+from tests.omni_adapter.sessions import collect, request, text_chunks
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+TIME = {"type": "function", "function": {
+    "name": "get_time", "description": "The time now in a timezone",
+    "parameters": {"type": "object", "properties": {"zone": {"type": "string"}}, "required": ["zone"]}}}
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Any:
+    return AutoTokenizer.from_pretrained(ensure_default_model())
+
+
+async def answer(engine: VllmEngine, text: str, *, chunk: int = 8, **fields: Any) -> list[Any]:
+    """Every event of one session fed ``text`` in small chunks (incremental where it can be)."""
+    session = engine.open_session(dataclasses.replace(request(max_tokens=40), **fields))
+    for piece in text_chunks(text.encode(), chunk):
+        await session.feed([piece])
+    await session.end_input()
+    events = []
+    async for event in session.events():
+        events.append(event)
+    return events
+
+
+def calls(events: list[Any]) -> list[tuple[str, Any]]:
+    """(name, parsed arguments) of each call, from its streamed deltas."""
+    names: dict[int, str] = {}
+    arguments: dict[int, str] = {}
+    for e in events:
+        if isinstance(e, ToolCallDelta):
+            if e.name:
+                names[e.index] = e.name
+            arguments[e.index] = arguments.get(e.index, "") + e.arguments
+    return [(names[i], json.loads(arguments[i])) for i in sorted(names)]
+
+
+@pytest.mark.engine
+async def test_a_named_function_is_called_with_valid_arguments_even_by_the_small_model(
+        vllm_engine: VllmEngine) -> None:
+    events = await answer(vllm_engine, "What is the weather in Paris today?", tools=(WEATHER, TIME),
+                          tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    [(name, arguments)] = calls(events)
+    assert name == "get_weather" and isinstance(arguments.get("city"), str)
+    assert not any(isinstance(e, TextDelta) for e in events)
+    first = next(e for e in events if isinstance(e, ToolCallDelta))
+    assert first.id and first.name == "get_weather", "the first delta names the call"
+    assert isinstance(events[-1], Finished) and events[-1].finish_reason == "stop", "OpenAI's reason for a named call"
+
+
+@pytest.mark.engine
+async def test_required_calls_one_of_the_tools_and_finishes_with_tool_calls(vllm_engine: VllmEngine) -> None:
+    events = await answer(vllm_engine, "What time is it in Tokyo?", tools=(WEATHER, TIME), tool_choice="required")
+    found = calls(events)
+    assert found and all(name in ("get_weather", "get_time") for name, _ in found)
+    assert all(isinstance(arguments, dict) for _, arguments in found)
+    assert isinstance(events[-1], Finished) and events[-1].finish_reason == "tool_calls"
+
+
+@pytest.mark.engine
+async def test_auto_and_none_answer_in_text_when_the_model_does_not_call(vllm_engine: VllmEngine) -> None:
+    # The 135M model answers a greeting in words: the parser passes the text on as content.
+    for choice in ("auto", "none"):
+        events = await answer(vllm_engine, "Hello! How are you?", tools=(WEATHER,), tool_choice=choice)
+        text = "".join(e.text for e in events if isinstance(e, TextDelta))
+        assert text.strip() and not calls(events), choice
+        assert isinstance(events[-1], Finished) and events[-1].finish_reason in ("stop", "length")
+
+
+@pytest.mark.engine
+async def test_a_function_result_fed_back_reaches_the_answer(vllm_engine: VllmEngine) -> None:
+    """The result is the streamed input (role ``tool``) after the assistant's call in the history."""
+    history = (
+        {"role": "system", "content": "Answer with the weather the tool reported."},
+        {"role": "user", "content": "What is the weather in Paris?"},
+        {"role": "assistant", "content": None, "tool_calls": [{
+            "id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+    )
+    session = vllm_engine.open_session(dataclasses.replace(
+        request(max_tokens=24, history=history), tools=(WEATHER,), input_role="tool", input_tool_call_id="call_1"))
+    await session.feed(text_chunks(b"Sunny and 24 degrees", 64))
+    await session.end_input()
+    text, last = await collect(session.events())
+    assert isinstance(last, Finished)
+    assert "sunny" in text.lower() or "24" in text, text
+
+
+def test_auto_reads_the_models_own_call_format_with_vllms_parser(tokenizer: Any) -> None:
+    """What SmolLM2 writes when it calls (its model card's format), through vLLM's ``xlam`` parser."""
+    parser = ToolCallParser(tool_call_parser_class("xlam", tokenizer), tokenizer,
+                            (WEATHER,), "auto")
+    assert parser.structured_outputs is None, "auto is free text"
+    said = '<tool_call>[{"name": "get_weather", "arguments": {"city": "Paris"}}]</tool_call>'
+    events = [e for i in range(0, len(said), 7)
+              for e in parser.parse(said[i:i + 7], [], finished=i + 7 >= len(said))]
+    assert calls(events) == [("get_weather", {"city": "Paris"})] and parser.called
+
+
+def test_a_call_to_a_function_the_request_did_not_declare_is_left_out(tokenizer: Any) -> None:
+    """SmolLM2 asked about a capital with only a weather tool calls "capital": no client can run it."""
+    parser = ToolCallParser(tool_call_parser_class("xlam", tokenizer), tokenizer, (WEATHER,), "auto")
+    said = ('<tool_call>[{"name": "capital", "arguments": {"country": "France"}}, '
+            '{"name": "get_weather", "arguments": {"city": "Paris"}}]</tool_call>')
+    events = [e for i in range(0, len(said), 5)
+              for e in parser.parse(said[i:i + 5], [], finished=i + 5 >= len(said))]
+    assert calls(events) == [("get_weather", {"city": "Paris"})]
+    assert {e.index for e in events if isinstance(e, ToolCallDelta)} == {0}, "the kept call is the answer's first"
+
+    alone = ToolCallParser(tool_call_parser_class("xlam", tokenizer), tokenizer, (WEATHER,), "auto")
+    only = '<tool_call>[{"name": "capital", "arguments": {"country": "France"}}]</tool_call>'
+    assert not [e for e in alone.parse(only, [], finished=True) if isinstance(e, ToolCallDelta)]
+    assert not alone.called, "an answer without a call finishes with stop, not tool_calls"
+
+
+def test_a_template_without_tools_is_told_them_and_earlier_calls_become_text() -> None:
+    history = [{"role": "user", "content": "weather?"},
+               {"role": "assistant", "content": None, "tool_calls": [{
+                   "id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Oslo"}'}}]},
+               {"role": "tool", "tool_call_id": "c1", "content": "rain"}]
+    messages, tools = conversation(history, (WEATHER,), "auto", takes_tools=False)
+    assert tools == [] and messages[0]["role"] == "system" and "get_weather" in messages[0]["content"]
+    assert messages[2]["content"] == '<tool_call>[{"name": "get_weather", "arguments": {"city": "Oslo"}}]</tool_call>'
+    assert "tool_calls" not in messages[2]
+    untold, _ = conversation(history, (WEATHER,), "none", takes_tools=False)
+    assert untold[0]["role"] == "user", "tool_choice none: the model is not told of tools"
+    native, given = conversation(history, (WEATHER,), "auto", takes_tools=True)
+    assert given == [WEATHER] and native == history
