@@ -29,6 +29,7 @@ import asyncio
 import re
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -89,7 +90,10 @@ class Refusals:
         return response
 
 
-async def one_turn(client: httpx.AsyncClient, audio: bytes, first: str, refusals: Refusals) -> dict | None:
+async def spoken_turn(client: httpx.AsyncClient, audio: bytes, first: str, refusals: Refusals,
+                      clock: Callable[[], float] = time.perf_counter) -> tuple[str, float, float] | None:
+    """One spoken question at the pace of speech: its session, when the end of input was
+    acknowledged and when the first audio frame was read (on ``clock``); ``None`` if refused."""
     sid = await refusals.create(client, {
         "messages": [{"role": "system", "content": FIRST_SENTENCE[first]}], "modalities": ["text", "audio"],
         "max_tokens": 48 if first == "long" else 24})
@@ -101,7 +105,7 @@ async def one_turn(client: httpx.AsyncClient, audio: bytes, first: str, refusals
         async with client.stream("GET", f"/v1/streaming_input/sessions/{sid}/events") as events:
             async for line in events.aiter_lines():
                 if line.startswith("data: ") and '"audio"' in line and not first_sound.done():
-                    first_sound.set_result(time.perf_counter())
+                    first_sound.set_result(clock())
                 if line == "data: [DONE]":
                     return
 
@@ -110,15 +114,23 @@ async def one_turn(client: httpx.AsyncClient, audio: bytes, first: str, refusals
     pieces = [audio[i:i + step] for i in range(0, len(audio), step)]
     acked = 0.0
     for seq, piece in enumerate(pieces):
-        started = time.perf_counter()
+        started = clock()
         await refusals.append(client, sid, content=piece, headers={
             "Content-Type": "application/octet-stream", "X-Sequence-Id": str(seq), "X-Modality": "audio",
             "X-Sample-Rate": str(RATE), "X-End-Of-Input": "true" if seq == len(pieces) - 1 else "false"})
-        acked = time.perf_counter()
+        acked = clock()
         if seq < len(pieces) - 1:  # the pace of speech
             await asyncio.sleep(max(0.0, CHUNK_MS / 1000 - (acked - started)))
     sound_at = await asyncio.wait_for(first_sound, 120)
     await asyncio.wait_for(listener, 120)
+    return sid, acked, sound_at
+
+
+async def one_turn(client: httpx.AsyncClient, audio: bytes, first: str, refusals: Refusals) -> dict | None:
+    turn = await spoken_turn(client, audio, first, refusals)
+    if turn is None:
+        return None
+    sid, acked, sound_at = turn
     result = (await client.get(f"/v1/streaming_input/sessions/{sid}/result", params={"wait": 30})).json()
     return {"first_sentence": first, "end_to_first_audio_sec": sound_at - acked,
             "heard": result.get("input_transcript"),

@@ -14,7 +14,9 @@ spoken question is prefilled phrase by phrase while it is spoken:
                                                               Thinker EngineSession.feed(text)
 
 A typed text chunk, and the end of input, end the phrase still open, so the
-words keep the order they were said and typed in. All of it runs on the
+words keep the order they were said and typed in. While a phrase is open, an idle
+Listener guesses at it in the background; the guess's tokens are the draft
+its closing recognition checks in one pass (``DraftingRecognizer``). All of it runs on the
 Listener's own small thread pool, never the default one; onnxruntime
 releases the GIL while its models run, so the event loop keeps its turns.
 
@@ -29,12 +31,13 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import weakref
 from collections import defaultdict
 from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -71,6 +74,19 @@ class Recognizer(Protocol):
         ...
 
 
+#: A recognizer's own tokens for a phrase (opaque to the Listener).
+Draft = tuple[int, ...]
+
+
+@runtime_checkable
+class DraftingRecognizer(Recognizer, Protocol):
+    """A recognizer that finishes a phrase sooner given a draft: what a guess at its start said."""
+
+    def recognize(self, samples: np.ndarray, draft: Draft = ()) -> tuple[str, Draft]:
+        """The words of one phrase and their draft for a longer recognition of the same phrase."""
+        ...
+
+
 class MoonshineRecognizer:
     """Moonshine base-en (``omni_adapter/moonshine.py``): 0 % WER on our clean clips."""
 
@@ -85,7 +101,11 @@ class MoonshineRecognizer:
         return cls(_moonshine(models.moonshine)) if models is not None else None
 
     def transcribe(self, samples: np.ndarray) -> str:
-        return str(self._model.transcribe(samples.astype(np.float32) / 32768.0))
+        return self.recognize(samples)[0]
+
+    def recognize(self, samples: np.ndarray, draft: Draft = ()) -> tuple[str, Draft]:
+        text, ids = self._model.recognize(samples.astype(np.float32) / 32768.0, draft)
+        return str(text), tuple(ids)
 
 
 @functools.cache
@@ -162,6 +182,10 @@ class Hearing:
         self.recognizer = recognizer
         self.vad = vad
         self.executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="listener")
+        #: Jobs on the threads now (counted on the event loop): guesses run only when there are none.
+        self.busy = 0
+        #: The sessions hearing audio now (input not ended): guesses run only while there is one.
+        self.speaking: weakref.WeakSet[ListeningSession] = weakref.WeakSet()
 
     @classmethod
     def load(cls, name: RecognizerName = "moonshine") -> Hearing | None:
@@ -212,6 +236,10 @@ class ListeningSession:
         self._last_sequence_id = -1
         #: Set when words were settled: ``events`` tells the transcript so far.
         self._heard_words = asyncio.Event()
+        #: The open phrase's number and what the latest guess at it said.
+        self._draft: tuple[int, Draft] = (-1, ())
+        self._guessing = False
+        self._guess: asyncio.Future[None] | None = None
 
     @property
     def input_transcript(self) -> str:
@@ -227,8 +255,10 @@ class ListeningSession:
                 words = " ".join(self._replay.pop(chunk.sequence_id, []))
                 self._heard_audio |= chunk.modality == "audio"
             elif chunk.modality == "audio":
-                words = await self._in_thread(self._hear, chunk)
+                self._hearing.speaking.add(self)
+                words, so_far = await self._in_thread(self._hear, chunk)
                 self._settle(chunk.sequence_id, words)
+                self._maybe_guess(so_far)
             else:
                 words = await self._end_phrase_off_the_loop()
                 self._settle(chunk.sequence_id, words)
@@ -241,6 +271,7 @@ class ListeningSession:
             await self._thinker.feed(texts)
 
     async def end_input(self) -> None:
+        self._hearing.speaking.discard(self)
         words = await self._end_phrase_off_the_loop()
         self._settle(self._last_sequence_id, words, through=self._last_sequence_id)
         if words:
@@ -281,19 +312,69 @@ class ListeningSession:
             yield event
 
     async def abort(self) -> None:
+        self._hearing.speaking.discard(self)
         await self._thinker.abort()
 
     # -- internals --------------------------------------------------------------------
 
     async def _end_phrase_off_the_loop(self) -> str:
-        """The words of the open phrase; without one (a typed session), no trip to the
-        Listener's threads, which may be busy recognizing other sessions' phrases."""
-        if not self._heard_audio:
+        """The words of the open phrase; without one (a typed session, a pause at the end of
+        the speech), no trip to the Listener's threads, which may be busy recognizing other
+        sessions' phrases, and ``end_input`` follows the last feed without a wait, so the
+        engine takes the last words with its final input."""
+        if not self._heard_audio or not self._phrases.in_phrase:
             return ""
-        return await self._in_thread(self._end_phrase)
+        return str(await self._in_thread(self._end_phrase))
 
-    async def _in_thread(self, work: Any, *args: Any) -> str:
-        return str(await asyncio.get_running_loop().run_in_executor(self._hearing.executor, work, *args))
+    async def _in_thread(self, work: Any, *args: Any) -> Any:
+        self._hearing.busy += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._hearing.executor, work, *args)
+        finally:
+            self._hearing.busy -= 1
+
+    def _maybe_guess(self, so_far: tuple[int, np.ndarray] | None) -> None:
+        """Recognize the open phrase so far, in the background, when the Listener has nothing else to do.
+
+        Moonshine is not a streaming model: the phrase the end of input
+        closes is recognized after it, and that is most of what the end of
+        speech waits for before the answer starts. A guess at the phrase so
+        far is a draft for that recognition: the decoder checks the draft's
+        tokens in one pass instead of writing them one step each (about half
+        the time for a question; the words are the same, bench/README.md).
+        Guesses run one at a time in the process, only when the Listener's
+        threads are idle and only while one session speaks: with several
+        voices at once a guess took a thread a closing phrase then waited
+        for, and the cores the engine was short of (bench/README.md).
+        """
+        recognizer = self._hearing.recognizer
+        if (so_far is None or self._guessing or self._hearing.busy or len(self._hearing.speaking) > 1
+                or not isinstance(recognizer, DraftingRecognizer)):
+            return
+        self._guessing = True
+        phrase, samples = so_far
+
+        async def guess() -> None:
+            try:
+                _, draft = await self._in_thread(recognizer.recognize, samples, self._draft_for(phrase))
+                self._draft = (phrase, draft)
+            except Exception:  # a guess only saves time; the phrase's own recognition says what failed
+                logger.warning("a guess at an open phrase failed", exc_info=True)
+            finally:
+                self._guessing = False
+
+        self._guess = asyncio.ensure_future(guess())  # kept: the loop holds tasks weakly
+
+    def _draft_for(self, phrase: int) -> Draft:
+        number, draft = self._draft
+        return draft if number == phrase else ()
+
+    def _recognize(self, samples: np.ndarray, phrase: int) -> str:
+        """(Listener thread) The words of a phrase, with the draft of the latest guess at it."""
+        recognizer = self._hearing.recognizer
+        if isinstance(recognizer, DraftingRecognizer):
+            return recognizer.recognize(samples, self._draft_for(phrase))[0].strip()
+        return recognizer.transcribe(samples).strip()
 
     def _settle(self, sequence_id: int, words: str, through: int | None = None) -> None:
         if words:
@@ -309,22 +390,27 @@ class ListeningSession:
         pieces, self._untold = tuple(self._untold), []
         return InputTranscript(self.input_transcript, HeardInput(pieces, self._through))
 
-    def _hear(self, chunk: InputChunk) -> str:
-        """(Listener thread) The words of the phrases this chunk's audio ended."""
+    def _hear(self, chunk: InputChunk) -> tuple[str, tuple[int, np.ndarray] | None]:
+        """(Listener thread) The words of the phrases this chunk's audio ended, and the phrase
+        still open (its number and samples so far) if it has speech."""
         pcm, rate = pcm16_of(chunk)
         if rate <= 0:
             raise EngineRejectedError("audio needs a sample rate above 0")
         self._heard_audio = True
+        first = self._phrases.closed
         phrases = self._phrases.push(self._resampler.push(pcm, rate))
-        return " ".join(filter(None, (self._hearing.recognizer.transcribe(p).strip() for p in phrases)))
+        words = " ".join(filter(None, (self._recognize(p, n) for n, p in enumerate(phrases, start=first))))
+        so_far = self._phrases.open_phrase()
+        return words, (self._phrases.closed, so_far) if so_far is not None else None
 
     def _end_phrase(self) -> str:
         """(Listener thread) The words of the phrase still open, if any."""
+        number = self._phrases.closed
         phrase = self._phrases.flush()
         tail = self._resampler.flush()
         if phrase is None:
             return ""
-        return self._hearing.recognizer.transcribe(np.concatenate([phrase, tail])).strip()
+        return self._recognize(np.concatenate([phrase, tail]), number)
 
     def _as_text(self, sequence_id: int, words: str) -> InputChunk:
         # Words join what came before with a space, as they were spoken.

@@ -16,6 +16,7 @@ free (measured: tests/omni_adapter/test_listener.py).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -80,33 +81,54 @@ class Moonshine:
 
     def transcribe(self, samples: np.ndarray) -> str:
         """The words of one phrase (float32 samples at 16 kHz, in [-1, 1])."""
+        return self.recognize(samples)[0]
+
+    def recognize(self, samples: np.ndarray, draft: Sequence[int] = ()) -> tuple[str, tuple[int, ...]]:
+        """The words of one phrase and its token ids, the greedy decoding's.
+
+        ``draft``: the ids an earlier guess at the start of the same phrase
+        gave. The decoder reads them all in its first step (one pass costs
+        about what one token does: each step reads all 166 MB of its
+        weights) and keeps those its own choice agrees with, so only the
+        tokens after the draft, or after its first wrong one, take a step
+        each. The result is the plain greedy decoding's either way.
+        """
         if samples.size == 0:
-            return ""
+            return "", ()
         audio = samples.astype(np.float32, copy=False)
         if audio.size < MIN_SAMPLES:
             audio = np.pad(audio, (0, MIN_SAMPLES - audio.size))
         (hidden,) = self._encoder.run(None, {"input_values": audio[None, :]})
         limit = max(8, int(audio.size / SAMPLE_RATE * MAX_TOKENS_PER_SECOND))
-        feeds = {"encoder_hidden_states": hidden, "input_ids": np.array([[START_TOKEN]], dtype=np.int64),
+        given = [START_TOKEN, *draft[:limit]]
+        feeds = {"encoder_hidden_states": hidden, "input_ids": np.array([given], dtype=np.int64),
                  "use_cache_branch": np.array([False]), **self._no_cache}
         logits, *cache = self._decoder.run(None, feeds)
         feeds.update(zip(self._cache, cache, strict=True))
         feeds["use_cache_branch"] = np.array([True])
         ids: list[int] = []
+        row = 0  # the row of ``logits`` that predicts the next token
         while len(ids) < limit:
-            token = int(logits[0, -1].argmax())
+            token = int(logits[0, row].argmax())
             if token == END_TOKEN:
                 break
             ids.append(token)
             if (repeated := _restart(self.text_of(ids))) is not None:
-                return repeated
+                return repeated, tuple(ids)
+            if row + 1 < len(given) and given[row + 1] == token:
+                row += 1  # the draft said so too: its next row is this choice's
+                continue
+            # Past the draft (or it was wrong here): the cache keeps the start
+            # and the tokens chosen before this one; this one takes a step.
+            feeds.update((name, feeds[name][:, :, :len(ids)]) for name in self._cache if ".decoder." in name)
             feeds["input_ids"] = np.array([[token]], dtype=np.int64)
             logits, *cache = self._decoder.run(None, feeds)
             # The encoder's keys and values stay those of the first step (the
             # later steps' outputs for them are empty).
             feeds.update((name, value) for name, value in zip(self._cache, cache, strict=True)
                          if ".decoder." in name)
-        return self.text_of(ids)
+            given, row = [token], 0
+        return self.text_of(ids), tuple(ids)
 
     @staticmethod
     def _cache_names(session: Any) -> list[str]:

@@ -62,7 +62,7 @@ _BREAK_WORDS = frozenset({
     "in", "on", "at", "of", "for", "with", "to", "from", "by", "as", "than"})
 #: The first phrase: a clause of at least this many words, else the words up to
 #: a break word once there are this many, else this many words at most.
-FIRST_CLAUSE_WORDS, FIRST_BREAK_WORDS, FIRST_MAX_WORDS = 2, 3, 6
+FIRST_CLAUSE_WORDS, FIRST_BREAK_WORDS, FIRST_MAX_WORDS = 2, 2, 6
 #: Later phrases: a sentence, or a clause of at least this many words.
 CLAUSE_WORDS = 4
 #: Speak a run-on text in pieces of about this many characters, cut at a

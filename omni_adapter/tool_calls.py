@@ -23,6 +23,7 @@ vLLM is imported lazily, as everywhere in the adapter.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +31,8 @@ from omni_adapter.port import EngineRejectedError, TextDelta, ToolCallDelta
 
 if TYPE_CHECKING:
     from vllm.sampling_params import StructuredOutputsParams
+
+logger = logging.getLogger(__name__)
 
 #: The parser for the default model: SmolLM2's call format is xLAM's.
 DEFAULT_TOOL_CALL_PARSER = "xlam"
@@ -101,6 +104,10 @@ class ToolCallParser:
             raise EngineRejectedError(f"invalid tools or tool_choice: {exc}") from exc
         #: Some call was emitted (the answer's finish reason is then ``tool_calls``).
         self.called = False
+        self._declared = {t["function"]["name"] for t in tools}
+        #: The model's call index -> the answer's (calls to undeclared functions are left out).
+        self._indices: dict[int, int] = {}
+        self._dropped: set[int] = set()
         #: A named function: OpenAI's finish reason stays ``stop``.
         self.named = isinstance(tool_choice, Mapping)
 
@@ -122,9 +129,26 @@ class ToolCallParser:
             arguments = (function.arguments if function is not None else None) or ""
             if call.id is None and name is None and not arguments:
                 continue
+            index = self._index_of(call.index, name)
+            if index is None:
+                continue
             self.called = True
-            events.append(ToolCallDelta(call.index, call.id, name, arguments))
+            events.append(ToolCallDelta(index, call.id, name, arguments))
         return events
+
+    def _index_of(self, model_index: int, name: str | None) -> int | None:
+        """The call's index in the answer; ``None`` for a call to a function the request did not
+        declare. A small model writes those ("capital" for a question about one): no client
+        can run them (the OpenAI Agents SDK reports an error), so they are left out."""
+        if model_index in self._dropped:
+            return None
+        if model_index not in self._indices:
+            if name is not None and name not in self._declared:
+                logger.warning("the model called an undeclared function %r: left out of the answer", name)
+                self._dropped.add(model_index)
+                return None
+            self._indices[model_index] = len(self._indices)
+        return self._indices[model_index]
 
 
 def tool_call_parser_class(name: str, tokenizer: Any) -> Any:

@@ -115,10 +115,22 @@ class PhraseCutter:
     _quiet_windows: int = 0
     #: How many windows of the phrase end with its last window of speech.
     _through_speech: int = 0
+    _closed: int = 0
 
     @property
     def in_phrase(self) -> bool:
         return bool(self._phrase)
+
+    @property
+    def closed(self) -> int:
+        """How many phrases were closed (or dropped) so far: the open one's number."""
+        return self._closed
+
+    def open_phrase(self) -> np.ndarray | None:
+        """The open phrase so far, as it would close now (``None`` before it has speech enough)."""
+        if self._speech_windows * WINDOW_MS < self.min_speech_ms:
+            return None
+        return np.asarray(np.concatenate(self._phrase[:self._through_speech + self.tail_ms // WINDOW_MS]))
 
     def push(self, windows: list[np.ndarray], probabilities: list[float]) -> list[np.ndarray]:
         """The windows' samples and their probabilities in; the phrases that closed out."""
@@ -155,6 +167,7 @@ class PhraseCutter:
         phrase = self._phrase[:self._through_speech + self.tail_ms // WINDOW_MS]
         enough = self._speech_windows * WINDOW_MS >= self.min_speech_ms
         self._phrase, self._speech_windows, self._quiet_windows = [], 0, 0
+        self._closed += 1
         return np.concatenate(phrase) if enough else None
 
 
@@ -181,6 +194,13 @@ class PhraseStream:
     def flush(self) -> np.ndarray | None:
         self._pending = np.zeros(0, dtype=np.int16)  # under a window: not speech the VAD could see
         return self._cutter.flush()
+
+    @property
+    def closed(self) -> int:
+        return self._cutter.closed
+
+    def open_phrase(self) -> np.ndarray | None:
+        return self._cutter.open_phrase()
 
 
 class LoudnessVad:

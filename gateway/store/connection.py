@@ -9,6 +9,8 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import redis.asyncio as aioredis
 import redis.exceptions
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
 from gateway.errors import StoreUnavailable
 
@@ -22,6 +24,19 @@ REPLY_SHAPE_OPTIONS = frozenset({"protocol", "legacy_responses"})
 # redis-py otherwise sends CLIENT SETINFO (twice) on each new connection, a
 # third of a millisecond of CPU each here, and a burst of calls (a replica
 # claiming many sessions at once) opens hundreds of connections.
+
+
+def _once_more() -> Retry:
+    """A call whose pooled connection is found closed runs once more, on a new one.
+
+    After Redis restarts, every connection in the pool is stale, and without
+    this each one failed one request with a 503 before it reconnected (seen:
+    ``/result`` answered 503 right after the store was back). Only a closed or
+    refused connection is retried, at once: the store's scripts are safe to
+    repeat (sequence ids, frame ids), and a timeout is not retried, since the
+    call may still be running.
+    """
+    return Retry(NoBackoff(), 1, supported_errors=(redis.exceptions.ConnectionError,))
 
 
 @asynccontextmanager
@@ -60,6 +75,7 @@ async def open_redis(url: str | None, timeout_sec: float, *, cluster: bool = Fal
             health_check_interval=30,
             max_connections=10_000,
             driver_info=None,  # no CLIENT SETINFO (above)
+            retry=_once_more(),
         )
     else:
         import fakeredis
@@ -83,7 +99,7 @@ def _sentinel_primary(url: str, sentinels: str, master: str, timeout_sec: float)
     primary: aioredis.Redis = sentinel.master_for(
         master, password=parts.password, db=int(path) if path.isdigit() else 0,
         socket_timeout=None, socket_connect_timeout=timeout_sec, health_check_interval=30,
-        max_connections=10_000, driver_info=None)
+        max_connections=10_000, driver_info=None, retry=_once_more())
     return primary
 
 

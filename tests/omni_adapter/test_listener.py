@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from typing import Any
 
 import numpy as np
 import pytest
 
-from omni_adapter.listener import Hearing, ListeningSession, PocketsphinxRecognizer
+from omni_adapter.audio import resample
+from omni_adapter.listener import LISTEN_RATE, Hearing, ListeningSession, PocketsphinxRecognizer
+from omni_adapter.moonshine import Moonshine
 from omni_adapter.port import EngineRejectedError, HeardInput, InputChunk, InputTranscript
 from omni_adapter.scripted import ScriptedSession
 from tests.loop_lag import assert_loop_keeps_up
@@ -37,6 +40,99 @@ class CountingRecognizer:
 
 def test_hibari_speech_is_recognized() -> None:
     assert word_error_rate(QUESTION, recognize(speech(QUESTION), SPEECH_RATE)) == 0.0
+
+
+class DecoderSteps:
+    """Moonshine's decoder, counting its runs (each one reads all of its weights)."""
+
+    def __init__(self, moonshine: Moonshine) -> None:
+        self.inner, self.runs = moonshine._decoder, 0
+        self.moonshine = moonshine
+
+    def run(self, *args: Any) -> Any:
+        self.runs += 1
+        return self.inner.run(*args)
+
+    def __enter__(self) -> DecoderSteps:
+        self.moonshine._decoder = self
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.moonshine._decoder = self.inner
+
+
+def test_a_draft_saves_decoder_steps_and_changes_no_word() -> None:
+    moonshine = hearing().recognizer._model  # type: ignore[attr-defined]
+    phrase = np.frombuffer(resample(speech(QUESTION)[:-SPEECH_RATE], SPEECH_RATE, LISTEN_RATE), dtype="<i2")
+    samples = phrase.astype(np.float32) / 32768
+    with DecoderSteps(moonshine) as plain:
+        text, ids = moonshine.recognize(samples)
+    assert word_error_rate(QUESTION, text) == 0.0 and plain.runs == len(ids) + 1
+    _, guessed = moonshine.recognize(samples[:len(samples) * 2 // 3])  # a guess while the phrase was spoken
+    wrong = tuple(reversed(ids))
+    for draft, most_runs in [(guessed, plain.runs // 2), (ids, 2), (wrong, plain.runs + 1), (ids[:3], plain.runs - 2)]:
+        with DecoderSteps(moonshine) as drafted:
+            assert moonshine.recognize(samples, draft) == (text, ids), draft
+        assert drafted.runs <= most_runs, (draft, drafted.runs)
+
+
+class DraftsSeen:
+    """The real recognizer, recording the draft each phrase was recognized with."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.drafts: list[tuple[int, ...]] = []
+
+    def transcribe(self, samples: np.ndarray) -> str:
+        return str(self.inner.transcribe(samples))
+
+    def recognize(self, samples: np.ndarray, draft: tuple[int, ...] = ()) -> tuple[str, tuple[int, ...]]:
+        self.drafts.append(draft)
+        return self.inner.recognize(samples, draft)  # type: ignore[no-any-return]
+
+
+async def test_the_last_phrase_is_recognized_with_a_guess_as_its_draft() -> None:
+    seen = DraftsSeen(hearing().recognizer)
+    ears = Hearing(seen, hearing().vad)  # type: ignore[arg-type]
+    thinker = ScriptedSession()
+    session = ListeningSession(thinker, ears)
+    for chunk in audio_chunks(speech(QUESTION)[:-SPEECH_RATE]):  # no pause at its end: the end of input closes it
+        await session.feed([chunk])
+        await asyncio.sleep(0.2)  # the pace of speech: the Listener is idle between chunks
+    guesses = len(seen.drafts)
+    await session.end_input()
+    assert thinker.input_text == QUESTION
+    assert guesses >= 2 and len(seen.drafts) == guesses + 1
+    assert seen.drafts[-1], "the end of input's recognition had no draft"
+    ears.close()
+
+
+async def test_the_end_after_a_pause_takes_no_trip_to_the_listener_threads() -> None:
+    thinker = ScriptedSession()
+    session = ListeningSession(thinker, hearing())
+    for chunk in audio_chunks(speech(QUESTION)):  # ends in 0.5 s of silence: the phrase closed
+        await session.feed([chunk])
+    trips = []
+    session._end_phrase = lambda: trips.append(1) or ""  # type: ignore[method-assign]
+    await session.end_input()
+    assert thinker.input_text == QUESTION and thinker.ended and not trips
+
+
+async def test_no_guesses_while_two_voices_speak_at_once() -> None:
+    """Several voices keep the Listener's threads and the engine's cores for what is due."""
+    seen = DraftsSeen(hearing().recognizer)
+    ears = Hearing(seen, hearing().vad)  # type: ignore[arg-type]
+    thinkers = [ScriptedSession(), ScriptedSession()]
+    sessions = [ListeningSession(thinker, ears) for thinker in thinkers]
+    for chunk in audio_chunks(speech(QUESTION)[:-SPEECH_RATE]):
+        for session in sessions:
+            await session.feed([chunk])
+        await asyncio.sleep(0.2)
+    for session in sessions:
+        await session.end_input()
+    assert [thinker.input_text for thinker in thinkers] == [QUESTION, QUESTION]
+    assert seen.drafts == [(), ()]  # the two closing recognitions, and no guess
+    ears.close()
 
 
 async def test_a_phrase_is_fed_as_soon_as_it_ends_not_at_the_end_of_input() -> None:

@@ -114,6 +114,22 @@ def test_auto_reads_the_models_own_call_format_with_vllms_parser(tokenizer: Any)
     assert calls(events) == [("get_weather", {"city": "Paris"})] and parser.called
 
 
+def test_a_call_to_a_function_the_request_did_not_declare_is_left_out(tokenizer: Any) -> None:
+    """SmolLM2 asked about a capital with only a weather tool calls "capital": no client can run it."""
+    parser = ToolCallParser(tool_call_parser_class("xlam", tokenizer), tokenizer, (WEATHER,), "auto")
+    said = ('<tool_call>[{"name": "capital", "arguments": {"country": "France"}}, '
+            '{"name": "get_weather", "arguments": {"city": "Paris"}}]</tool_call>')
+    events = [e for i in range(0, len(said), 5)
+              for e in parser.parse(said[i:i + 5], [], finished=i + 5 >= len(said))]
+    assert calls(events) == [("get_weather", {"city": "Paris"})]
+    assert {e.index for e in events if isinstance(e, ToolCallDelta)} == {0}, "the kept call is the answer's first"
+
+    alone = ToolCallParser(tool_call_parser_class("xlam", tokenizer), tokenizer, (WEATHER,), "auto")
+    only = '<tool_call>[{"name": "capital", "arguments": {"country": "France"}}]</tool_call>'
+    assert not [e for e in alone.parse(only, [], finished=True) if isinstance(e, ToolCallDelta)]
+    assert not alone.called, "an answer without a call finishes with stop, not tool_calls"
+
+
 def test_a_template_without_tools_is_told_them_and_earlier_calls_become_text() -> None:
     history = [{"role": "user", "content": "weather?"},
                {"role": "assistant", "content": None, "tool_calls": [{

@@ -19,7 +19,7 @@ from omni_adapter.port import (
     InputChunk,
     SamplingOptions,
 )
-from omni_adapter.vllm_engine import StopStrings, VllmEngine
+from omni_adapter.vllm_engine import Step, StopStrings, VllmEngine
 from tests.loop_lag import assert_loop_keeps_up
 from tests.omni_adapter.sessions import HISTORY, MODEL, collect, one_shot, request, text_chunks
 
@@ -59,6 +59,27 @@ async def test_streamed_input_answers_like_one_shot(
         add_generation_prompt=True, tokenize=True, return_dict=True,
     )["input_ids"]
     assert end.usage.prompt_tokens == len(one_shot_ids)
+
+
+@pytest.mark.engine
+async def test_input_fed_right_before_the_end_goes_in_with_the_final_input(vllm_engine: VllmEngine) -> None:
+    """The last words a Listener hears are fed just before the end: one engine pass for
+    them and the generation prompt, not a prefill and then another pass."""
+    expected_text, expected_end = await one_shot(vllm_engine, request(), QUESTION)
+    session = vllm_engine.open_session(request())
+    chunks = text_chunks(QUESTION.encode(), 20)
+    await session.feed(chunks[:1])
+    await asyncio.sleep(0.5)  # prefilled while the input streams
+    prefilled_before_end = session._fed
+    steps: list[Step] = []
+    step = session._step
+    session._step = lambda s: (steps.append(s), step(s))[1]  # type: ignore[method-assign]  # white-box
+    await session.feed(chunks[1:])
+    await session.end_input()
+    text, end = await collect(session.events())
+    assert prefilled_before_end > 0
+    assert steps[:2] == [Step.ENDED, Step.SENT_FINAL], steps
+    assert text == expected_text and end == expected_end
 
 
 @pytest.mark.engine

@@ -165,7 +165,11 @@ function sessionUpdate() {
   if (tokens > 0) session.max_output_tokens = tokens;
   const temperature = parseFloat(ui.temperature.value);
   if (!Number.isNaN(temperature)) session.temperature = temperature;
-  session.audio = { input: { turn_detection: state.handsFree ? { type: "server_vad" } : null } };
+  session.audio = { input: {
+    turn_detection: state.handsFree ? { type: "server_vad" } : null,
+    // The page shows what was heard: transcription events come only when asked for, as on OpenAI.
+    transcription: { model: "default" },
+  } };
   // Turn detection counts audio from the first append after this update.
   state.sentMs = 0;
   state.sentLog = [];
