@@ -1,13 +1,16 @@
 """The voice page (/demo) in a real Chromium: Debian's ``chromium`` driven by
 Playwright, its fake microphone playing a spoken question from a WAV file,
 against a real gateway (uvicorn, real Redis) whose engine hears (Moonshine)
-and speaks (hibari). The page talks to /v1/realtime like any browser client.
+and speaks (hibari). The page calls /v1/realtime/calls over WebRTC with a
+client secret from its own endpoint (the default), or talks to the
+/v1/realtime WebSocket (the fallback), like any browser client.
 
 Screenshots go to ``test-artifacts/`` (gitignored); each test prints its path.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -112,6 +115,21 @@ async def test_the_page_is_served_only_when_enabled(redis_url: str, enabled: boo
         assert not any(p.startswith("/demo") for p in (await client.get("/openapi.json")).json()["paths"])
 
 
+async def test_the_page_gets_a_client_secret_without_a_key_and_it_opens_only_realtime(redis_url: str) -> None:
+    """The page's backend endpoint: no key reaches the browser, so the page may stay on in production."""
+    settings = make_settings(redis_url=redis_url, demo=True, api_keys="sk-right")
+    async with app_client(settings, ScriptedEngine()) as client:
+        minted = await client.post("/demo/client_secret")
+        assert minted.status_code == 200, minted.text
+        secret = minted.json()["value"]
+        assert secret.startswith("ek_") and minted.json()["expires_at"] > time.time()
+        bearer = {"Authorization": f"Bearer {secret}"}
+        assert_error(await client.get("/v1/models", headers=bearer), 401, "invalid_api_key")
+        assert_error(await client.post("/v1/sessions", json={}, headers=bearer), 401, "invalid_api_key")
+    async with app_client(make_settings(redis_url=redis_url, demo=False), ScriptedEngine()) as client:
+        assert_error(await client.post("/demo/client_secret"), 404, "not_found")
+
+
 def test_the_page_ships_in_the_package() -> None:
     """The wheel takes package data by pattern: every file the router serves must match it."""
     import tomllib
@@ -126,15 +144,20 @@ def test_the_page_ships_in_the_package() -> None:
 # --- in a real Chromium ------------------------------------------------------------------
 
 
-async def test_push_to_talk_shows_the_transcript_the_answer_and_plays_it(redis_url: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("transport", ["webrtc", "websocket"])
+async def test_push_to_talk_shows_the_transcript_the_answer_and_plays_it(
+        redis_url: str, tmp_path: Path, transport: str) -> None:
     """Hold the button while the fake microphone speaks, release: the question is
-    heard (real Listener), answered (scripted Thinker: it echoes) and spoken (real Talker)."""
+    heard (real Listener), answered (scripted Thinker: it echoes) and spoken (real Talker).
+    Over WebRTC on a gateway that requires API keys, with none typed: the page's secret is enough."""
     wav = spoken_question(tmp_path / "question.wav", before_sec=0.3, after_sec=0.3)
     engine = with_talker(with_listener(ScriptedEngine()))
     errors: list[str] = []
-    async with live_app(make_settings(redis_url=redis_url, demo=True), engine) as url, \
+    keys = "sk-right" if transport == "webrtc" else None
+    async with live_app(make_settings(redis_url=redis_url, demo=True, api_keys=keys), engine) as url, \
             chromium(wav) as browser:
         page = await open_page(browser, url, errors)
+        await page.check(f"input[name=transport][value={transport}]")
         talk = page.locator("#talk")
         box = await talk.bounding_box()
         assert box is not None
@@ -146,7 +169,7 @@ async def test_push_to_talk_shows_the_transcript_the_answer_and_plays_it(redis_u
         await page.wait_for_selector("#turns .turn[data-audio-started]", timeout=60_000)
         await page.wait_for_selector("#turns .turn[data-status]", timeout=60_000)
         seen = await turn_texts(page)
-        await screenshot(page, "demo-push-to-talk")
+        await screenshot(page, f"demo-push-to-talk-{transport}")
     assert heard_the_question(seen["you"]), seen
     assert "echo:" in seen["assistant"] and heard_the_question(seen["assistant"]), seen
     assert seen["status"] == "completed", seen
@@ -166,11 +189,13 @@ async def test_a_denied_microphone_is_said_clearly(redis_url: str) -> None:
 
 
 async def test_a_refused_connection_says_why(redis_url: str, tmp_path: Path) -> None:
-    """A wrong API key: the handshake is refused, and the page shows the gateway's own message."""
+    """The WebSocket with a wrong API key: the handshake is refused, and the page shows the gateway's own message."""
     wav = spoken_question(tmp_path / "question.wav", before_sec=0.3, after_sec=0.3)
     settings = make_settings(redis_url=redis_url, demo=True, api_keys="sk-right")
-    async with live_app(settings, ScriptedEngine()) as url, chromium(wav) as browser:
+    # An engine that hears: once connected, the microphone's appends are taken, not refused.
+    async with live_app(settings, with_listener(ScriptedEngine())) as url, chromium(wav) as browser:
         page = await open_page(browser, url, [])
+        await page.check("input[name=transport][value=websocket]")
         await page.fill("#api-key", "sk-wrong")
         await page.locator("#talk").dispatch_event("pointerdown")
         await page.wait_for_selector("body[data-error]", timeout=15_000)

@@ -1,7 +1,13 @@
-// The voice page: the microphone to /v1/realtime (OpenAI Realtime events), the
-// answer back as text and sound. Push to talk: audio is sent while the button
-// (or Space) is held and committed at release. Hands-free: audio is sent all
-// the time and the server's turn detection (server_vad) decides when a turn ends.
+// The voice page: the microphone to the gateway's OpenAI Realtime API, the
+// answer back as text and sound. Two connections, as OpenAI's guide has them:
+// a WebRTC call (/v1/realtime/calls: the microphone as an Opus track, the
+// answer as a track, the events on the "oai-events" data channel), opened with
+// a short-lived client secret from the page's own endpoint, so no key reaches
+// the browser; or, as the fallback, the WebSocket (/v1/realtime: pcm16 in
+// base64 events, the key as a subprotocol). Push to talk: audio is sent while
+// the button (or Space) is held and committed at release. Hands-free: audio is
+// sent all the time and the server's turn detection (server_vad) decides when
+// a turn ends.
 
 import { RATE, Resampler, base64ToBytes, bytesToBase64, floatToPcm16, pcm16Bytes } from "./pcm.js";
 import { Player } from "./player.js";
@@ -9,6 +15,8 @@ import { Player } from "./player.js";
 const CHUNK_MS = 100; // audio per input_audio_buffer.append: small enough that the server hears speech at once
 const CHUNK_SAMPLES = (RATE * CHUNK_MS) / 1000;
 const MIN_TURN_MS = 200; // a shorter press is a slip, not a question
+// A call's last words are still on the wire at release (RTP, the server's jitter buffer): commit after them.
+const CALL_TAIL_MS = 300;
 
 const $ = (id) => document.getElementById(id);
 const ui = {
@@ -17,7 +25,11 @@ const ui = {
 };
 
 const state = {
+  transport: "webrtc", // or "websocket"
   socket: null, ready: null, // the connection, and a promise of its session.updated
+  call: null, // a WebRTC call: {pc, channel, track, speaking}
+  pressedAt: 0, // when the current push-to-talk press began
+  silenceMs: 0, // server_vad's silence_duration_ms, as the session has it
   outputModalities: ["audio"],
   audio: null, // {context, stream, source, node, resampler, player}, opened on the first gesture
   sending: false, held: false, handsFree: false,
@@ -93,6 +105,26 @@ function realtimeUrl() {
 
 function connect() {
   if (state.ready) return state.ready;
+  return state.transport === "webrtc" ? connectCall() : connectSocket();
+}
+
+// A connection's first events: its session is configured, then it is ready.
+function onMessage(event, opened, resolve, reject) {
+  if (event.type === "session.created") {
+    state.outputModalities = event.session.output_modalities;
+    send(sessionUpdate());
+  } else if (event.type === "session.updated") {
+    const detection = event.session.audio && event.session.audio.input.turn_detection;
+    state.silenceMs = (detection && detection.silence_duration_ms) || 0;
+    setState("ready", "Connected");
+    resolve();
+  } else if (event.type === "error" && !opened) {
+    reject(new Error(event.error.message));
+  }
+  onEvent(event);
+}
+
+function connectSocket() {
   const key = ui.apiKey.value.trim();
   // Browsers cannot set headers on a WebSocket: the key rides as a subprotocol (OpenAI's way).
   const protocols = key ? ["realtime", `openai-insecure-api-key.${key}`] : ["realtime"];
@@ -108,19 +140,7 @@ function connect() {
     }
     state.socket = socket;
     socket.onopen = () => { opened = true; };
-    socket.onmessage = (message) => {
-      const event = JSON.parse(message.data);
-      if (event.type === "session.created") {
-        state.outputModalities = event.session.output_modalities;
-        send(sessionUpdate());
-      } else if (event.type === "session.updated") {
-        setState("ready", "Connected");
-        resolve();
-      } else if (event.type === "error" && !opened) {
-        reject(new Error(event.error.message));
-      }
-      onEvent(event);
-    };
+    socket.onmessage = (message) => onMessage(JSON.parse(message.data), opened, resolve, reject);
     socket.onclose = async (close) => {
       const wasReady = state.socket === socket;
       state.socket = null;
@@ -139,6 +159,95 @@ function connect() {
   });
   state.ready.catch(() => { state.ready = null; });
   return state.ready;
+}
+
+// What an app's backend does for its signed-in user, the page does for its one demo identity.
+async function clientSecret() {
+  let response;
+  try {
+    response = await fetch(new URL("demo/client_secret", location.href), { method: "POST" });
+  } catch {
+    throw new Error(`Cannot reach the gateway at ${location.host}: is it running?`);
+  }
+  const body = await response.json().catch(() => null);
+  if (!response.ok) {
+    const message = body && body.error ? body.error.message : response.statusText;
+    throw new Error(`The page could not get a client secret (${response.status}): ${message}`);
+  }
+  return body.value;
+}
+
+// OpenAI's WebRTC recipe: the microphone track and the oai-events channel, the offer posted with the secret.
+function connectCall() {
+  setState("connecting", "Connecting…");
+  state.ready = new Promise((resolve, reject) => {
+    let call = null;
+    let opened = false;
+    const end = (why) => {
+      if (!call || state.call !== call) return;
+      state.call = null;
+      state.ready = null;
+      call.track.enabled = true; // the microphone is the WebSocket's again, should the user switch
+      stopSending();
+      call.pc.close();
+      setState("idle", "Disconnected");
+      if (why) showError(why);
+      reject(new Error(why || "The call ended."));
+    };
+    (async () => {
+      const secret = await clientSecret();
+      const pc = new RTCPeerConnection();
+      const track = state.audio.stream.getAudioTracks()[0];
+      track.enabled = false; // silent until a press, or hands-free sending
+      pc.addTrack(track, state.audio.stream);
+      const channel = pc.createDataChannel("oai-events");
+      call = { pc, channel, track, speaking: false };
+      state.call = call;
+      channel.onopen = () => { opened = true; };
+      channel.onmessage = (message) => onMessage(JSON.parse(message.data), opened, resolve, reject);
+      channel.onclose = () => end(opened ? "The call ended." : null);
+      pc.onconnectionstatechange = () => {
+        if (pc.connectionState === "failed") end("The call's media could not connect (is UDP to the gateway open?).");
+      };
+      pc.ontrack = (e) => {
+        const element = new Audio();
+        element.srcObject = new MediaStream([e.track]);
+        element.play().catch(() => {}); // after the press's gesture the browser lets it play
+      };
+      await pc.setLocalDescription(await pc.createOffer());
+      const response = await fetch(new URL("v1/realtime/calls", location.href), {
+        method: "POST", body: pc.localDescription.sdp,
+        headers: { Authorization: `Bearer ${secret}`, "Content-Type": "application/sdp" },
+      });
+      if (response.status !== 201) {
+        const body = await response.json().catch(() => null);
+        const message = body && body.error ? body.error.message : response.statusText;
+        throw new Error(`The gateway refused the call (${response.status}): ${message}`);
+      }
+      await pc.setRemoteDescription({ type: "answer", sdp: await response.text() });
+    })().catch((error) => {
+      if (call) {
+        state.call = null;
+        call.track.enabled = true;
+        call.pc.close();
+      }
+      reject(error);
+    });
+  });
+  state.ready.catch(() => { state.ready = null; });
+  return state.ready;
+}
+
+function disconnect() {
+  const call = state.call;
+  if (call) {
+    state.call = null; // a call ended on purpose: no error shown
+    state.ready = null;
+    call.track.enabled = true;
+    call.pc.close();
+    setState("idle", "Not connected");
+  }
+  if (state.socket) state.socket.close(1000);
 }
 
 // A browser is not told why a WebSocket handshake failed; the same checks
@@ -177,6 +286,10 @@ function sessionUpdate() {
 }
 
 function send(event) {
+  if (state.call) {
+    if (state.call.channel.readyState === "open") state.call.channel.send(JSON.stringify(event));
+    return;
+  }
   if (state.socket && state.socket.readyState === WebSocket.OPEN) state.socket.send(JSON.stringify(event));
 }
 
@@ -188,7 +301,9 @@ function onEvent(event) {
       setState("listening", "Listening…");
       break;
     case "input_audio_buffer.speech_stopped":
-      currentTurn().endOfSpeechAt = captureTime(event.audio_end_ms);
+      // A call's audio is not counted in the page: the server says "stopped" once it has
+      // heard silence_duration_ms of silence, so the speech ended that long before.
+      currentTurn().endOfSpeechAt = state.call ? performance.now() - state.silenceMs : captureTime(event.audio_end_ms);
       setState("thinking", "Thinking…");
       break;
     case "conversation.item.input_audio_transcription.delta":
@@ -208,6 +323,21 @@ function onEvent(event) {
       if (!state.outputModalities.includes("audio")) showLatency(turn, performance.now(), "text");
       break;
     }
+    case "output_audio_buffer.started": { // a call: the answer's track starts to play
+      const turn = currentTurn();
+      if (state.call) state.call.speaking = true;
+      if (!turn.li.dataset.audioStarted) {
+        turn.li.dataset.audioStarted = "true";
+        showLatency(turn, performance.now(), "sound");
+        setState("speaking", "Speaking…");
+      }
+      break;
+    }
+    case "output_audio_buffer.stopped":
+    case "output_audio_buffer.cleared":
+      if (state.call) state.call.speaking = false;
+      if (!state.responding && !state.held) settle();
+      break;
     case "response.output_audio.delta": {
       const turn = currentTurn();
       const startsAt = state.audio.player.play(base64ToBytes(event.delta));
@@ -226,7 +356,7 @@ function onEvent(event) {
       if (status === "cancelled") turn.meta.textContent += " (interrupted)";
       if (status === "failed") showError(`The answer failed: ${details && details.error ? details.error.message : "unknown error"}`);
       if (!state.handsFree) state.turn = null; // the next press starts a new turn
-      if (!state.audio || !state.audio.player.playing) settle();
+      if (!(state.audio && state.audio.player.playing) && !(state.call && state.call.speaking)) settle();
       break;
     }
     case "error":
@@ -275,7 +405,7 @@ async function openAudio() {
 }
 
 function onSamples(samples) {
-  if (!state.sending || samples.length === 0) return;
+  if (!state.sending || state.call || samples.length === 0) return; // a call's audio goes on its track
   state.pending.push(floatToPcm16(samples));
   state.pendingSamples += samples.length;
   while (state.pendingSamples >= CHUNK_SAMPLES) sendChunk(CHUNK_SAMPLES);
@@ -329,9 +459,15 @@ async function press() {
     return;
   }
   if (state.responding) send({ type: "response.cancel" }); // barge-in
+  if (state.call && state.call.speaking) send({ type: "output_audio_buffer.clear" });
   state.audio.player.stop();
   newTurn();
   state.turnSentMs = 0;
+  state.pressedAt = performance.now();
+  if (state.call) {
+    send({ type: "input_audio_buffer.clear" }); // the track's silence since the last turn
+    state.call.track.enabled = true;
+  }
   state.sending = true;
   setState("listening", "Listening… release to send");
   if (!state.held) release(); // let go while it was connecting
@@ -343,7 +479,10 @@ function release() {
   if (state.pendingSamples > 0) sendChunk(state.pendingSamples);
   stopSending();
   const turn = currentTurn();
-  if (state.turnSentMs < MIN_TURN_MS) {
+  const call = state.call;
+  const spokenMs = call ? performance.now() - state.pressedAt : state.turnSentMs;
+  if (spokenMs < MIN_TURN_MS) {
+    if (call) call.track.enabled = false;
     send({ type: "input_audio_buffer.clear" });
     turn.li.remove();
     state.turn = null;
@@ -352,9 +491,20 @@ function release() {
     return;
   }
   turn.endOfSpeechAt = performance.now();
-  send({ type: "input_audio_buffer.commit" });
-  send({ type: "response.create" });
   setState("thinking", "Thinking…");
+  const commit = () => {
+    send({ type: "input_audio_buffer.commit" });
+    send({ type: "response.create" });
+  };
+  if (!call) {
+    commit();
+    return;
+  }
+  setTimeout(() => {
+    if (state.held || state.call !== call) return; // pressed again meanwhile: that turn goes on
+    call.track.enabled = false;
+    commit();
+  }, CALL_TAIL_MS);
 }
 
 // --- hands-free --------------------------------------------------------------------------------
@@ -363,6 +513,7 @@ async function toggleHandsFree() {
   clearError();
   if (state.sending) {
     stopSending();
+    if (state.call) state.call.track.enabled = false;
     setState("ready", "Connected (paused)");
     ui.talk.textContent = "Start talking";
     return;
@@ -376,6 +527,7 @@ async function toggleHandsFree() {
     return;
   }
   state.sending = true;
+  if (state.call) state.call.track.enabled = true;
   settle();
   ui.talk.textContent = "Pause";
 }
@@ -385,13 +537,23 @@ async function toggleHandsFree() {
 function setMode(handsFree) {
   if (handsFree === state.handsFree) return;
   stopSending();
+  if (state.call) state.call.track.enabled = false;
   state.handsFree = handsFree;
   ui.talk.textContent = handsFree ? "Start talking" : "Hold to talk";
-  if (state.socket) send(sessionUpdate()); // turn detection follows the mode
+  if (state.socket || state.call) send(sessionUpdate()); // turn detection follows the mode
+}
+
+function setTransport(transport) {
+  if (transport === state.transport) return;
+  disconnect(); // the next press connects the other way
+  state.transport = transport;
 }
 
 for (const radio of document.querySelectorAll('input[name="mode"]')) {
   radio.addEventListener("change", () => setMode(radio.value === "vad" && radio.checked));
+}
+for (const radio of document.querySelectorAll('input[name="transport"]')) {
+  radio.addEventListener("change", () => { if (radio.checked) setTransport(radio.value); });
 }
 ui.talk.addEventListener("pointerdown", (e) => {
   e.preventDefault();
