@@ -22,7 +22,7 @@ from openai.types.realtime.realtime_server_event import RealtimeServerEvent
 from pydantic import TypeAdapter
 
 from omni_adapter.listener import with_listener
-from omni_adapter.scripted import ScriptedEngine
+from omni_adapter.scripted import Script, ScriptedEngine
 from omni_adapter.talker import with_talker
 from tests.gateway.client import live_app, make_settings
 from tests.gateway.test_client_secrets import KEY
@@ -147,3 +147,43 @@ async def test_a_call_ends_when_the_browser_closes_its_peer_connection(voice: st
             except websockets.InvalidStatus as refused:
                 assert refused.response.status_code == 404
                 break
+
+
+async def test_a_call_that_broke_off_is_offered_again_on_another_replica_and_its_answer_completes(
+        redis_url: str) -> None:
+    """A call cannot move (its media is the replica's), its conversation can: the caller offers again
+    to another replica with ``session_id`` and ``last_event_id``, and the answer in flight goes on from
+    there, nothing of it twice."""
+    slow = ScriptedEngine(Script(word_delay_sec=0.15))
+    settings = make_settings(redis_url=redis_url, api_keys=KEY)
+    async with live_app(settings, slow) as a, live_app(settings, slow) as b:
+        text = {"type": "realtime", "output_modalities": ["text"]}
+        first = Peer(a, await secret(a, output_modalities=["text"]))
+        try:
+            await first.call(session=text)
+            conversation = (await first.until("session.created"))[-1]["session"]["id"]
+            first.send({"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": [
+                {"type": "input_text", "text": "one two three four five six seven eight nine ten"}]}})
+            first.send({"type": "response.create"})
+            before = await first.until("response.output_text.delta")
+            before += [await first.events.get() for _ in range(2)]  # a few words heard, then the call breaks
+        finally:
+            await first.__aexit__(None, None, None)
+        refused = Peer(b, await secret(b))
+        try:
+            with pytest.raises(openai.NotFoundError):
+                await refused.call(resume={"session_id": "sess_nope"})
+        finally:
+            await refused.__aexit__(None, None, None)
+        async with Peer(b, await secret(b)) as probe:  # the replica is up; now the resumed call
+            await probe.until("session.created")
+        second = Peer(b, await secret(b))
+        try:
+            await second.call(resume={"session_id": conversation, "last_event_id": before[-1]["event_id"]})
+            after = await second.until("response.done", 30)
+        finally:
+            await second.__aexit__(None, None, None)
+    assert after[0]["type"] == "session.created" and after[0]["session"]["id"] == conversation
+    assert after[-1]["response"]["status"] == "completed"
+    said = "".join(e["delta"] for e in before + after if e["type"] == "response.output_text.delta")
+    assert said == "echo: one two three four five six seven eight nine ten", said

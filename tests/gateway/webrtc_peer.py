@@ -42,11 +42,12 @@ class Peer:
             self.channel.on("message", lambda raw: self.events.put_nowait(json.loads(raw)))
         self.pc.on("track", self._on_track)
 
-    async def call(self, session: dict[str, Any] | None = None) -> None:
-        """Offer, and take the answer: signalling through the official SDK's ``realtime.calls.create``."""
+    async def call(self, session: dict[str, Any] | None = None, resume: dict[str, str] | None = None) -> None:
+        """Offer, and take the answer: signalling through the official SDK's ``realtime.calls.create``
+        (``resume``: the ``session_id`` and ``last_event_id`` of a call that broke off)."""
         await self.pc.setLocalDescription(await self.pc.createOffer())
         client = AsyncOpenAI(base_url=f"{self.url}/v1", api_key=self.secret, max_retries=0)
-        answer = await client.realtime.calls.create(sdp=self.pc.localDescription.sdp,
+        answer = await client.realtime.calls.create(sdp=self.pc.localDescription.sdp, extra_query=resume,
                                                     **({"session": session} if session else {}))  # type: ignore[arg-type]
         self.location = answer.response.headers["location"]
         await self.pc.setRemoteDescription(RTCSessionDescription(sdp=answer.text, type="answer"))

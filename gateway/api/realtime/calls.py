@@ -9,7 +9,11 @@ starts from (the form's ``session`` applies over it); a backend may use its key.
 
 The media then flows peer to peer with the replica that answered
 (``webrtc.py``): a call cannot move, its conversation can (the sessions are
-in Redis). ``POST /v1/realtime/calls/{call_id}/hangup`` ends it.
+in Redis). A caller whose call broke off (its replica died, the network
+changed) offers again with ``?session_id=<the session.created id>`` and
+``&last_event_id=<the last event it got>``, to any replica, as a WebSocket
+resumes: the conversation goes on, and the answer in flight continues from
+that event. ``POST /v1/realtime/calls/{call_id}/hangup`` ends a call.
 """
 
 from __future__ import annotations
@@ -80,9 +84,11 @@ async def _text(field: UploadFile | str | None) -> str | None:
                         **errors.error_responses(errors.InvalidRequest, errors.ValidationFailed,
                                                  errors.UnsupportedModality, errors.ModelNotFound,
                                                  errors.Unauthorized, errors.TooManyRequests,
-                                                 errors.CapacityExhausted, errors.StoreUnavailable)})
+                                                 errors.CapacityExhausted, errors.SessionNotFound,
+                                                 errors.StoreUnavailable)})
 async def create_call(request: Request, identity: Annotated[str, Depends(get_identity)],
-                      model: str | None = None) -> Response:
+                      model: str | None = None, session_id: str | None = None,
+                      last_event_id: str | None = None) -> Response:
     resources, calls = get_resources(request), get_calls(request)
     offer, form_session = await read_offer(request)
     if "m=audio" not in offer and "m=application" not in offer:
@@ -104,6 +110,12 @@ async def create_call(request: Request, identity: Annotated[str, Depends(get_ide
 
     connection, budget = new_connection(resources, identity, config, send)
     call.attach(connection, lambda raw, handle: receive_event(raw, handle, send, settings, budget))
+    if session_id is not None:  # a call that broke off, offered again: its conversation, from its last event
+        try:
+            await connection.restore(session_id, last_event_id)
+        except Exception:
+            await call.close()
+            raise
     try:
         answer = await call.answer(offer)
     except Exception as exc:  # aiortc's own errors for an offer it cannot take (ValueError, its InvalidStateError)
