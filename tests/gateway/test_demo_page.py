@@ -16,13 +16,14 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from playwright.async_api import Browser, Page, async_playwright
 
 from gateway.api.demo.router import FILES
 from omni_adapter.audio import resample, wav_of
 from omni_adapter.listener import with_listener
-from omni_adapter.scripted import ScriptedEngine
+from omni_adapter.scripted import Script, ScriptedEngine
 from omni_adapter.talker import with_talker
 from tests.gateway.client import app_client, live_app, make_settings
 from tests.gateway.test_api import assert_error
@@ -174,6 +175,37 @@ async def test_push_to_talk_shows_the_transcript_the_answer_and_plays_it(
     assert "echo:" in seen["assistant"] and heard_the_question(seen["assistant"]), seen
     assert seen["status"] == "completed", seen
     assert seen["latency"] is not None and 0 <= int(seen["latency"]) < 30_000, seen
+    assert seen["error"] is None and not errors, (seen, errors)
+
+
+async def test_a_call_that_breaks_off_mid_answer_resumes_and_the_answer_completes(
+        redis_url: str, tmp_path: Path) -> None:
+    """The call's server side ends mid-answer (here: hung up; a replica that dies ends it alike):
+    the page offers again with the conversation and its last event, and the answer goes on."""
+    wav = spoken_question(tmp_path / "question.wav", before_sec=0.3, after_sec=0.3)
+    engine = with_talker(with_listener(ScriptedEngine(Script(word_delay_sec=0.4))))
+    errors: list[str] = []
+    async with live_app(make_settings(redis_url=redis_url, demo=True), engine) as url, \
+            chromium(wav) as browser, httpx.AsyncClient(base_url=url) as http:
+        page = await open_page(browser, url, errors)
+        talk = page.locator("#talk")
+        await talk.dispatch_event("pointerdown")
+        await page.wait_for_selector("body[data-state=listening]", timeout=15_000)
+        await page.wait_for_timeout(len(speech(QUESTION)) / 2 / SPEECH_RATE * 1000 + 800)
+        await talk.dispatch_event("pointerup")
+        await page.wait_for_function("() => document.querySelector('#turns .assistant')?.textContent.length > 0",
+                                     timeout=60_000)
+        call = await page.evaluate("() => document.body.dataset.call")
+        secret = (await http.post("/demo/client_secret")).json()["value"]  # the call's identity: demo
+        hung_up = await http.post(f"{call}/hangup", headers={"Authorization": f"Bearer {secret}"})
+        assert hung_up.status_code == 200, hung_up.text
+        await page.wait_for_function(f"() => document.body.dataset.call && document.body.dataset.call !== '{call}'",
+                                     timeout=15_000)
+        await page.wait_for_selector("#turns .turn[data-status]", timeout=60_000)
+        seen = await turn_texts(page)
+    assert seen["status"] == "completed", seen
+    assert seen["assistant"].startswith("echo:") and heard_the_question(seen["assistant"]), seen
+    assert seen["assistant"].count("echo:") == 1, "nothing of the answer twice"
     assert seen["error"] is None and not errors, (seen, errors)
 
 

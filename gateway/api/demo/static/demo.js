@@ -30,6 +30,7 @@ const state = {
   call: null, // a WebRTC call: {pc, channel, track, speaking}
   pressedAt: 0, // when the current push-to-talk press began
   silenceMs: 0, // server_vad's silence_duration_ms, as the session has it
+  conversation: null, lastEventId: null, // where a call that breaks off resumes
   outputModalities: ["audio"],
   audio: null, // {context, stream, source, node, resampler, player}, opened on the first gesture
   sending: false, held: false, handsFree: false,
@@ -110,7 +111,9 @@ function connect() {
 
 // A connection's first events: its session is configured, then it is ready.
 function onMessage(event, opened, resolve, reject) {
+  if (event.event_id) state.lastEventId = event.event_id;
   if (event.type === "session.created") {
+    state.conversation = event.session.id;
     state.outputModalities = event.session.output_modalities;
     send(sessionUpdate());
   } else if (event.type === "session.updated") {
@@ -178,21 +181,29 @@ async function clientSecret() {
 }
 
 // OpenAI's WebRTC recipe: the microphone track and the oai-events channel, the offer posted with the secret.
-function connectCall() {
-  setState("connecting", "Connecting…");
+// `resume`: a call that broke off (its replica stopped, the network changed) is offered again, to
+// any replica, with its conversation and last event: the answer in flight goes on from there.
+function connectCall(resume = null) {
+  setState("connecting", resume ? "The call broke off: reconnecting…" : "Connecting…");
   state.ready = new Promise((resolve, reject) => {
     let call = null;
     let opened = false;
     const end = (why) => {
       if (!call || state.call !== call) return;
+      const wasSending = state.sending && state.handsFree;
       state.call = null;
       state.ready = null;
       call.track.enabled = true; // the microphone is the WebSocket's again, should the user switch
       stopSending();
       call.pc.close();
+      delete document.body.dataset.call;
+      reject(new Error(why || "The call ended."));
+      if (opened && !resume && state.conversation) {
+        reconnect(wasSending);
+        return;
+      }
       setState("idle", "Disconnected");
       if (why) showError(why);
-      reject(new Error(why || "The call ended."));
     };
     (async () => {
       const secret = await clientSecret();
@@ -215,7 +226,12 @@ function connectCall() {
         element.play().catch(() => {}); // after the press's gesture the browser lets it play
       };
       await pc.setLocalDescription(await pc.createOffer());
-      const response = await fetch(new URL("v1/realtime/calls", location.href), {
+      const calls = new URL("v1/realtime/calls", location.href);
+      if (resume) {
+        calls.searchParams.set("session_id", resume.conversation);
+        if (resume.lastEventId) calls.searchParams.set("last_event_id", resume.lastEventId);
+      }
+      const response = await fetch(calls, {
         method: "POST", body: pc.localDescription.sdp,
         headers: { Authorization: `Bearer ${secret}`, "Content-Type": "application/sdp" },
       });
@@ -225,6 +241,7 @@ function connectCall() {
         throw new Error(`The gateway refused the call (${response.status}): ${message}`);
       }
       await pc.setRemoteDescription({ type: "answer", sdp: await response.text() });
+      document.body.dataset.call = response.headers.get("Location"); // which call: for a backend, and tests
     })().catch((error) => {
       if (call) {
         state.call = null;
@@ -236,6 +253,20 @@ function connectCall() {
   });
   state.ready.catch(() => { state.ready = null; });
   return state.ready;
+}
+
+// Once per break: a call that breaks off again right after is left ended, with its reason shown.
+function reconnect(wasSending) {
+  connectCall({ conversation: state.conversation, lastEventId: state.lastEventId }).then(() => {
+    if (wasSending) { // hands-free goes on listening
+      state.sending = true;
+      state.call.track.enabled = true;
+    }
+    if (!state.responding) settle();
+  }, (error) => {
+    setState("idle", "Disconnected");
+    showError(`The call broke off and could not resume: ${error.message}`);
+  });
 }
 
 function disconnect() {
