@@ -27,21 +27,13 @@ import aiohttp
 from bench.overhead import GATEWAY_ENV
 from bench.procs import server, write_results
 from bench.stats import summary
+from tests.gateway.test_slow_clients import slow_socket
 from tests.redis_server import free_port, redis_process
 
 RESULTS = Path(__file__).parent / "results"
 KEY = "sk-bench"
 SESSIONS = "/v1/streaming_input/sessions"
 SLOW_SOCKETS = (0, 64, 128, 256)
-
-
-async def slow_socket(port: int, target: str, key: str | None) -> asyncio.StreamWriter:
-    _, writer = await asyncio.open_connection("127.0.0.1", port)
-    auth = f"Authorization: Bearer {key}\r\n" if key else ""
-    writer.write(f"POST {target} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{auth}"
-                 f"Content-Length: 100000\r\n\r\n{{\"messages\": ".encode())
-    await writer.drain()
-    return writer
 
 
 async def appends(http: aiohttp.ClientSession, base: str, sid: str, first: int, count: int) -> dict[str, Any]:
