@@ -89,6 +89,8 @@ class EngineRequest:
     #: ``auto`` (the default with tools), ``none``, ``required``, or
     #: ``{"type": "function", "function": {"name": ...}}``.
     tool_choice: str | dict[str, Any] | None = None
+    #: ``False``: at most one call per answer (OpenAI's ``parallel_tool_calls``).
+    parallel_tool_calls: bool = True
     #: Whose words the streamed input is: the user's, a function's result
     #: (``tool``, answering ``input_tool_call_id``) fed back to the model, or a
     #: system note (the assistant speaks without the user: a greeting, a nudge).

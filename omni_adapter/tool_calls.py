@@ -88,16 +88,19 @@ class ToolCallParser:
     """One answer's text through vLLM's parser: content and tool-call deltas.
 
     ``structured_outputs`` is what the final input must carry (``required`` /
-    a named function), ``None`` for ``auto``.
+    a named function), ``None`` for ``auto``. Not ``parallel``: at most one
+    call, as vLLM's server does it (``required``'s schema holds one item, so the
+    answer ends after it; with ``auto`` later calls are left out).
     """
 
     def __init__(self, parser_cls: Any, tokenizer: Any, tools: Sequence[Mapping[str, Any]],
-                 tool_choice: str | Mapping[str, Any] | None) -> None:
+                 tool_choice: str | Mapping[str, Any] | None, *, parallel: bool = True) -> None:
         from pydantic import ValidationError
         from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 
         try:
-            request = ChatCompletionRequest(messages=[], tools=list(tools), tool_choice=tool_choice or "auto")
+            request = ChatCompletionRequest(messages=[], tools=list(tools), tool_choice=tool_choice or "auto",
+                                            parallel_tool_calls=parallel)
             self._parser = parser_cls(tokenizer, request.tools)
             self._request = self._parser.adjust_request(request)
         except (ValidationError, ValueError) as exc:
@@ -108,6 +111,7 @@ class ToolCallParser:
         #: The model's call index -> the answer's (calls to undeclared functions are left out).
         self._indices: dict[int, int] = {}
         self._dropped: set[int] = set()
+        self._parallel = parallel
         #: A named function: OpenAI's finish reason stays ``stop``.
         self.named = isinstance(tool_choice, Mapping)
 
@@ -146,6 +150,9 @@ class ToolCallParser:
             if name is not None and name not in self._declared:
                 logger.warning("the model called an undeclared function %r: left out of the answer", name)
                 self._dropped.add(model_index)
+                return None
+            if self._indices and not self._parallel:
+                self._dropped.add(model_index)  # one call asked for: the first stands
                 return None
             self._indices[model_index] = len(self._indices)
         return self._indices[model_index]

@@ -277,7 +277,7 @@ class VllmEngine:
         tool_calls = None
         if calls_tools(request.tools, request.tool_choice) and self._tool_parser_cls is not None:
             tool_calls = ToolCallParser(self._tool_parser_cls, self._streaming.tokenizer, request.tools,
-                                        request.tool_choice)
+                                        request.tool_choice, parallel=request.parallel_tool_calls)
         session = self._new_session(request, tokens, emitted, tool_calls)
         self._sessions.add(session)
         return session

@@ -145,8 +145,8 @@ class GenerationOptions(StrictModel):
     tools: list[Tool] | None = Field(None, min_length=1)
     tool_choice: ToolChoice | None = Field(
         None, description="auto (the default with tools), none, required, or a named function")
-    #: Accepted for OpenAI compatibility: a ``required`` answer may hold several calls either way.
-    parallel_tool_calls: bool | None = None
+    parallel_tool_calls: bool | None = Field(
+        None, description="false: at most one function call per answer (the default allows several)")
 
     @model_validator(mode="after")
     def _choice_among_tools(self) -> GenerationOptions:

@@ -323,6 +323,7 @@ class SessionService:
             tools=tuple(t.model_dump(exclude_none=True) for t in body.tools or ()),
             tool_choice=(body.tool_choice if isinstance(body.tool_choice, str) or body.tool_choice is None
                          else body.tool_choice.model_dump()),
+            parallel_tool_calls=body.parallel_tool_calls is not False,
             input_role=body.input_role, input_tool_call_id=body.input_tool_call_id)
         timeout_ms = int(s.session_timeout_sec * 1000)
         return NewSession(

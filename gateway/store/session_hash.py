@@ -59,6 +59,7 @@ class StoredRequest:
     metadata: dict[str, str] = field(default_factory=dict)
     tools: tuple[dict[str, Any], ...] = ()
     tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool = True
     input_role: Literal["user", "tool", "system"] = "user"
     input_tool_call_id: str | None = None
 
@@ -67,7 +68,7 @@ class StoredRequest:
         return json.dumps({"messages": list(self.messages), "modalities": list(self.modalities),
                            "sampling": sampling, "include_usage": self.include_usage,
                            "metadata": self.metadata, "tools": list(self.tools), "tool_choice": self.tool_choice,
-                           "input_role": self.input_role, "input_tool_call_id": self.input_tool_call_id})
+                           "parallel_tool_calls": self.parallel_tool_calls, "input_role": self.input_role, "input_tool_call_id": self.input_tool_call_id})
 
     @classmethod
     def from_json(cls, text: str) -> StoredRequest:
@@ -77,13 +78,14 @@ class StoredRequest:
                    sampling=SamplingOptions(**{**sampling, "stop": tuple(sampling["stop"])}),
                    include_usage=stored.get("include_usage", False), metadata=stored.get("metadata") or {},
                    tools=tuple(stored.get("tools") or ()), tool_choice=stored.get("tool_choice"),
+                   parallel_tool_calls=stored.get("parallel_tool_calls", True),
                    input_role=stored.get("input_role", "user"), input_tool_call_id=stored.get("input_tool_call_id"))
 
     def engine_request(self, request_id: str, model: str, assistant_prefix: str = "") -> EngineRequest:
         return EngineRequest(request_id=request_id, model=model, messages=self.messages,
                              sampling=self.sampling, output_modalities=self.modalities,
                              assistant_prefix=assistant_prefix, tools=self.tools, tool_choice=self.tool_choice,
-                             input_role=self.input_role, input_tool_call_id=self.input_tool_call_id)
+                             parallel_tool_calls=self.parallel_tool_calls, input_role=self.input_role, input_tool_call_id=self.input_tool_call_id)
 
 
 @dataclass(frozen=True)

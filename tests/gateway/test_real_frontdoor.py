@@ -88,6 +88,26 @@ async def test_a_named_function_call_streamed_and_not_then_its_result_answered(c
     assert "sunny" in said.lower() or "24" in said, said
 
 
+async def test_required_without_parallel_calls_gives_one_call_and_finishes_with_tool_calls(
+        client: httpx.AsyncClient) -> None:
+    """A newcomer's request: ``required`` with a small ``max_tokens``. The 135M model repeats its
+    call until the limit when the schema allows a list; ``parallel_tool_calls: false`` bounds it
+    to one, and the answer ends with ``tool_calls``, not ``length``."""
+    tools = [{"type": "function", "function": {
+        "name": name, "description": about,
+        "parameters": {"type": "object", "properties": {arg: {"type": "string"}}, "required": [arg]}}}
+        for name, about, arg in (("get_weather", "The weather in a city", "city"),
+                                 ("get_time", "The time now in a timezone", "zone"))]
+    for seed in (1, 3):  # at the server's default sampling these seeds wrote a second call, cut off
+        completion = await openai_client(client).chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "What time is it in Tokyo?"}], tools=tools,
+            tool_choice="required", parallel_tool_calls=False, max_tokens=40, seed=seed)
+        choice = completion.choices[0]
+        [call] = choice.message.tool_calls or []
+        assert call.function.name in ("get_weather", "get_time") and json.loads(call.function.arguments)
+        assert choice.finish_reason == "tool_calls", seed
+
+
 async def test_the_real_engines_capabilities_decide_validation(client: httpx.AsyncClient) -> None:
     pcm = base64.b64encode(b"\x00\x01" * 800).decode()
     with pytest.raises(openai.UnprocessableEntityError) as raised:

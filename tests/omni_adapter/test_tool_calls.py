@@ -130,6 +130,23 @@ def test_a_call_to_a_function_the_request_did_not_declare_is_left_out(tokenizer:
     assert not alone.called, "an answer without a call finishes with stop, not tool_calls"
 
 
+def test_without_parallel_calls_one_call_stands(tokenizer: Any) -> None:
+    """``parallel_tool_calls: false``: ``required``'s schema holds one call; with ``auto`` the first
+    call is the answer's and later ones are left out (as vLLM's server filters them)."""
+    xlam = tool_call_parser_class("xlam", tokenizer)
+    single = ToolCallParser(xlam, tokenizer, (WEATHER, TIME), "required", parallel=False)
+    assert single.structured_outputs is not None and single.structured_outputs.json["maxItems"] == 1
+    several = ToolCallParser(xlam, tokenizer, (WEATHER, TIME), "required")
+    assert several.structured_outputs is not None and "maxItems" not in several.structured_outputs.json
+
+    parser = ToolCallParser(xlam, tokenizer, (WEATHER, TIME), "auto", parallel=False)
+    said = ('<tool_call>[{"name": "get_time", "arguments": {"zone": "Asia/Tokyo"}}, '
+            '{"name": "get_weather", "arguments": {"city": "Tokyo"}}]</tool_call>')
+    events = [e for i in range(0, len(said), 6)
+              for e in parser.parse(said[i:i + 6], [], finished=i + 6 >= len(said))]
+    assert calls(events) == [("get_time", {"zone": "Asia/Tokyo"})]
+
+
 def test_a_template_without_tools_is_told_them_and_earlier_calls_become_text() -> None:
     history = [{"role": "user", "content": "weather?"},
                {"role": "assistant", "content": None, "tool_calls": [{
