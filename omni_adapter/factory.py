@@ -62,7 +62,8 @@ async def open_engine(choice: EngineChoice) -> Engine:
         sampling_overrides=choice.sampling_defaults, tool_call_parser=choice.tool_call_parser))
     # A text model hears through the CPU Listener (Moonshine) and speaks
     # through the CPU Talker (hibari), if installed; vLLM-Omni has its own stages.
-    return with_talker(with_listener(thinker, choice.recognizer))
+    # Loading the recognizer, VAD and voice models takes seconds: off the loop.
+    return await asyncio.to_thread(lambda: with_talker(with_listener(thinker, choice.recognizer)))
 
 
 async def open_request_checks(choice: EngineChoice, capabilities: Capabilities) -> RequestChecks | None:

@@ -35,6 +35,7 @@ import os
 import re
 import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
@@ -110,9 +111,38 @@ async def open_vllm_engine(config: VllmEngineConfig) -> VllmEngine:
     """Start the engine: 25-55 s on 2 cores eager (the CPU default), the time of three
     Python processes importing torch and vLLM one after the other.
 
-    Like vLLM's own API server, this blocks the event loop while the engine
-    process starts: it runs in the app lifespan, before anything is served.
+    The start runs in a worker thread: it blocked the event loop for all of it
+    (41 s measured), so every timeout pending on the loop expired at once when
+    it returned (the "every Redis call stalled over 10 s" of issue 29), and a
+    process that answers health checks while its engine starts did not.
     """
+    # The engine's own thread, for as long as the engine lives: its process is
+    # killed when the thread that started it ends (process_lifetime.py), so not
+    # a pool thread that may go first.
+    lifetime = ThreadPoolExecutor(1, thread_name_prefix="vllm-engine")
+    loop = asyncio.get_running_loop()
+    try:
+        llm, streaming, parser_cls = await loop.run_in_executor(lifetime, _start_vllm, config)
+    except BaseException:
+        lifetime.shutdown(wait=False)
+        raise
+    try:
+        # Made off the loop, AsyncLLM did not start reading the engine core's
+        # output (it does so only on a running loop): start it now, as it would
+        # have, so a failure of the core before the first request is seen.
+        llm._run_output_handler()
+    except BaseException:
+        await loop.run_in_executor(lifetime, llm.shutdown)
+        lifetime.shutdown(wait=False)
+        raise
+    model_defaults = SamplingOptions.known(llm.model_config.get_diff_sampling_param())
+    return VllmEngine(llm, streaming, config.served_model_name, parser_cls,
+                      config.sampling_overrides.or_defaults(model_defaults), lifetime=lifetime)
+
+
+def _start_vllm(config: VllmEngineConfig) -> tuple[Any, StreamingTokenizer, Any]:
+    """vLLM imported, its engine core process started, and the tokenizer and tool parser loaded:
+    blocking work (a worker thread's)."""
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(config.kv_cache_space_gib))
     # No engine process may outlive the gateway (a SIGKILLed gateway used to
     # leave two 3.8 GB processes behind).
@@ -146,13 +176,10 @@ async def open_vllm_engine(config: VllmEngineConfig) -> VllmEngine:
         raise EngineUnavailableError(f"the vLLM engine failed to start: {exc}") from exc
     try:
         streaming = StreamingTokenizer(llm.get_tokenizer())
-        parser_cls = tool_call_parser_class(config.tool_call_parser, streaming.tokenizer)
+        return llm, streaming, tool_call_parser_class(config.tool_call_parser, streaming.tokenizer)
     except BaseException:
         llm.shutdown()
         raise
-    model_defaults = SamplingOptions.known(llm.model_config.get_diff_sampling_param())
-    return VllmEngine(llm, streaming, config.served_model_name, parser_cls,
-                      config.sampling_overrides.or_defaults(model_defaults))
 
 
 class TokenizerChecks:
@@ -228,8 +255,11 @@ class VllmEngine:
     """One ``AsyncLLM`` shared by every session of the process."""
 
     def __init__(self, llm: EngineClient, streaming: StreamingTokenizer, model_name: str,
-                 tool_parser_cls: Any = None, sampling_defaults: SamplingOptions | None = None) -> None:
+                 tool_parser_cls: Any = None, sampling_defaults: SamplingOptions | None = None,
+                 lifetime: ThreadPoolExecutor | None = None) -> None:
         self._llm = llm
+        #: The thread that started the engine, which shuts it down (``None``: the loop's pool).
+        self._lifetime = lifetime
         #: What a request's unset sampling fields become (the served model's defaults).
         self.sampling_defaults = sampling_defaults or SamplingOptions()
         self._streaming = streaming
@@ -305,7 +335,10 @@ class VllmEngine:
         self._closed = True
         for session in list(self._sessions):
             await session.abort()
-        self._llm.shutdown()
+        # Joins the engine core's process: seconds, off the loop.
+        await asyncio.get_running_loop().run_in_executor(self._lifetime, self._llm.shutdown)
+        if self._lifetime is not None:
+            self._lifetime.shutdown(wait=False)
         # AsyncLLM.__del__ shuts down again. Frames kept alive by tracebacks
         # stored during its start hold it until interpreter exit, where that
         # second call fails on torn-down module globals; once is enough.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 
 import pytest
 
@@ -12,6 +13,7 @@ from omni_adapter.http_engine import HttpEngine, HttpEngineConfig, open_http_eng
 from omni_adapter.model_bootstrap import ensure_default_model
 from omni_adapter.port import Engine
 from omni_adapter.vllm_engine import VllmEngine, VllmEngineConfig, open_vllm_engine
+from tests.loop_lag import LoopLagMonitor
 from tests.stall_watch import StallWatch
 from tests.vllm_sidecar import VllmSidecar
 
@@ -32,18 +34,31 @@ async def stall_watch() -> AsyncIterator[StallWatch]:
     watch.stop()
 
 
+@dataclass(frozen=True)
+class StartedEngine:
+    engine: VllmEngine
+    #: The event loop's worst lateness while the engine started (tests/omni_adapter/test_vllm_engine.py).
+    start_loop_lag_sec: float
+
+
 @pytest.fixture(scope="session")
-async def vllm_engine() -> AsyncIterator[VllmEngine]:
-    """The embedded default engine (SmolLM2-135M-Instruct on the CPU)."""
+async def started_vllm_engine() -> AsyncIterator[StartedEngine]:
     config = VllmEngineConfig(
         # 1 GiB of KV cache holds ~20K tokens of this model: the tests' prompts are short.
         model=str(ensure_default_model()), served_model_name="SmolLM2-135M-Instruct", kv_cache_space_gib=1,
     )
-    engine = await open_vllm_engine(config)
+    async with LoopLagMonitor(interval=0.05) as lag:
+        engine = await open_vllm_engine(config)
     try:
-        yield engine
+        yield StartedEngine(engine, lag.max_sec)
     finally:
         await engine.aclose()
+
+
+@pytest.fixture(scope="session")
+def vllm_engine(started_vllm_engine: StartedEngine) -> VllmEngine:
+    """The embedded default engine (SmolLM2-135M-Instruct on the CPU)."""
+    return started_vllm_engine.engine
 
 
 @pytest.fixture(scope="session")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from transformers import AutoTokenizer
@@ -22,6 +22,9 @@ from omni_adapter.port import (
 from omni_adapter.vllm_engine import Step, StopStrings, VllmEngine
 from tests.loop_lag import assert_loop_keeps_up
 from tests.omni_adapter.sessions import HISTORY, MODEL, collect, one_shot, request, text_chunks
+
+if TYPE_CHECKING:
+    from tests.conftest import StartedEngine
 
 QUESTION = "What colour is the sky on a clear day? Answer — briefly, it's a test."
 
@@ -106,6 +109,14 @@ async def test_input_longer_than_the_context_fails_the_session(vllm_engine: Vllm
     events = [event async for event in session.events()]
     assert len(events) == 1 and isinstance(events[0], EngineError)
     assert events[0].code == "invalid_request"
+
+
+@pytest.mark.engine
+def test_the_event_loop_keeps_turning_while_the_engine_starts(started_vllm_engine: StartedEngine) -> None:
+    """The start (importing vLLM, the engine core's process, the model) ran on the loop: 41 s
+    without a turn, after which every timeout pending on it expired at once (issue 29, item 12:
+    "every Redis call of the process stalled over 10 s")."""
+    assert started_vllm_engine.start_loop_lag_sec < 1.0
 
 
 @pytest.mark.engine
