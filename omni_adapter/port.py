@@ -239,6 +239,13 @@ class RequestChecks(Protocol):
         share (the work an update keeps), and how many tokens ``new`` has."""
         ...
 
+    def settled_tokens(self, text: str) -> tuple[int, int]:
+        """Of ``text`` (streamed input from a point no earlier text can change
+        the tokens after), the longest prefix whose tokens no later text can
+        change: its length in characters and its tokens. ``(0, 0)`` when the
+        tokenizer has no such points (then nothing is ever settled early)."""
+        ...
+
 
 class EngineUnavailableError(Exception):
     """The engine cannot take work right now (dead, starting, unreachable)."""

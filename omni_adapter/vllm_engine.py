@@ -221,6 +221,15 @@ class TokenizerChecks:
                     min(len(before), len(after)))
         return kept, len(after)
 
+    def settled_tokens(self, text: str) -> tuple[int, int]:
+        # The streaming tokenizer's own cut (the pre-token boundaries it commits
+        # at while feeding the engine), without its forced cut of a long run
+        # with no boundary: that one may change tokens, and a count must not.
+        if not self._streaming.incremental:
+            return 0, 0
+        cut = self._streaming.split_point(text)
+        return cut, len(self._streaming.encode_plain(text[:cut])) if cut else 0
+
     def frame(self, request: EngineRequest) -> tuple[Framed, Framed]:
         """The chat template around the streamed input; raises for what the engine would refuse."""
         check_servable(self._capabilities, request)
@@ -294,6 +303,9 @@ class VllmEngine:
 
     def common_prefix_tokens(self, old: str, new: str) -> tuple[int, int]:
         return self._checks.common_prefix_tokens(old, new)
+
+    def settled_tokens(self, text: str) -> tuple[int, int]:
+        return self._checks.settled_tokens(text)
 
     def open_session(self, request: EngineRequest) -> VllmSession:
         if self._closed:

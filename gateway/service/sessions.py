@@ -14,6 +14,8 @@ import contextlib
 import dataclasses
 import functools
 import hashlib
+import itertools
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -29,6 +31,7 @@ from gateway.domain.states import SessionState
 from gateway.metrics import Metrics
 from gateway.output.sse import session_events
 from gateway.service.models import ChatMessage, CreateSessionRequest
+from gateway.service.token_marks import START, TokenMark, advance, count_update
 from gateway.settings import Settings
 from gateway.store.records import ChunkRecord, InputOutcome, event_id_key
 from gateway.store.redis_store import SessionStore
@@ -42,6 +45,8 @@ from omni_adapter.port import (
     RequestChecks,
     SamplingOptions,
 )
+
+logger = logging.getLogger(__name__)
 
 #: Upper bound of ``/result?wait=``, so a poll never pins a connection for long.
 MAX_RESULT_WAIT_SEC = 60.0
@@ -218,6 +223,7 @@ class SessionService:
             self._after_input(session_id, outcome.previous_state, outcome)
         self._metrics.append_latency.observe(time.perf_counter() - started_at)
         self._count_chunk(chunk, outcome)
+        await self._mark_appended(session_id, chunk, outcome)
         return outcome
 
     async def replace(self, identity: str, session_id: str, chunk: ChunkRecord) -> Replacement:
@@ -226,28 +232,64 @@ class SessionService:
         self.check_input_modality(chunk)
         chunk = await self._counted(chunk)
         record = await self.view(identity, session_id)
-        kept, total = await self._kept_tokens(session_id, record.next_seq, chunk)
+        counted = await self._count_update(session_id, record.next_seq, chunk)
+        kept, total = (counted[0], counted[1]) if counted is not None else (None, None)
         with self._claimant() as claimant:
             outcome = await self._store.replace(session_id, chunk, claimant, kept or 0, caller=owner_check(identity))
             self._after_input(session_id, outcome.previous_state, outcome)
+        if counted is not None:
+            await self._keep_token_marks(session_id, *counted[2:])
         if not outcome.duplicate:
             self._metrics.replaced_chunks.inc()
         return Replacement(outcome, kept, total)
 
-    async def _kept_tokens(self, session_id: str, next_seq: int,
-                           chunk: ChunkRecord) -> tuple[int | None, int | None]:
-        """The streamed input's tokens before and after the replacement: common prefix, new total."""
-        if self._checks is None:
-            return None, None
-        stored = await self._store.load_chunks(session_id, range(next_seq)) if next_seq else []
-        if chunk.modality != "text" or any(c.modality != "text" for c in stored):
-            return None, None
-        old = b"".join(c.payload for c in stored)
-        new = b"".join(chunk.payload if c.sequence_id == chunk.sequence_id else c.payload for c in stored)
-        if chunk.sequence_id >= next_seq:  # beyond the contiguous input: nothing the engine took changes
-            new = old
-        return await asyncio.to_thread(self._checks.common_prefix_tokens,
-                                       old.decode("utf-8", errors="replace"), new.decode("utf-8", errors="replace"))
+    async def _count_update(self, session_id: str, next_seq: int, chunk: ChunkRecord,
+                            ) -> tuple[int, int, int, str | None, list[tuple[str, TokenMark]]] | None:
+        """The streamed input's tokens kept by the replacement and the new total, then the marks
+        to keep: from which chunk, counted from which mark, and each. ``None``: not all text.
+
+        Tokenized: the chunks from the replaced one on, and the few bytes before it its mark
+        holds (service/token_marks.py); the whole input where no mark is kept for it.
+        """
+        if self._checks is None or chunk.modality != "text":
+            return None
+        at = min(chunk.sequence_id, next_seq)
+        counted_from = await self._store.token_mark(session_id, at) if at else None
+        first, mark = (at, TokenMark.from_field(counted_from)) if counted_from is not None else (0, START)
+        stored = await self._store.load_chunks(session_id, range(first, next_seq)) if first < next_seq else []
+        if any(c.modality != "text" for c in stored):
+            return None
+        kept, total, marks = await asyncio.to_thread(count_update, self._checks, mark, stored, chunk)
+        return kept, total, first, counted_from, marks
+
+    async def _mark_appended(self, session_id: str, chunk: ChunkRecord, outcome: InputOutcome) -> None:
+        """Update mode: once a session's tokens are marked, each appended text chunk marks the next."""
+        if self._checks is None or outcome.token_mark is None or chunk.modality != "text":
+            return
+        after = await asyncio.to_thread(advance, self._checks, TokenMark.from_field(outcome.token_mark),
+                                        chunk.payload)
+        await self._keep_token_marks(session_id, chunk.sequence_id, outcome.token_mark,
+                                     [(chunk.content_digest, after)])
+
+    async def _keep_token_marks(self, session_id: str, first: int, counted_from: str | None,
+                                marks: list[tuple[str, TokenMark]]) -> None:
+        """Keep marks (hints: a failure costs a later update a longer count, nothing else), then go
+        on through chunks that arrived early and found no mark to count from."""
+        assert self._checks is not None
+        try:
+            while kept := list(itertools.takewhile(lambda pair: pair[1].keepable, marks)):
+                more = await self._store.keep_token_marks(session_id, first, counted_from,
+                                                          [(sha, mark.to_field()) for sha, mark in kept])
+                if not more or len(kept) < len(marks):
+                    return
+                first, last = first + len(kept), kept[-1][1]
+                counted_from = last.to_field()
+                [early] = await self._store.load_chunks(session_id, [first])
+                if early.modality != "text":
+                    return
+                marks = [(early.content_digest, await asyncio.to_thread(advance, self._checks, last, early.payload))]
+        except errors.GatewayError as exc:
+            logger.warning("session %s: token marks not kept (%s)", session_id, exc)
 
     async def finish(self, identity: str, session_id: str, final_sequence_id: int | None) -> InputOutcome:
         with self._claimant(listening=False) as claimant:

@@ -85,7 +85,9 @@ class SessionKeys(NamedTuple):
     meta: str
     #: Hash: sequence id -> chunk record (header line + payload bytes).
     chunks: str
-    #: Hash: sequence id -> "<sha256>:<bytes>:<audio ms>" for dedupe and counting.
+    #: Hash: sequence id -> "<sha256>:<bytes>:<audio ms>:<min tokens>" for dedupe and counting;
+    #: and, once a chunk was replaced (update mode), "tokens:<sequence id>" -> that chunk's token
+    #: mark, "<tokens before it>:<base64 pending bytes>" (service/token_marks.py, lua/mark_tokens.lua).
     digests: str
     #: Stream: newly contiguous sequence ids, then "end" or "abort", for the owner.
     input: str

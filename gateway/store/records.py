@@ -66,10 +66,14 @@ class ChunkRecord:
         """This record with its hash and blob made now (where the time is no one's wait)."""
         return dataclasses.replace(self, content_sha256=self._content_sha256(), blob=self.to_blob())
 
+    @property
+    def content_digest(self) -> str:
+        """The sha256 of header and payload: what dedupe compares."""
+        return self.content_sha256 or self._content_sha256()
+
     def digest_record(self) -> str:
         """``<sha256>:<bytes>:<audio ms>:<min tokens>``: identity for dedupe, sizes for counting."""
-        sha = self.content_sha256 or self._content_sha256()
-        return f"{sha}:{len(self.payload)}:{self.audio_ms}:{self.min_tokens}"
+        return f"{self.content_digest}:{len(self.payload)}:{self.audio_ms}:{self.min_tokens}"
 
 
 @dataclass(frozen=True)
@@ -87,6 +91,9 @@ class InputOutcome:
     lease: Lease | None = None
     #: Engine work started earlier has no live owner: schedule it again.
     unowned: bool = False
+    #: An accepted append: the token mark kept for its sequence id, if any
+    #: (update mode counts tokens along the input: service/token_marks.py).
+    token_mark: str | None = None
 
 
 @dataclass(frozen=True)

@@ -211,6 +211,7 @@ def _input_outcome(reply: Reply, replica: str) -> InputOutcome:
         duplicate=reply.status in ("duplicate", "unchanged"),
         missing_sequence_ids=reply.numbers("missing"),
         lease=Lease(replica, epoch) if epoch > 0 else None,
+        token_mark=reply.values.get("token_mark"),
     )
 
 
@@ -335,6 +336,24 @@ class SessionStore:
         outcome = _input_outcome(reply, replica)
         await self._schedule_if_started(session_id, outcome)
         return outcome
+
+    async def token_mark(self, session_id: str, sequence_id: int) -> str | None:
+        """The token mark kept for ``sequence_id`` (``service/token_marks.py``), if any."""
+        async with self._call():
+            value: Any = await self._redis.hget(session_keys(session_id).digests, f"tokens:{sequence_id}")
+        return None if value is None else str(decoded(value))
+
+    async def keep_token_marks(self, session_id: str, first: int, counted_from: str | None,
+                               marks: Sequence[tuple[str, str]]) -> bool:
+        """Keep the marks after chunks ``first``, ``first + 1``...: pairs (the chunk's content sha256,
+        the mark after it), counted from ``counted_from`` (the mark of ``first``; ``None`` at 0).
+
+        Only marks whose chunks are still stored as counted are kept. True when the chunk after the
+        last one is already here with no mark after it (it arrived early): count it too.
+        """
+        args = [now_ms(), first, counted_from or "", *(item for pair in marks for item in pair)]
+        reply = await self._run("mark_tokens", session_keys(session_id), args)
+        return reply.status == "kept" and reply.number("more") == 1
 
     async def cancel(self, session_id: str, cancelled_json: str, caller: str = "") -> SessionState:
         """Cancel; returns the state before (``cancelled`` again when repeated)."""

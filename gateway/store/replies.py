@@ -32,7 +32,8 @@ _REFUSALS: dict[str, tuple[str, ...]] = {
 #: order. A name starting with ``*`` takes the rest of the list.
 SHAPES: dict[str, dict[str, tuple[str, ...]]] = {
     "create": {"accepted": _TAKEN, **_REFUSALS},
-    "append": {"accepted": _TAKEN, "duplicate": _TAKEN, **_REFUSALS},
+    # ``token_mark``: the mark kept for the chunk's sequence id, if any (service/token_marks.py).
+    "append": {"accepted": (*_TAKEN[:-1], "token_mark", *_TAKEN[-1:]), "duplicate": _TAKEN, **_REFUSALS},
     "finish": {"accepted": _TAKEN, **_REFUSALS},
     # ``gone``'s identity: set when the session had ended, so its slots are freed again
     # (a release that failed after the end is healed by whoever comes next).
@@ -48,6 +49,7 @@ SHAPES: dict[str, dict[str, tuple[str, ...]]] = {
     "release": {"released": (), "lost": ()},
     "publish": {"ok": ("*ids",), "gone": ("state", "identity")},
     "quarantine": {"retry": ("failures", "due_at"), "dead": ("failures",)},
+    "mark_tokens": {"kept": ("written", "more"), "stale": (), "gone": ()},
 }
 
 

@@ -18,7 +18,7 @@ from gateway.domain.states import TERMINAL_STATES, TRANSITIONS
 
 #: Scripts on the five keys of one session, prefixed with lib.lua.
 SESSION_SCRIPTS = ("create", "append", "finish", "cancel", "tend", "renew", "release", "publish", "fail",
-                   "view", "claim", "park", "replace")
+                   "view", "claim", "park", "replace", "mark_tokens")
 #: Scripts on keys of their own (limits), standing alone.
 STANDALONE_SCRIPTS = ("admit", "rate", "rescore", "quarantine")
 

@@ -35,6 +35,9 @@ way the rest of the gateway reads a session.
     input_transcript     publish: what the listener heard        .input_transcript
     result               publish, on completion                  .result
     error                fail, cancel, tend, append (too large)  .error
+
+The session's other keys (``keys.SessionKeys``): its chunks, their digests
+(with update mode's token marks), its input and output streams.
 """
 
 from __future__ import annotations

@@ -84,6 +84,9 @@ async def test_an_update_answers_the_new_input_and_reports_the_kept_prefix(
         sid = response.json()["session_id"]
         for seq in (1, 2):
             await client.post(f"{BASE}/{sid}/chunks", json={"sequence_id": seq, "text": old[seq]})
+        # The first PUT counts the whole input and marks it; the second counts from chunk 2's mark.
+        first = await client.put(f"{BASE}/{sid}/chunks/2", json={"sequence_id": 2, "text": "Question: why?"})
+        assert first.status_code == 200, first.text
         replaced = await client.put(f"{BASE}/{sid}/chunks/2", json={"sequence_id": 2, "text": new[2]})
         assert replaced.status_code == 200, replaced.text
         assert (await client.post(f"{BASE}/{sid}/finish")).status_code == 202
@@ -94,7 +97,7 @@ async def test_an_update_answers_the_new_input_and_reports_the_kept_prefix(
     from omni_adapter.model_bootstrap import ensure_default_model
 
     tokenizer = AutoTokenizer.from_pretrained(ensure_default_model())
-    before = tokenizer("".join(old), add_special_tokens=False)["input_ids"]
+    before = tokenizer("".join((*old[:2], "Question: why?")), add_special_tokens=False)["input_ids"]
     after = tokenizer("".join(new), add_special_tokens=False)["input_ids"]
     common = next(i for i, (a, b) in enumerate(zip(before, after, strict=False)) if a != b)
     assert replaced.json()["kept_tokens"] == common

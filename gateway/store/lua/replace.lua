@@ -28,6 +28,8 @@ if max_tokens > 0 and tokens > max_tokens then return {'too_long', tokens, max_t
 
 redis.call('HSET', DIGESTS, seq, record)
 redis.call('HSET', CHUNKS, seq, ARGV[5])
+-- Token marks after this chunk were counted with its old text (mark_tokens.lua).
+for later = seq + 1, meta_num('max_seq') + 1 do redis.call('HDEL', DIGESTS, 'tokens:' .. later) end
 redis.call('HSET', META, 'bytes', total, 'input_tokens', tokens)
 local replaced = redis.call('HINCRBY', META, 'replaced', 1)
 local epoch = 0
