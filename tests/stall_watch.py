@@ -12,6 +12,11 @@ long a PING to the test Redis takes from here (a thread of its own, a
 connection of its own), and how much CPU the process got meanwhile. The
 report goes to stderr and to ``$OMNI_GATEWAY_STALL_LOG`` when set.
 
+The cause found (issue 29): the session engine's start ran on the loop,
+41 s without a turn; it now runs on a thread (omni_adapter/vllm_engine.py)
+and tests/omni_adapter/test_vllm_engine.py holds the loop's lateness during
+the start under a second. The watch stays, to name the next one.
+
 Used by tests/conftest.py: it starts the watch on the session's loop (one
 loop for the whole session, pyproject's ``asyncio_*_loop_scope``).
 """
