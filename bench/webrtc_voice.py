@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 import websockets
 
 from bench.overhead import GATEWAY_ENV
@@ -188,34 +189,58 @@ async def one_turn(url: str, transport: str, calls: int, question: str, clip: by
     return {"transport": transport, "calls": calls, "question": question, **turn, "heard": heard, "answer": answer}
 
 
-async def measure(url: str, turns: int = TURNS, calls: tuple[int, ...] = CALLS, warm_up: bool = True) -> dict[str, Any]:
+def cpu_seconds(pid: int) -> float:
+    """A process's CPU time so far: its threads, not its children (vLLM's engine core is one)."""
+    times = psutil.Process(pid).cpu_times()
+    return float(times.user + times.system)
+
+
+async def measure(url: str, turns: int = TURNS, calls: tuple[int, ...] = CALLS, warm_up: bool = True,
+                  gateway_pid: int | None = None) -> dict[str, Any]:
     clips = questions()
     if warm_up:  # the first compile of each shape, and aiortc's first call
         for transport in TRANSPORTS:
             await one_turn(url, transport, 1, QUESTIONS[0], clips[0])
     results: list[dict[str, Any]] = []
+    #: CPU seconds per case (the gateway process's, this client's), counted round by round.
+    cpu: dict[str, list[float]] = {}
     for n in calls:
         for r in range(math.ceil(turns / n)):
             for transport in TRANSPORTS:  # taking turns, so both see the same machine
                 picked = [(r * n + i) % len(clips) for i in range(n)]
+                before = (cpu_seconds(gateway_pid) if gateway_pid else 0.0, time.process_time())
                 results += await asyncio.gather(*(one_turn(url, transport, n, QUESTIONS[q], clips[q])
                                                   for q in picked))
+                after = (cpu_seconds(gateway_pid) if gateway_pid else 0.0, time.process_time())
+                spent = cpu.setdefault(case_name(transport, n), [0.0, 0.0])
+                spent[0] += after[0] - before[0]
+                spent[1] += after[1] - before[1]
+
     def by_case(span: str) -> dict[str, dict[str, float]]:
-        return {f"{transport}, {n} call{'s' if n > 1 else ''}": summary(
+        return {case_name(transport, n): summary(
             [t[span] for t in results if (t["transport"], t["calls"]) == (transport, n)])
             for n in calls for transport in TRANSPORTS}
 
+    counts = {case: s["n"] for case, s in by_case(SPANS[0]).items()}
+    per_turn = {case: {"gateway": round(g / counts[case], 3) if gateway_pid else None,
+                       "client": round(c / counts[case], 3)} for case, (g, c) in cpu.items()}
     return {"frame_ms": 20, "session": SESSION, "questions": list(QUESTIONS),
-            **{span: by_case(span) for span in SPANS}, "turns": results}
+            **{span: by_case(span) for span in SPANS}, "cpu_sec_per_turn": per_turn, "turns": results}
+
+
+def case_name(transport: str, calls: int) -> str:
+    return f"{transport}, {calls} call{'s' if calls > 1 else ''}"
 
 
 def report(result: dict[str, Any]) -> str:
     audio, sound, heard, answered = (result[span] for span in SPANS)
+    cpu = result["cpu_sec_per_turn"]
     rows = ["| transport, calls at once | turns | first audio P50 / P99 (s) | first sound P50 / P99 (s) "
-            "| end of speech -> speech_stopped P50 (s) | speech_stopped -> sound P50 (s) |",
-            "|---|---|---|---|---|---|"]
+            "| end of speech -> speech_stopped P50 (s) | speech_stopped -> sound P50 (s) "
+            "| CPU per turn: gateway / client (s) |", "|---|---|---|---|---|---|---|"]
     rows += [f"| {case} | {a['n']} | {a['p50']} / {a['p99']} | {sound[case]['p50']} / {sound[case]['p99']} "
-             f"| {heard[case]['p50']} | {answered[case]['p50']} |" for case, a in audio.items()]
+             f"| {heard[case]['p50']} | {answered[case]['p50']} | {cpu[case]['gateway']} / {cpu[case]['client']} |"
+             for case, a in audio.items()]
     return "\n".join(["# Voice to voice: WebRTC against the WebSocket (end of speech -> the answer, server_vad)",
                       "", "First audio: the WebSocket's first response.output_audio.delta, the WebRTC track's "
                       "first frame that is not silence. First sound: the first sample that is not silence, "
@@ -229,7 +254,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     env = GATEWAY_ENV | {"OMNI_GATEWAY_API_KEYS": KEY}
     with embedded_gateway_on_redis(env) as url:
-        result = asyncio.run(measure(url, args.turns))
+        (gateway,) = [p for p in psutil.Process().children(recursive=True) if "gateway.runtime.cli" in p.cmdline()]
+        result = asyncio.run(measure(url, args.turns, gateway_pid=gateway.pid))
     write_results(args.results, "webrtc_voice", result, report(result))
 
 
