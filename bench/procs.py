@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -75,6 +76,16 @@ def embedded_gateway(env: dict[str, str], workdir: Path) -> Iterator[str]:
     with server(["gateway.runtime.cli", "serve", "--host", "127.0.0.1", "--port", str(port)], port=port, env=env,
                 log=workdir / "gateway.log", ready_path="/readyz"):
         yield f"http://127.0.0.1:{port}"
+
+
+@contextmanager
+def embedded_gateway_on_redis(env: dict[str, str]) -> Iterator[str]:
+    """``embedded_gateway`` on a real Redis of its own, its log in a temporary folder; its URL."""
+    from tests.redis_server import redis_process
+
+    with redis_process() as redis, tempfile.TemporaryDirectory() as tmp, \
+            embedded_gateway(env | {"OMNI_GATEWAY_REDIS_URL": redis.url}, Path(tmp)) as url:
+        yield url
 
 
 def write_results(directory: Path, name: str, result: dict, markdown: str) -> None:

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import re
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -36,9 +35,8 @@ import httpx
 import numpy as np
 
 from bench.overhead import GATEWAY_ENV
-from bench.procs import embedded_gateway, write_results
+from bench.procs import embedded_gateway_on_redis, write_results
 from bench.stats import summary
-from tests.redis_server import redis_process
 
 RESULTS = Path(__file__).parent / "results"
 QUESTIONS = (
@@ -301,8 +299,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--results", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     result = {**word_error_rates(), "native_calls": native_calls()}
-    with redis_process() as redis, tempfile.TemporaryDirectory() as tmp, \
-            embedded_gateway(GATEWAY_ENV | {"OMNI_GATEWAY_REDIS_URL": redis.url}, Path(tmp)) as url:
+    with embedded_gateway_on_redis(GATEWAY_ENV) as url:
         result |= asyncio.run(measure(url, args.rounds))
     write_results(args.results, "voice", result, report(result))
 

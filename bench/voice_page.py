@@ -25,12 +25,11 @@ import tempfile
 from pathlib import Path
 
 from bench.overhead import GATEWAY_ENV
-from bench.procs import embedded_gateway, write_results
+from bench.procs import embedded_gateway_on_redis, write_results
 from bench.stats import summary
 from bench.voice import QUESTIONS, RELEASES_MS
 from omni_adapter.audio import resample, wav_of
 from tests.gateway.test_demo_page import MIC_RATE, chromium, open_page, turn_texts
-from tests.redis_server import redis_process
 from tests.voice import SPEECH_RATE, speech
 
 RESULTS = Path(__file__).parent / "results"
@@ -94,8 +93,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--results", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     env = GATEWAY_ENV | {"OMNI_GATEWAY_DEMO": "true"}
-    with redis_process() as redis, tempfile.TemporaryDirectory() as tmp, \
-            embedded_gateway(env | {"OMNI_GATEWAY_REDIS_URL": redis.url}, Path(tmp)) as url:
+    with embedded_gateway_on_redis(env) as url:
         result = asyncio.run(measure(url, args.rounds))
     write_results(args.results, "voice_page", result, report(result))
 

@@ -9,14 +9,15 @@ engine with SmolLM2-135M on the CPU and an in-process store.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import socket
 import uuid
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from gateway.domain.policies import StartPolicy
 from gateway.domain.scheduling import SchedulePolicy
@@ -28,6 +29,37 @@ JSON_OVERHEAD_BYTES = 64 * 1024
 
 def _default_replica_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+class IceServer(BaseModel):
+    """A STUN or TURN server for WebRTC calls' ICE, as a browser's ``RTCIceServer`` names it.
+
+    A TURN server relays media for peers that cannot reach each other and so
+    allots a ``username`` and ``credential``; STUN needs neither. aiortc uses the
+    first STUN and the first TURN server it is given (``turn:`` over udp or tcp,
+    ``turns:`` over tcp).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    urls: list[str] = Field(min_length=1)
+    username: str | None = None
+    credential: str | None = None
+
+    @field_validator("urls", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: object) -> object:
+        return [value] if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _usable(self) -> IceServer:
+        for url in self.urls:
+            scheme = url.partition(":")[0]
+            if scheme not in ("stun", "turn", "turns"):
+                raise ValueError(f"{url!r}: an ICE server URL starts with stun:, turn: or turns:")
+            if scheme != "stun" and not (self.username and self.credential):
+                raise ValueError(f"{url!r}: a TURN server needs a username and a credential")
+        return self
 
 
 class Settings(BaseSettings):
@@ -73,10 +105,25 @@ class Settings(BaseSettings):
     #: uvicorn reads up to ``ws_max_size`` (twice this) and closes the socket (1009) past
     #: it; its own default was 16 MiB, whose reading alone held the event loop ~0.1 s.
     realtime_max_event_bytes: int = Field(2 * MiB, ge=64 * 1024)
-    #: WebRTC calls (``/v1/realtime/calls``): STUN/TURN servers a call's ICE may use,
-    #: comma-separated URLs (``stun:host:3478``, ``turn:host:3478?transport=udp``);
-    #: empty: host candidates only (the media reaches the replica directly).
-    webrtc_ice_servers: str = ""
+    #: WebRTC calls (``/v1/realtime/calls``): STUN/TURN servers a call's ICE may use, as a
+    #: JSON list of RTCIceServer objects (``[{"urls": "turn:host:3478", "username": "u",
+    #: "credential": "p"}]``; TURN needs both) or comma-separated STUN URLs
+    #: (``stun:host:3478``); empty: host candidates only (the media reaches the replica directly).
+    webrtc_ice_servers: Annotated[list[IceServer], NoDecode] = Field(default_factory=list)
+
+    @field_validator("webrtc_ice_servers", mode="before")
+    @classmethod
+    def _ice_servers_from_text(cls, value: object) -> object:
+        """The variable's text: a JSON list (it starts with ``[``), else comma-separated URLs."""
+        if not isinstance(value, str):
+            return value
+        if value.lstrip().startswith("["):
+            try:
+                return json.loads(value)
+            except ValueError as exc:  # pydantic reports it with the setting's name
+                raise ValueError(f"not a JSON list of RTCIceServer objects: {exc}") from exc
+        return [{"urls": url.strip()} for url in value.split(",") if url.strip()]
+
     #: Calls one process holds at once (each decodes and encodes Opus on this CPU);
     #: past it a new call is 503 ``capacity_exhausted``.
     webrtc_max_calls: int = Field(16, ge=0)

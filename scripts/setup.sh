@@ -36,6 +36,8 @@ if [ "$want_test" = 1 ]; then
   # The voice page's tests drive a real Chromium (Playwright with Debian's
   # browser: Playwright's own browser download is never used).
   [ -x /usr/bin/chromium ] || missing+=(chromium)
+  # A real TURN server for the WebRTC calls' TURN credentials (tests/gateway/test_webrtc_turn.py).
+  command -v turnserver >/dev/null || missing+=(coturn)
 fi
 if [ ${#missing[@]} -gt 0 ]; then
   sudo=""; [ "$(id -u)" -ne 0 ] && sudo="sudo"

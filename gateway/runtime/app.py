@@ -127,7 +127,7 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
                 background.append(asyncio.create_task(
                     publish_card(store, settings.replica_id, active.capabilities,
                                  checks_requests=isinstance(active, RequestChecks)), name="engine-card"))
-            calls = Calls([url.strip() for url in settings.webrtc_ice_servers.split(",") if url.strip()])
+            calls = Calls(settings.webrtc_ice_servers)
             identity = IdentityResolver(settings.api_keys, settings.identity_header, settings.trusted_proxies)
             log_identity = logger.warning if identity.mode == "open" else logger.info
             log_identity("identity: %s", identity.describe())

@@ -1,7 +1,7 @@
 """The benchmark's own logic: statistics, the trace, speedups and the report.
 
 The benchmarks are not timed here; these tests check that what they compute
-is right, and that the overhead benchmark runs end to end (quick mode).
+is right, and that the overhead and WebRTC voice benchmarks run end to end (quick mode).
 """
 
 from __future__ import annotations
@@ -12,11 +12,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench import overhead, report
+from bench import overhead, report, webrtc_voice
 from bench.__main__ import QUICK_OVERHEAD
 from bench.stats import ccdf, percentile
 from bench.trace import MAX_GAP_SEC, PageSource, make_trace
 from bench.ttft import speedups
+from omni_adapter.listener import with_listener
+from omni_adapter.scripted import ScriptedEngine
+from omni_adapter.talker import with_talker
+from tests.gateway.client import live_app, make_settings
+from tests.redis_server import redis_server
 
 
 @pytest.mark.parametrize("q", [0, 25, 50, 95, 99, 100])
@@ -126,3 +131,20 @@ async def test_overhead_benchmark_runs_end_to_end_in_quick_mode(tmp_path: Path) 
             assert relayed["n"] == relayed["sessions"] * QUICK_OVERHEAD.workers_relay_tokens, shape["api_workers"]
     assert {m["policy"] for m in result["memory"]} == {"on_end_only", "on_first_chunk"}
     assert result["redis_rtt_ms"]["p50"] > 0 and result["bare_http_ms"]["p50"] > 0
+
+
+@pytest.mark.redis
+async def test_the_webrtc_voice_benchmark_times_a_turn_on_each_transport() -> None:
+    """One turn per transport against the real Listener and Talker (the Thinker is scripted:
+    ``echo: <what it heard>``), so the answer says the question back on both."""
+    engine = with_talker(with_listener(ScriptedEngine()))
+    with redis_server() as redis_url:
+        async with live_app(make_settings(redis_url=redis_url, api_keys=webrtc_voice.KEY), engine) as url:
+            result = await webrtc_voice.measure(url, turns=1, calls=(1,), warm_up=False)
+    assert {t["transport"] for t in result["turns"]} == set(webrtc_voice.TRANSPORTS)
+    for turn in result["turns"]:
+        # server_vad waits 500 ms of silence after the speech before the turn ends.
+        assert 0.5 < turn["end_of_speech_to_first_audio_sec"] <= turn["end_of_speech_to_first_sound_sec"] < 10, turn
+        assert "capital" in turn["answer"].lower() and "france" in turn["answer"].lower(), turn
+        assert turn["heard"] and "france" in turn["heard"].lower(), turn
+    assert "| webrtc, 1 call | 1 |" in webrtc_voice.report(result)

@@ -18,7 +18,7 @@ from pydantic import TypeAdapter
 
 from deploy import render_manifests
 from gateway.domain.policies import StartPolicy
-from gateway.settings import Settings
+from gateway.settings import IceServer, Settings
 from tests.deploy import k8s
 from tests.deploy.gateway_cli import captured_cli_call
 from tests.redis_server import free_port
@@ -217,6 +217,37 @@ def test_an_existing_api_key_secret_is_referenced_not_created() -> None:
     assert env["OMNI_GATEWAY_API_KEYS"]["valueFrom"]["secretKeyRef"]["name"] == "my-keys"
 
 
+def ice_env_ref(objs: list[k8s.Obj]) -> dict[str, Any]:
+    env = {e["name"]: e for e in k8s.container(deployment(objs), "gateway")["env"]}
+    return dict(env["OMNI_GATEWAY_WEBRTC_ICE_SERVERS"]["valueFrom"]["secretKeyRef"])
+
+
+def test_turn_credentials_reach_the_gateway_through_the_secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    servers = [{"urls": ["turn:turn.example.com:3478?transport=udp", "turn:turn.example.com:3478?transport=tcp"],
+                "username": "omni", "credential": "s3cret"},
+               {"urls": "stun:stun.example.com:3478"}]
+    objs = k8s.render({"settings": {"webrtcIceServers": servers}})
+    assert "OMNI_GATEWAY_WEBRTC_ICE_SERVERS" not in k8s.one(objs, "ConfigMap", "omni-gateway")["data"], \
+        "a TURN credential stays secret"
+    assert ice_env_ref(objs) == {"name": "omni-gateway", "key": "OMNI_GATEWAY_WEBRTC_ICE_SERVERS", "optional": True}
+    for key, value in settings_env(objs).items():
+        monkeypatch.setenv(key, value)
+    assert Settings().webrtc_ice_servers == [
+        IceServer(urls=servers[0]["urls"], username="omni", credential="s3cret"),
+        IceServer(urls=["stun:stun.example.com:3478"])]
+
+
+def test_stun_urls_as_a_string_and_ice_servers_in_a_secret_of_ones_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    objs = k8s.render({"settings": {"webrtcIceServers": "stun:a.example:3478, stun:b.example:3478"}})
+    monkeypatch.setenv("OMNI_GATEWAY_WEBRTC_ICE_SERVERS", settings_env(objs)["OMNI_GATEWAY_WEBRTC_ICE_SERVERS"])
+    assert [s.urls for s in Settings().webrtc_ice_servers] == [["stun:a.example:3478"], ["stun:b.example:3478"]]
+    objs = k8s.render({"settings": {"webrtcIceServersSecret": "my-turn",
+                                    "webrtcIceServers": [{"urls": "stun:ignored:3478"}]}})
+    assert "OMNI_GATEWAY_WEBRTC_ICE_SERVERS" not in settings_env(objs)
+    assert ice_env_ref(objs)["name"] == "my-turn"
+    assert "OMNI_GATEWAY_WEBRTC_ICE_SERVERS" not in settings_env(k8s.render()), "none by default"
+
+
 def test_trusting_the_identity_header_can_be_limited_to_the_edge(gpu_objs: list[k8s.Obj]) -> None:
     assert settings_env(gpu_objs)["OMNI_GATEWAY_IDENTITY_HEADER"] == "X-Auth-Request-User"
     policy = k8s.one(gpu_objs, "NetworkPolicy")
@@ -242,6 +273,8 @@ def test_schema_start_policies_are_the_gateways() -> None:
     ({"image": {"variant": "tpu"}}, "variant"),
     ({"redis": {"external": {"url": "localhost:6379"}, "bundled": {"enabled": False}}}, "url"),
     ({"engine": {"sidecar": {"port": 70000}}}, "port"),
+    ({"settings": {"webrtcIceServers": [{"urls": "http://turn.example"}]}}, "webrtcIceServers"),
+    ({"settings": {"webrtcIceServers": [{"url": "turn:turn.example", "username": "u"}]}}, "webrtcIceServers"),
 ])
 def test_values_schema_rejects_bad_values(values: dict[str, Any], message: str) -> None:
     with pytest.raises(helm_python.HelmValuesError, match=message):

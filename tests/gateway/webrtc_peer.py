@@ -28,18 +28,23 @@ class Peer:
     def __init__(self, url: str, secret: str, *, channel: bool = True) -> None:
         self.url, self.secret = url, secret
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
-        self.mic = SpeakerTrack(lambda _: None, lambda _: None)
+        self.mic = SpeakerTrack(lambda _: None, self._said_all)
+        #: When the microphone played the last frame of what was said (``time.monotonic``).
+        self.said_at: float | None = None
         self.pc.addTrack(self.mic)
         self.channel = self.pc.createDataChannel("oai-events") if channel else None
         self.events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         #: The answer's audio as heard from its first sound on (24 kHz pcm16), and when that came.
         self.heard = bytearray()
         self.first_sound_at: float | None = None
+        self.sounding = asyncio.Event()
         self._reader: asyncio.Task[None] | None = None
         self.location = ""
         self._said = 0
+        #: When each event came off the channel (``time.monotonic``), by type, in order.
+        self.arrived: list[tuple[str, float]] = []
         if self.channel is not None:
-            self.channel.on("message", lambda raw: self.events.put_nowait(json.loads(raw)))
+            self.channel.on("message", self._on_message)
         self.pc.on("track", self._on_track)
 
     async def call(self, session: dict[str, Any] | None = None, resume: dict[str, str] | None = None) -> None:
@@ -68,6 +73,14 @@ class Peer:
         self.mic.speak(f"said-{self._said}", pcm)
         self.mic.spoken(f"said-{self._said}")
 
+    def _on_message(self, raw: str) -> None:
+        event = json.loads(raw)
+        self.arrived.append((event["type"], time.monotonic()))
+        self.events.put_nowait(event)
+
+    def _said_all(self, _: str) -> None:
+        self.said_at = time.monotonic()
+
     def send(self, event: dict[str, Any]) -> None:
         assert self.channel is not None
         self.channel.send(json.dumps(event))
@@ -92,5 +105,6 @@ class Peer:
                     pcm = bytes(piece.planes[0])[:piece.samples * 2]
                     if self.first_sound_at is None and any(pcm):
                         self.first_sound_at = time.monotonic()
+                        self.sounding.set()
                     if self.first_sound_at is not None:  # the recognizer hears nothing after seconds of silence
                         self.heard += pcm

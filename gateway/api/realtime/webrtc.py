@@ -28,7 +28,7 @@ import asyncio
 import base64
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSessionDescription
@@ -39,6 +39,7 @@ from gateway.api.realtime import events as ev
 from gateway.api.realtime.connection import RealtimeConnection
 from gateway.api.realtime.media import SpeakerTrack, heard
 from gateway.api.realtime.tasks import spawn
+from gateway.settings import IceServer
 
 logger = logging.getLogger(__name__)
 
@@ -50,13 +51,14 @@ EVENTS_CHANNEL = "oai-events"
 Receive = Callable[[str, Callable[[dict[str, Any]], Awaitable[None]]], Awaitable[None]]
 
 
-def peer_configuration(ice_servers: list[str]) -> RTCConfiguration:
+def peer_configuration(ice_servers: Sequence[IceServer]) -> RTCConfiguration:
     """No STUN unless configured: aiortc's default asks Google's server, unreachable from many clusters."""
-    return RTCConfiguration(iceServers=[RTCIceServer(urls=url) for url in ice_servers])
+    return RTCConfiguration(iceServers=[RTCIceServer(urls=list(server.urls), username=server.username,
+                                                     credential=server.credential) for server in ice_servers])
 
 
 class Call:
-    def __init__(self, call_id: str, identity: str, ice_servers: list[str], on_end: Callable[[Call], None]) -> None:
+    def __init__(self, call_id: str, identity: str, ice_servers: Sequence[IceServer], on_end: Callable[[Call], None]) -> None:
         self.id = call_id
         #: Whose call it is: only they may hang it up or attach to it.
         self.identity = identity
@@ -205,7 +207,7 @@ class Call:
 class Calls:
     """The calls this process holds (media cannot move between replicas; their sessions can)."""
 
-    def __init__(self, ice_servers: list[str]) -> None:
+    def __init__(self, ice_servers: Sequence[IceServer]) -> None:
         self.ice_servers = ice_servers
         self._calls: dict[str, Call] = {}
 
