@@ -33,7 +33,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from omni_adapter.audio import OPENAI_PCM16_RATE, parse_wav
+from omni_adapter.audio import OPENAI_PCM16_RATE, parse_wav, pcm16_from_waveform
 from omni_adapter.port import (
     AudioDelta,
     Engine,
@@ -185,6 +185,25 @@ class EspeakTalker:
         return None
 
 
+#: hibari pads every phrase with ~0.3 s of silence before the voice and ~0.3-0.4 s
+#: after it: 0.3 s more before the first sound of an answer, and a 0.6 s hole
+#: between phrases (a first phrase is a few words). Kept of it: a short lead in,
+#: a clause's pause, a sentence's.
+LEAD_SEC, PHRASE_PAUSE_SEC, SENTENCE_PAUSE_SEC = 0.03, 0.12, 0.3
+#: Quieter than this (about -50 dBFS) is silence.
+SILENCE_LEVEL = 0.003
+
+
+def trimmed(audio: np.ndarray, rate: int, *, lead_sec: float, tail_sec: float) -> np.ndarray:
+    """``audio`` with at most ``lead_sec`` of silence before the voice and ``tail_sec`` after it."""
+    voiced = np.flatnonzero(np.abs(audio) > SILENCE_LEVEL)
+    if not voiced.size:
+        return audio
+    start = max(0, int(voiced[0]) - int(lead_sec * rate))
+    end = min(len(audio), int(voiced[-1]) + 1 + int(tail_sec * rate))
+    return audio[start:end]
+
+
 class HibariTalker:
     """hibari-tts: a neural English voice (distilled from Kokoro-82M, ONNX,
     inside its wheel), 24 kHz float audio, about 25x realtime on a busy CPU.
@@ -218,12 +237,16 @@ class HibariTalker:
     async def speak(self, text: str) -> bytes:
         return await asyncio.get_running_loop().run_in_executor(self._executor, self._synthesize, text)
 
-    def _synthesize(self, text: str) -> bytes:
+    def voice(self, text: str) -> np.ndarray:
+        """hibari's waveform for ``text`` as it makes it (with its padding of silence)."""
         try:
-            audio = self._tts(text, seed=0)  # seeded: the same text always sounds the same
+            return np.asarray(self._tts(text, seed=0))  # seeded: the same text always sounds the same
         except Exception as exc:
             raise TalkerError(f"hibari could not speak {text[:40]!r}: {exc}") from exc
-        return bytes((np.clip(audio, -1.0, 1.0) * 32767).astype("<i2").tobytes())
+
+    def _synthesize(self, text: str) -> bytes:
+        pause = SENTENCE_PAUSE_SEC if _SENTENCE_END.search(text + " ") else PHRASE_PAUSE_SEC
+        return pcm16_from_waveform(trimmed(self.voice(text), self.sample_rate, lead_sec=LEAD_SEC, tail_sec=pause))
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)

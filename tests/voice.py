@@ -7,7 +7,7 @@ import re
 
 import numpy as np
 
-from omni_adapter.audio import StreamResampler
+from omni_adapter.audio import StreamResampler, pcm16_from_waveform
 from omni_adapter.listener import LISTEN_RATE, Hearing
 from omni_adapter.talker import HibariTalker
 
@@ -16,10 +16,9 @@ SPEECH_RATE = 24_000
 
 @functools.lru_cache(maxsize=32)
 def speech(text: str) -> bytes:
-    """pcm16 mono at 24 kHz (OpenAI's rate): hibari speaking ``text``, with a little silence after."""
-    talker = _talker()
-    pcm = talker._synthesize(text)
-    return pcm + bytes(2 * SPEECH_RATE // 4)
+    """pcm16 mono at 24 kHz (OpenAI's rate): hibari speaking ``text``, with a little silence after
+    (and hibari's own before and after: a recording, not the Talker's trimmed answer)."""
+    return pcm16_from_waveform(_talker().voice(text)) + bytes(2 * SPEECH_RATE // 4)
 
 
 @functools.lru_cache(maxsize=1)

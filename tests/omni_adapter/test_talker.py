@@ -19,7 +19,16 @@ from omni_adapter.port import (
     Usage,
 )
 from omni_adapter.scripted import Script, ScriptedEngine, ScriptedSession
-from omni_adapter.talker import EspeakTalker, PhraseSplitter, TalkingEngine, TalkingSession
+from omni_adapter.talker import (
+    PHRASE_PAUSE_SEC,
+    SENTENCE_PAUSE_SEC,
+    EspeakTalker,
+    HibariTalker,
+    PhraseSplitter,
+    TalkingEngine,
+    TalkingSession,
+    trimmed,
+)
 
 # --- phrase splitting --------------------------------------------------------
 
@@ -194,3 +203,24 @@ def test_the_talking_engine_adds_audio_output_and_asks_the_thinker_for_text() ->
     assert plain is thinker.sessions[-1]
 
 
+
+
+def test_silence_around_a_phrase_is_trimmed_to_a_short_lead_and_a_pause() -> None:
+    rate = 1000
+    audio = np.concatenate([np.zeros(300), np.full(100, 0.5), np.zeros(400)])
+    out = trimmed(audio, rate, lead_sec=0.03, tail_sec=0.12)
+    assert len(out) == 30 + 100 + 120 and out[30] == 0.5 and out[29] == 0.0
+    assert trimmed(np.zeros(50), rate, lead_sec=0.03, tail_sec=0.12).size == 50, "all silence: left as it is"
+
+
+def test_hibaris_answer_sounds_at_once_and_pauses_briefly_between_phrases() -> None:
+    """hibari pads a phrase with ~0.3 s before the voice and ~0.35 s after: the first sound of
+    an answer came 0.3 s after its first audio, and two phrases had a 0.6 s hole between them."""
+    talker = HibariTalker.load()
+    assert talker is not None
+    for text, pause in (("The capital", PHRASE_PAUSE_SEC), ("of France is Paris.", SENTENCE_PAUSE_SEC)):
+        samples = np.abs(np.frombuffer(talker._synthesize(text), dtype="<i2")) > 100
+        lead, tail = np.argmax(samples), np.argmax(samples[::-1])
+        assert lead / talker.sample_rate <= 0.05, text
+        assert tail / talker.sample_rate <= pause + 0.02, text
+    talker.close()
