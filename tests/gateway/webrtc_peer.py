@@ -4,7 +4,8 @@ It offers an Opus microphone track and the ``oai-events`` data channel, posts
 the offer with a client secret (the openai SDK's ``realtime.calls.create``), and keeps what comes back: the server's
 events from the channel and the answer's audio track as 24 kHz pcm16.
 The microphone is the gateway's own paced track (``media.SpeakerTrack``),
-fed with speech made by the real Talker.
+fed with speech made by the real Talker; it can go quiet on the wire (no RTP
+at all, as when the network drops or a sender stops) or end.
 """
 
 from __future__ import annotations
@@ -18,17 +19,34 @@ from typing import Any
 
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError
+from av import AudioFrame
 from av.audio.resampler import AudioResampler
 from openai import AsyncOpenAI
 
 from gateway.api.realtime.media import RATE, SpeakerTrack
 
 
+class Microphone(SpeakerTrack):
+    """Speech when told, silence otherwise; after :meth:`cut`, no frames at all (RTP stops)."""
+
+    def __init__(self) -> None:
+        super().__init__(lambda _: None, lambda _: None)
+        self._cut = asyncio.Event()
+
+    def cut(self) -> None:
+        self._cut.set()
+
+    async def recv(self) -> AudioFrame:
+        if self._cut.is_set():
+            await asyncio.Future()  # never: aiortc's sender waits for a frame and sends nothing
+        return await super().recv()
+
+
 class Peer:
     def __init__(self, url: str, secret: str, *, channel: bool = True) -> None:
         self.url, self.secret = url, secret
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
-        self.mic = SpeakerTrack(lambda _: None, lambda _: None)
+        self.mic = Microphone()
         self.pc.addTrack(self.mic)
         self.channel = self.pc.createDataChannel("oai-events") if channel else None
         self.events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()

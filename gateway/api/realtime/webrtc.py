@@ -176,8 +176,15 @@ class Call:
         await self._opened.wait()
         connection = self._connection
         assert connection is not None
-        async for pcm in heard(track):
-            await connection.handle({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm).decode()})
+        async with contextlib.aclosing(heard(track, self._turn_silence_ms)) as pieces:
+            async for pcm in pieces:
+                await connection.handle({"type": "input_audio_buffer.append",
+                                         "audio": base64.b64encode(pcm).decode()})
+
+    def _turn_silence_ms(self) -> int | None:
+        """What ends a turn now: a gap in the caller's RTP is heard as that much silence."""
+        vad = self._connection.config.server_vad if self._connection else None
+        return vad.silence_duration_ms if vad is not None else None
 
     def _spawn(self, work: Awaitable[None], what: str) -> None:
         # A task's failure is the call's own: it ends the call (its sessions stay in Redis).
