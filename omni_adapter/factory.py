@@ -93,7 +93,14 @@ async def _open_http(choice: EngineChoice) -> Engine:
 
     if not choice.engine_url:
         raise ValueError("the openai-http engine needs an engine URL")
-    return await open_http_engine(HttpEngineConfig(
+    sidecar = await open_http_engine(HttpEngineConfig(
         base_url=choice.engine_url, timeout_sec=choice.engine_timeout_sec,
         start_timeout_sec=choice.engine_start_timeout_sec, audio=choice.engine_audio,
         sampling_overrides=choice.sampling_defaults))
+    from omni_adapter.listener import with_listener
+    from omni_adapter.talker import with_talker
+
+    # A text model behind the sidecar hears and speaks through the CPU stages as the
+    # in-process one does (a Realtime voice call works on either); a vLLM-Omni sidecar
+    # (``engine_audio``) does both itself, and the stages leave it as it is.
+    return with_talker(with_listener(sidecar, choice.recognizer))
