@@ -55,9 +55,13 @@ class Peer:
         self.first_sound_at: float | None = None
         self._reader: asyncio.Task[None] | None = None
         self.location = ""
+        self.answer_sdp = ""
         self._said = 0
+        #: The server ended the call (its side of the data channel closed).
+        self.hung_up = asyncio.Event()
         if self.channel is not None:
             self.channel.on("message", lambda raw: self.events.put_nowait(json.loads(raw)))
+            self.channel.on("close", self.hung_up.set)
         self.pc.on("track", self._on_track)
 
     async def call(self, session: dict[str, Any] | None = None, resume: dict[str, str] | None = None) -> None:
@@ -68,6 +72,7 @@ class Peer:
         answer = await client.realtime.calls.create(sdp=self.pc.localDescription.sdp, extra_query=resume,
                                                     **({"session": session} if session else {}))  # type: ignore[arg-type]
         self.location = answer.response.headers["location"]
+        self.answer_sdp = answer.text
         await self.pc.setRemoteDescription(RTCSessionDescription(sdp=answer.text, type="answer"))
 
     async def __aenter__(self) -> Peer:

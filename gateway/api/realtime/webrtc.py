@@ -39,11 +39,14 @@ from gateway.api.realtime import events as ev
 from gateway.api.realtime.connection import RealtimeConnection
 from gateway.api.realtime.media import SpeakerTrack, heard
 from gateway.api.realtime.tasks import spawn
+from gateway.store.redis_store import SessionStore
 
 logger = logging.getLogger(__name__)
 
 #: Where the lifespan puts the process's calls (``runtime/app.py``).
 CALLS = "calls"
+#: How long a hang-up waits for the process holding the call to say it ended it.
+HANG_UP_WAIT_SEC = 1.0
 #: The data channel OpenAI's WebRTC clients open for events.
 EVENTS_CHANNEL = "oai-events"
 #: Checks a client event's text as the WebSocket does (budget, size, JSON), then hands it on.
@@ -80,7 +83,8 @@ class Call:
         pc.on("track", self._on_track)
         pc.on("connectionstatechange", self._on_state)
         await pc.setRemoteDescription(RTCSessionDescription(sdp=offer_sdp, type="offer"))
-        pc.addTrack(self._speaker)
+        if any(t.kind == "audio" for t in pc.getTransceivers()):  # an offer of events only (text) gets none
+            pc.addTrack(self._speaker)
         await pc.setLocalDescription(await pc.createAnswer())
         return str(pc.localDescription.sdp)
 
@@ -229,6 +233,31 @@ class Calls:
 
     def __len__(self) -> int:
         return len(self._calls)
+
+    async def hang_up(self, store: SessionStore, call_id: str, identity: str) -> bool:
+        """End the caller's call wherever it is held: here, or (the edge round robins, and a
+        replica runs several API workers) in the process that answered it; whether one did."""
+        call = self.get(call_id)
+        if call is not None and call.identity == identity:
+            await call.close()
+            return True
+        return await store.ask_hang_up(call_id, identity, HANG_UP_WAIT_SEC)
+
+    async def serve_hang_ups(self, store: SessionStore) -> None:
+        """Hang-ups of this process's calls that reached another process; runs for the process's
+        life, and a failure (Redis away) is logged and retried."""
+        while True:
+            try:
+                async for call_id, identity, reply in store.hang_up_requests():
+                    call = self.get(call_id)
+                    if call is not None and call.identity == identity:
+                        await call.close()
+                        await store.answer_hang_up(reply)
+            except errors.StoreUnavailable as exc:
+                logger.warning("calls: hang-ups from other processes not heard (%s); listening again", exc.message)
+            except Exception:
+                logger.exception("calls: hang-ups from other processes not heard; listening again")
+            await asyncio.sleep(1)
 
     async def aclose(self) -> None:
         await asyncio.gather(*(call.close() for call in list(self._calls.values())), return_exceptions=True)
