@@ -45,6 +45,7 @@ def _location_directives(a: dict[str, Any]) -> list[str]:
         "proxy_set_header Host $host;",
         "proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;",
         "proxy_set_header X-Forwarded-Proto $scheme;",
+        "proxy_redirect off;",  # ingress-nginx's default: Location (a call's) passes as the gateway wrote it
         f"proxy_http_version {a.get('proxy-http-version', '1.1')};",
         f"proxy_buffering {on_off[a.get('proxy-buffering', 'on')]};",
         f"proxy_request_buffering {on_off[a.get('proxy-request-buffering', 'on')]};",

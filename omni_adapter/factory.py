@@ -51,8 +51,6 @@ async def open_engine(choice: EngineChoice) -> Engine:
         from omni_adapter.omni_engine import OmniEngineConfig, open_omni_engine
 
         return await open_omni_engine(OmniEngineConfig(model=model, served_model_name=name))
-    from omni_adapter.listener import with_listener
-    from omni_adapter.talker import with_talker
     from omni_adapter.vllm_engine import VllmEngineConfig, open_vllm_engine
 
     thinker = await open_vllm_engine(VllmEngineConfig(
@@ -60,10 +58,18 @@ async def open_engine(choice: EngineChoice) -> Engine:
         max_model_len=choice.max_model_len, kv_cache_space_gib=choice.kv_cache_space_gib,
         max_num_seqs=choice.max_num_seqs, compile=choice.compile,
         sampling_overrides=choice.sampling_defaults, tool_call_parser=choice.tool_call_parser))
-    # A text model hears through the CPU Listener (Moonshine) and speaks
-    # through the CPU Talker (hibari), if installed; vLLM-Omni has its own stages.
-    # Loading the recognizer, VAD and voice models takes seconds: off the loop.
-    return await asyncio.to_thread(lambda: with_talker(with_listener(thinker, choice.recognizer)))
+    return await _with_cpu_voice(thinker, choice.recognizer)
+
+
+async def _with_cpu_voice(engine: Engine, recognizer: RecognizerName) -> Engine:
+    """A text model hears through the CPU Listener (Moonshine) and speaks through the
+    CPU Talker (hibari), if installed; an engine that takes and makes audio itself
+    (vLLM-Omni, in process or a sidecar) is left as it is. Loading the recognizer,
+    VAD and voice takes seconds: off the loop."""
+    from omni_adapter.listener import with_listener
+    from omni_adapter.talker import with_talker
+
+    return await asyncio.to_thread(lambda: with_talker(with_listener(engine, recognizer)))
 
 
 async def open_request_checks(choice: EngineChoice, capabilities: Capabilities) -> RequestChecks | None:
@@ -94,7 +100,9 @@ async def _open_http(choice: EngineChoice) -> Engine:
 
     if not choice.engine_url:
         raise ValueError("the openai-http engine needs an engine URL")
-    return await open_http_engine(HttpEngineConfig(
+    sidecar = await open_http_engine(HttpEngineConfig(
         base_url=choice.engine_url, timeout_sec=choice.engine_timeout_sec,
         start_timeout_sec=choice.engine_start_timeout_sec, audio=choice.engine_audio,
         sampling_overrides=choice.sampling_defaults))
+    # A Realtime voice call works on either engine.
+    return await _with_cpu_voice(sidecar, choice.recognizer)

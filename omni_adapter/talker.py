@@ -361,7 +361,10 @@ class TalkingEngine(EngineStage):
 
 
 def with_talker(engine: Engine) -> Engine:
-    """The engine with a CPU Talker: hibari's neural voice, else ``espeak-ng``, else none."""
+    """The engine with a CPU Talker: hibari's neural voice, else ``espeak-ng``, else none;
+    an engine that speaks itself (vLLM-Omni) as it is."""
+    if "audio" in engine.capabilities.output_modalities:
+        return engine
     talker: Talker | None = HibariTalker.load()
     if talker is None:
         logger.warning("hibari-tts is not installed: speaking with espeak-ng, if installed")

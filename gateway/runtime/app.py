@@ -128,6 +128,7 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
                     publish_card(store, settings.replica_id, active.capabilities,
                                  checks_requests=isinstance(active, RequestChecks)), name="engine-card"))
             calls = Calls(settings.webrtc_ice_servers)
+            background.append(asyncio.create_task(calls.serve_hang_ups(store), name="call-hang-ups"))
             identity = IdentityResolver(settings.api_keys, settings.identity_header, settings.trusted_proxies)
             log_identity = logger.warning if identity.mode == "open" else logger.info
             log_identity("identity: %s", identity.describe())

@@ -37,6 +37,16 @@ DURABLE_MARK = f"{PREFIX}:durable-mark"
 WORK_WAITING = f"{PREFIX}:work-waiting"
 
 
+#: Pub/sub channel: a hang-up of a WebRTC call that reached a process not holding it
+#: (the edge round robins); every process holding calls listens.
+CALL_HANG_UPS = f"{PREFIX}:call-hang-ups"
+
+
+def call_hang_up_reply(nonce: str) -> str:
+    """List (short-lived): where the process that held a call says it hung it up."""
+    return f"{PREFIX}:call-hang-up:{{{nonce}}}"
+
+
 def engine_card(replica: str) -> str:
     """String (JSON, with a TTL the engine process keeps renewing): what the
     replica's engine takes and produces, for its API workers, which open none."""

@@ -32,12 +32,14 @@ from gateway.store.connection import translate_redis_errors
 from gateway.store.durability import ACKNOWLEDGED, Durability, run_replicated
 from gateway.store.durability import check as check_durability
 from gateway.store.keys import (
+    CALL_HANG_UPS,
     DEAD_LETTERS,
     OPEN_SESSIONS,
     SCHEDULE,
     SCHEDULE_FAILURES,
     WORK_WAITING,
     SessionKeys,
+    call_hang_up_reply,
     client_secret,
     engine_card,
     idempotency,
@@ -481,6 +483,32 @@ class SessionStore:
     async def load_client_secret(self, digest: str) -> str | None:
         return await self._get_text(client_secret(digest))
 
+    # --- WebRTC calls: a hang-up for the process that holds the call --------
+
+    async def ask_hang_up(self, call_id: str, identity: str, wait_sec: float) -> bool:
+        """Ask whichever process holds the call (another replica, another API worker) to end
+        it, if it is ``identity``'s; whether one did within ``wait_sec``."""
+        reply = call_hang_up_reply(secrets.token_hex(8))
+        async with self._call():
+            await self._redis.publish(CALL_HANG_UPS, json.dumps([call_id, identity, reply]))
+        async with self._call(wait_sec):
+            answered: Any = await self._redis.blpop([reply], timeout=wait_sec)
+        return answered is not None
+
+    async def hang_up_requests(self) -> AsyncIterator[tuple[str, str, str]]:
+        """(call id, identity, reply key) of each hang-up asked for, as it comes (pub/sub: only
+        while listening; the one who asked gets no answer otherwise, and says so)."""
+        async for message in self._messages(CALL_HANG_UPS):
+            call_id, identity, reply = json.loads(message)
+            yield str(call_id), str(identity), str(reply)
+
+    async def answer_hang_up(self, reply: str) -> None:
+        async with self._call():
+            pipe = self._redis.pipeline(transaction=False)
+            pipe.rpush(reply, 1)
+            pipe.expire(reply, 10)
+            await pipe.execute()
+
     # --- a replica's processes ---------------------------------------------
 
     async def publish_engine_card(self, replica: str, card: str, ttl_sec: float) -> None:
@@ -505,10 +533,15 @@ class SessionStore:
         Pub/sub: an announcement made while nobody listens is lost, which is
         fine, since the schedule holds the work and the next tender round finds it.
         """
+        async for message in self._messages(WORK_WAITING):
+            yield message
+
+    async def _messages(self, channel: str) -> AsyncIterator[str]:
+        """What is published on ``channel`` from now on, for as long as the caller listens."""
         with translate_redis_errors():
             pubsub = self._redis.pubsub()
             try:
-                await pubsub.subscribe(WORK_WAITING)
+                await pubsub.subscribe(channel)
                 async for message in pubsub.listen():
                     if message["type"] == "message":
                         yield str(decoded(message["data"]))

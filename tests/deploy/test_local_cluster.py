@@ -2,14 +2,18 @@
 
 The engine test starts the script as a user would, drives one session across
 both gateways (create on A, first chunk on B, last chunk on A, result from A,
-the SSE stream from B), then stops the script and checks that every process
-it started is gone. Whatever happens, the test kills what is left.
+the SSE stream from B), makes one WebRTC voice call through the edge (media
+straight to the gateway that answered), then stops the script and checks that
+every process it started is gone. Whatever happens, the test kills what is left.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -18,10 +22,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 from deploy import render_manifests
+from tests.gateway.test_realtime import QUESTION
+from tests.gateway.webrtc_peer import Peer
 from tests.redis_server import free_port
+from tests.voice import SPEECH_RATE, recognize, speech, word_errors
 
 SCRIPT = render_manifests.ROOT / "deploy" / "local" / "cluster.sh"
 SERVICES = ("redis", "engine", "gateway-a", "gateway-b", "edge")
@@ -194,6 +202,8 @@ def test_local_cluster_serves_one_session_across_both_gateways(cluster: LocalClu
         assert engine.status_code == 200, engine.text
         assert engine.json()["choices"][0]["message"]["content"] is not None
 
+    asyncio.run(call_through_the_edge(cluster))
+
     assert (cluster.state / "appendonlydir").is_dir(), "Redis runs with AOF persistence"
     code = cluster.stop(timeout=240)
     assert code == 128 + signal.SIGTERM, f"cluster.sh exit {code}\n{cluster.diagnostics()}"
@@ -203,3 +213,61 @@ def test_local_cluster_serves_one_session_across_both_gateways(cluster: LocalClu
     stopped = cluster.output.read_text()
     assert all(f"stopped {name}" in stopped for name in SERVICES), stopped
     assert "SIGKILL" not in stopped and "left processes behind" not in stopped, stopped
+
+
+def gateway_holding(cluster: LocalCluster, udp_port: int) -> str | None:
+    """The cluster's gateway one of whose processes (an API worker holds a call) has this UDP port."""
+    for name in ("gateway-a", "gateway-b"):
+        leader = psutil.Process(cluster.pgids[name])
+        for process in [leader, *leader.children(recursive=True)]:
+            with contextlib.suppress(psutil.Error):
+                if any(c.laddr.port == udp_port for c in process.net_connections(kind="udp")):
+                    return name
+    return None
+
+
+async def call_through_the_edge(cluster: LocalCluster) -> None:
+    """One WebRTC call as a browser makes it: signalled through the edge, media straight to the gateway.
+
+    The offer goes to the edge's URL (the SDK's multipart form), and the answer's
+    host candidates are UDP ports of the gateway that answered, not the edge's
+    (aioice leaves 127.0.0.1 out, so they are this machine's own addresses: the
+    media never leaves it). The gateways' sidecar engine hears through the CPU
+    Listener and speaks through the CPU Talker, so the spoken question comes
+    back as speech on the answer track, which is recognized here. A hangup sent
+    to the other gateway ends the call.
+    """
+    edge = f"http://127.0.0.1:{cluster.ports['edge']}"
+    peer = Peer(edge, "sk-none")  # the cluster is open: the key is not looked at
+    try:
+        await peer.call(session={"type": "realtime", "instructions": "Answer in one short sentence.",
+                                 "max_output_tokens": 24,
+                                 "audio": {"input": {"transcription": {"model": "default"}}}})
+        ports = {int(port) for port in re.findall(r"a=candidate:\S+ 1 udp \d+ \S+ (\d+) typ host", peer.answer_sdp)}
+        assert ports, peer.answer_sdp
+        holders = {gateway_holding(cluster, port) for port in ports}
+        assert len(holders) == 1 and None not in holders, (ports, holders)
+        (holder,) = holders
+        await peer.until("session.created", 30)
+        peer.say(speech(QUESTION))
+        turn = await peer.until("output_audio_buffer.stopped", 180)
+        kinds = [e["type"] for e in turn]
+        for expected in ("input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped",
+                         "conversation.item.input_audio_transcription.completed", "response.created",
+                         "output_audio_buffer.started", "response.done"):
+            assert expected in kinds, kinds
+        assert "response.output_audio.delta" not in kinds, "the answer's audio comes on the track"
+        asked = next(e["transcript"] for e in turn if e["type"] == "conversation.item.input_audio_transcription.completed")
+        assert "capital" in asked.lower() and "france" in asked.lower(), asked
+        said = " ".join(e["transcript"] for e in turn if e["type"] == "response.output_audio_transcript.done")
+        heard = recognize(bytes(peer.heard), SPEECH_RATE)
+        wrong, words = word_errors(said, heard)
+        assert words and wrong <= words // 2, f"said {said!r}, heard {heard!r}"
+
+        other = cluster.ports["b" if holder == "gateway-a" else "a"]
+        async with httpx.AsyncClient(timeout=30) as client:
+            assert (await client.post(f"http://127.0.0.1:{other}{peer.location}/hangup")).status_code == 200
+            await asyncio.wait_for(peer.hung_up.wait(), 10)
+            assert (await client.post(f"{edge}{peer.location}/hangup")).status_code == 404
+    finally:
+        await peer.__aexit__(None, None, None)

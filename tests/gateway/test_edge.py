@@ -5,14 +5,17 @@ Each test proves settings of ``deploy/api-gateway/ingress-nginx.yaml``: SSE
 frames arrive as they are made (proxy-buffering off, and the gateway's
 X-Accel-Buffering: no on its own), proxy-request-buffering off (a Mode A upload
 reaches the gateway while it is sent; this test fails with buffering on), the
-WebSocket upgrade with the browser's subprotocols, X-Request-ID end to end, and
-proxy-body-size (the gateway's envelope below it, JSON from the edge above).
+WebSocket upgrade with the browser's subprotocols, X-Request-ID end to end,
+proxy-body-size (the gateway's envelope below it, JSON from the edge above),
+and WebRTC calls' signalling (SDP and multipart offers, Location, a hangup
+that lands on the replica that does not hold the call).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 import shutil
 import subprocess
 import time
@@ -24,10 +27,12 @@ from pathlib import Path
 import httpx
 import pytest
 import websockets
+from aiortc import RTCPeerConnection
 
 from deploy.edge_nginx import INGRESS, render
 from omni_adapter.scripted import Script, ScriptedEngine
 from tests.gateway.client import BASE, content_of, live_app, make_settings, parse_sse
+from tests.gateway.webrtc_peer import Peer
 from tests.redis_server import free_port
 
 NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
@@ -65,6 +70,8 @@ def nginx(upstreams: list[str], workdir: Path, ingress: Path = INGRESS) -> Itera
 class Edge:
     url: str
     engines: list[ScriptedEngine]
+    #: The replicas behind it, each reached directly.
+    gateways: list[str]
 
 
 @asynccontextmanager
@@ -73,7 +80,7 @@ async def edge_of(redis_url: str, workdir: Path, script: Script | None = None) -
     engines = [ScriptedEngine(script or Script()) for _ in range(2)]
     async with live_app(settings, engines[0]) as a, live_app(settings, engines[1]) as b:
         with nginx([a.removeprefix("http://"), b.removeprefix("http://")], workdir) as url:
-            yield Edge(url, engines)
+            yield Edge(url, engines, [a, b])
 
 
 @pytest.fixture
@@ -141,6 +148,51 @@ async def test_realtime_upgrades_through_the_edge_with_the_browser_subprotocols(
             if event["type"] == "response.output_text.delta":
                 deltas.append(event["delta"])
     assert "".join(deltas) == "echo: hello edge"
+
+
+async def test_webrtc_calls_are_signalled_through_the_edge_and_hung_up_from_any_replica(edge: Edge) -> None:
+    """The offer (the SDK's multipart form, a bare ``application/sdp`` body: here a text client's,
+    the data channel alone) and the answer's
+    ``Location`` pass the edge as the gateway wrote them; the media goes straight to the replica
+    that answered. A hangup the round robin sends to the other replica ends the call too."""
+    turn = [{"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": [
+        {"type": "input_text", "text": "through the edge"}]}}, {"type": "response.create"}]
+    async with httpx.AsyncClient(base_url=edge.url, headers=AUTH, timeout=30) as client:
+        peer = Peer(edge.url, KEY)  # signalled through the edge, media to the replica
+        try:
+            await peer.call(session={"type": "realtime", "output_modalities": ["text"]})  # multipart
+            assert re.fullmatch(r"/v1/realtime/calls/rtc_[\w-]+", peer.location), peer.location
+            await peer.until("session.created")
+            for event in turn:
+                peer.send(event)
+            assert "echo: through the edge" in json.dumps(await peer.until("response.done"))
+            assert (await client.post(peer.location + "/hangup")).status_code == 200
+            await asyncio.wait_for(peer.hung_up.wait(), 10)
+            assert (await client.post(peer.location + "/hangup")).status_code == 404
+        finally:
+            await peer.__aexit__(None, None, None)
+
+        offer = RTCPeerConnection()
+        try:
+            offer.createDataChannel("oai-events")
+            await offer.setLocalDescription(await offer.createOffer())
+            bare = await client.post("/v1/realtime/calls", content=offer.localDescription.sdp,
+                                     headers={"Content-Type": "application/sdp"})
+            assert bare.status_code == 201, bare.text
+            assert bare.headers["content-type"].startswith("application/sdp") and "a=candidate:" in bare.text
+            assert bare.headers["location"].startswith("/v1/realtime/calls/rtc_")
+            assert (await client.post(bare.headers["location"] + "/hangup")).status_code == 200
+        finally:
+            await offer.close()
+
+    # A call held by replica A, hung up on replica B: B asks A through Redis, A ends it.
+    a, b = edge.gateways
+    async with Peer(a, KEY) as peer, httpx.AsyncClient(headers=AUTH, timeout=30) as client:
+        await peer.until("session.created")
+        assert (await client.post(b + peer.location + "/hangup")).status_code == 200
+        await asyncio.wait_for(peer.hung_up.wait(), 10)
+        assert (await client.post(a + peer.location + "/hangup")).status_code == 404
+        assert (await client.post(b + "/v1/realtime/calls/rtc_nope/hangup")).status_code == 404
 
 
 async def test_request_ids_and_body_caps_agree_with_the_gateway(edge: Edge) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -79,6 +80,29 @@ async def test_a_call_hears_the_question_answers_aloud_and_barge_in_clears_the_a
         await peer.until("output_audio_buffer.started", 60)
         peer.send({"type": "output_audio_buffer.clear"})
         assert types(await peer.until("output_audio_buffer.cleared", 10))
+
+
+@pytest.mark.parametrize("stop", ["cut", "ended"])
+async def test_a_turn_ends_when_the_callers_rtp_stops_mid_speech(voice: str, stop: str) -> None:
+    """RTP that stops mid-speech (``cut``: a lost network, a sender that stopped; ``ended``: the
+    track ended) leaves no turn open: the gap is heard as silence, so server_vad ends the turn
+    after its silence_duration_ms (500 ms) as OpenAI's does, and the words before it are answered."""
+    async with Peer(voice, await secret(voice)) as peer:
+        await peer.until("session.created")
+        peer.say(speech("What is the capital of France, and what is the capital of Spain?"))
+        await peer.until("input_audio_buffer.speech_started", 30)
+        await asyncio.sleep(1.2)  # mid-speech
+        if stop == "cut":
+            peer.mic.cut()
+        else:
+            peer.mic.stop()
+        stopped_at = time.monotonic()
+        turn = types(await peer.until("input_audio_buffer.committed", 5))
+        waited = time.monotonic() - stopped_at
+        assert "input_audio_buffer.speech_stopped" in turn, turn
+        assert waited < 2.0, f"the turn ended {waited:.2f} s after the last frame"
+        answer = await peer.until("response.done", 60)
+        assert answer[-1]["response"]["status"] == "completed"
 
 
 async def test_signalling_is_refused_without_a_live_secret_or_an_offer(voice: str) -> None:

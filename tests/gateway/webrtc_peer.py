@@ -4,7 +4,8 @@ It offers an Opus microphone track and the ``oai-events`` data channel, posts
 the offer with a client secret (the openai SDK's ``realtime.calls.create``), and keeps what comes back: the server's
 events from the channel and the answer's audio track as 24 kHz pcm16.
 The microphone is the gateway's own paced track (``media.SpeakerTrack``),
-fed with speech made by the real Talker.
+fed with speech made by the real Talker; it can go quiet on the wire (no RTP
+at all, as when the network drops or a sender stops) or end.
 """
 
 from __future__ import annotations
@@ -13,22 +14,40 @@ import asyncio
 import contextlib
 import json
 import time
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError
+from av import AudioFrame
 from av.audio.resampler import AudioResampler
 from openai import AsyncOpenAI
 
 from gateway.api.realtime.media import RATE, SpeakerTrack
 
 
+class Microphone(SpeakerTrack):
+    """Speech when told, silence otherwise; after :meth:`cut`, no frames at all (RTP stops)."""
+
+    def __init__(self, on_said: Callable[[str], None] = lambda _: None) -> None:
+        super().__init__(lambda _: None, on_said)
+        self._cut = asyncio.Event()
+
+    def cut(self) -> None:
+        self._cut.set()
+
+    async def recv(self) -> AudioFrame:
+        if self._cut.is_set():
+            await asyncio.Future()  # never: aiortc's sender waits for a frame and sends nothing
+        return await super().recv()
+
+
 class Peer:
     def __init__(self, url: str, secret: str, *, channel: bool = True) -> None:
         self.url, self.secret = url, secret
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
-        self.mic = SpeakerTrack(lambda _: None, self._said_all)
+        self.mic = Microphone(self._said_all)
         #: When the microphone played the last frame of what was said (``time.monotonic``).
         self.said_at: float | None = None
         self.pc.addTrack(self.mic)
@@ -40,11 +59,15 @@ class Peer:
         self.sounding = asyncio.Event()
         self._reader: asyncio.Task[None] | None = None
         self.location = ""
+        self.answer_sdp = ""
         self._said = 0
         #: When each event came off the channel (``time.monotonic``), by type, in order.
         self.arrived: list[tuple[str, float]] = []
+        #: The server ended the call (its side of the data channel closed).
+        self.hung_up = asyncio.Event()
         if self.channel is not None:
             self.channel.on("message", self._on_message)
+            self.channel.on("close", self.hung_up.set)
         self.pc.on("track", self._on_track)
 
     async def call(self, session: dict[str, Any] | None = None, resume: dict[str, str] | None = None) -> None:
@@ -55,6 +78,7 @@ class Peer:
         answer = await client.realtime.calls.create(sdp=self.pc.localDescription.sdp, extra_query=resume,
                                                     **({"session": session} if session else {}))  # type: ignore[arg-type]
         self.location = answer.response.headers["location"]
+        self.answer_sdp = answer.text
         await self.pc.setRemoteDescription(RTCSessionDescription(sdp=answer.text, type="answer"))
 
     async def __aenter__(self) -> Peer:

@@ -145,7 +145,10 @@ async def test_factory_opens_the_sidecar_from_settings(vllm_sidecar: VllmSidecar
     engine = await open_engine(EngineChoice(kind=settings.engine, engine_url=settings.engine_url,
                                             engine_start_timeout_sec=0))
     try:
-        assert isinstance(engine, HttpEngine) and engine.capabilities.model_names == (MODEL,)
+        # A text model: the CPU Listener and Talker give it voice, as the in-process engine has.
+        assert engine.capabilities.model_names == (MODEL,)
+        assert engine.capabilities.input_modalities == engine.capabilities.output_modalities == {"text", "audio"}
+        assert isinstance(engine._thinker._thinker, HttpEngine)  # type: ignore[attr-defined]
     finally:
         await engine.aclose()
 

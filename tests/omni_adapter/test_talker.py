@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -18,7 +18,7 @@ from omni_adapter.port import (
     TextDelta,
     Usage,
 )
-from omni_adapter.scripted import Script, ScriptedEngine, ScriptedSession
+from omni_adapter.scripted import Script, ScriptedEngine, ScriptedSession, text_capabilities
 from omni_adapter.talker import (
     PHRASE_PAUSE_SEC,
     SENTENCE_PAUSE_SEC,
@@ -28,6 +28,7 @@ from omni_adapter.talker import (
     TalkingEngine,
     TalkingSession,
     trimmed,
+    with_talker,
 )
 
 # --- phrase splitting --------------------------------------------------------
@@ -189,6 +190,12 @@ async def test_abort_while_speaking_ends_the_events_without_more_audio() -> None
     assert [type(e).__name__ for e in events] == ["TextDelta", "Finished"]
     assert events[-1].finish_reason == "abort"  # type: ignore[union-attr]
     assert talker.spoken == []
+
+
+def test_an_engine_that_speaks_itself_gets_no_cpu_talker() -> None:
+    """A vLLM-Omni sidecar (``engine_audio``) has its own Talker: the factory's with_talker leaves it."""
+    speaking = ScriptedEngine(capabilities=replace(text_capabilities(), output_modalities=frozenset({"text", "audio"})))
+    assert with_talker(speaking) is speaking
 
 
 def test_the_talking_engine_adds_audio_output_and_asks_the_thinker_for_text() -> None:

@@ -13,7 +13,9 @@ in Redis). A caller whose call broke off (its replica died, the network
 changed) offers again with ``?session_id=<the session.created id>`` and
 ``&last_event_id=<the last event it got>``, to any replica, as a WebSocket
 resumes: the conversation goes on, and the answer in flight continues from
-that event. ``POST /v1/realtime/calls/{call_id}/hangup`` ends a call.
+that event. ``POST /v1/realtime/calls/{call_id}/hangup`` ends a call, on any
+replica: the edge may send it to one that does not hold the call, which
+asks the one that does through Redis.
 """
 
 from __future__ import annotations
@@ -125,10 +127,10 @@ async def create_call(request: Request, identity: Annotated[str, Depends(get_ide
 
 
 @router.post("/calls/{call_id}/hangup", status_code=200, response_class=Response,
-             responses=errors.error_responses(errors.SessionNotFound, errors.Unauthorized, errors.TooManyRequests))
+             responses=errors.error_responses(errors.SessionNotFound, errors.Unauthorized, errors.TooManyRequests,
+                                                 errors.StoreUnavailable))
 async def hang_up(call_id: str, request: Request, identity: Annotated[str, Depends(get_identity)]) -> Response:
-    call = get_calls(request).get(call_id)
-    if call is None or call.identity != identity:
-        raise errors.SessionNotFound(f"no call {call_id!r} here", param="call_id")
-    await call.close()
+    """Any replica answers: the process that holds the call ends it (through Redis when it is another)."""
+    if not await get_calls(request).hang_up(get_resources(request).store, call_id, identity):
+        raise errors.SessionNotFound(f"no call {call_id!r}", param="call_id")
     return Response(status_code=200)

@@ -4,6 +4,13 @@ aiortc decodes the caller's Opus (PyAV/libopus) into 48 kHz frames; they are
 mixed down and resampled with soxr, state carried across frames
 (``omni_adapter/audio.py``), into the pcm16 the Realtime events carry.
 
+A gap in the caller's frames is heard as silence while it lasts. A
+browser that mutes its track keeps sending (silent) packets, but a track
+that ends, a sender that stops, or a lost network sends nothing at all:
+without it, server_vad would wait for silence that never comes and the
+turn would stay open until the session's timeout. OpenAI's server ends
+such a turn; so does this, after the turn's own ``silence_duration_ms``.
+
 The answer goes out as :class:`SpeakerTrack`, which aiortc encodes to Opus.
 aiortc asks it for a frame whenever it wants one, so the track sets the pace:
 a 20 ms frame every 20 ms of wall time, the answer's audio while there is
@@ -18,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import fractions
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 import numpy as np
@@ -35,25 +42,65 @@ FRAME_MS = 20
 FRAME_SAMPLES = RATE * FRAME_MS // 1000
 FRAME_BYTES = FRAME_SAMPLES * 2
 #: Caller audio is handed on in pieces this long: the size of a voice client's appends.
-PIECE_BYTES = RATE * 2 * 100 // 1000
+PIECE_MS = 100
+PIECE_BYTES = RATE * 2 * PIECE_MS // 1000
+#: No frame for this long is a gap in RTP (packets come every 20 ms; aiortc's jitter
+#: buffer smooths ordinary jitter): from then on, each such stretch is heard as silence.
+GAP_MS = 100
+#: Silence heard beyond what ends a turn: Silero's windows (32 ms) and the resampler's
+#: delay, so the last window before the gap is not what decides.
+GAP_MARGIN_MS = 200
 
 
-async def heard(track: MediaStreamTrack) -> AsyncIterator[bytes]:
-    """The caller's audio as 24 kHz pcm16 pieces of about 100 ms, until the track ends."""
+async def heard(track: MediaStreamTrack, turn_silence_ms: Callable[[], int | None] = lambda: None,
+                ) -> AsyncGenerator[bytes]:
+    """The caller's audio as 24 kHz pcm16 pieces of about 100 ms, until the track ends.
+
+    ``turn_silence_ms``: the silence that ends a turn now (server_vad's
+    ``silence_duration_ms``; ``None`` when turns end by a commit). A gap in
+    the frames, and the end of the track, are heard as silence up to that
+    (plus a margin): as it passes during a gap, at once at the end.
+    """
     resampler = StreamResampler(RATE)
     pending = bytearray()
-    while True:
-        try:
-            frame = await track.recv()
-        except MediaStreamError:  # the caller hung up or the track was stopped
-            break
-        pending += mono_pcm16(frame, resampler)
-        if len(pending) >= PIECE_BYTES:
-            yield bytes(pending)
-            pending.clear()
+    silent_ms = 0  # silence heard in the current gap
+    frame = asyncio.ensure_future(track.recv())
+    try:
+        while True:
+            limit = turn_silence_ms()
+            fill = limit is not None and silent_ms < limit + GAP_MARGIN_MS
+            done, _ = await asyncio.wait({frame}, timeout=GAP_MS / 1000 if fill else None)
+            if not done:  # RTP stopped: what came before, then the gap's silence as it passes
+                if silent_ms == 0:
+                    pending += resampler.flush().astype("<i2").tobytes()
+                    if pending:
+                        yield bytes(pending)
+                        pending.clear()
+                silent_ms += GAP_MS
+                yield silence(GAP_MS)
+                continue
+            try:
+                decoded = frame.result()
+            except MediaStreamError:  # the caller hung up or the track was stopped
+                break
+            silent_ms = 0
+            frame = asyncio.ensure_future(track.recv())
+            pending += mono_pcm16(decoded, resampler)
+            if len(pending) >= PIECE_BYTES:
+                yield bytes(pending)
+                pending.clear()
+    finally:
+        frame.cancel()
     pending += resampler.flush().astype("<i2").tobytes()
     if pending:
         yield bytes(pending)
+    limit = turn_silence_ms()
+    if limit is not None and silent_ms < limit + GAP_MARGIN_MS:  # no more audio will come: a turn it was in ends
+        yield silence(limit + GAP_MARGIN_MS - silent_ms)
+
+
+def silence(ms: int) -> bytes:
+    return bytes(RATE * 2 * ms // 1000)
 
 
 def mono_pcm16(frame: Any, resampler: StreamResampler) -> bytes:

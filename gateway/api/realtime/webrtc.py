@@ -40,11 +40,14 @@ from gateway.api.realtime.connection import RealtimeConnection
 from gateway.api.realtime.media import SpeakerTrack, heard
 from gateway.api.realtime.tasks import spawn
 from gateway.settings import IceServer
+from gateway.store.redis_store import SessionStore
 
 logger = logging.getLogger(__name__)
 
 #: Where the lifespan puts the process's calls (``runtime/app.py``).
 CALLS = "calls"
+#: How long a hang-up waits for the process holding the call to say it ended it.
+HANG_UP_WAIT_SEC = 1.0
 #: The data channel OpenAI's WebRTC clients open for events.
 EVENTS_CHANNEL = "oai-events"
 #: Checks a client event's text as the WebSocket does (budget, size, JSON), then hands it on.
@@ -82,7 +85,8 @@ class Call:
         pc.on("track", self._on_track)
         pc.on("connectionstatechange", self._on_state)
         await pc.setRemoteDescription(RTCSessionDescription(sdp=offer_sdp, type="offer"))
-        pc.addTrack(self._speaker)
+        if any(t.kind == "audio" for t in pc.getTransceivers()):  # an offer of events only (text) gets none
+            pc.addTrack(self._speaker)
         await pc.setLocalDescription(await pc.createAnswer())
         return str(pc.localDescription.sdp)
 
@@ -178,8 +182,15 @@ class Call:
         await self._opened.wait()
         connection = self._connection
         assert connection is not None
-        async for pcm in heard(track):
-            await connection.handle({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm).decode()})
+        async with contextlib.aclosing(heard(track, self._turn_silence_ms)) as pieces:
+            async for pcm in pieces:
+                await connection.handle({"type": "input_audio_buffer.append",
+                                         "audio": base64.b64encode(pcm).decode()})
+
+    def _turn_silence_ms(self) -> int | None:
+        """What ends a turn now: a gap in the caller's RTP is heard as that much silence."""
+        vad = self._connection.config.server_vad if self._connection else None
+        return vad.silence_duration_ms if vad is not None else None
 
     def _spawn(self, work: Awaitable[None], what: str) -> None:
         # A task's failure is the call's own: it ends the call (its sessions stay in Redis).
@@ -224,6 +235,31 @@ class Calls:
 
     def __len__(self) -> int:
         return len(self._calls)
+
+    async def hang_up(self, store: SessionStore, call_id: str, identity: str) -> bool:
+        """End the caller's call wherever it is held: here, or (the edge round robins, and a
+        replica runs several API workers) in the process that answered it; whether one did."""
+        call = self.get(call_id)
+        if call is not None and call.identity == identity:
+            await call.close()
+            return True
+        return await store.ask_hang_up(call_id, identity, HANG_UP_WAIT_SEC)
+
+    async def serve_hang_ups(self, store: SessionStore) -> None:
+        """Hang-ups of this process's calls that reached another process; runs for the process's
+        life, and a failure (Redis away) is logged and retried."""
+        while True:
+            try:
+                async for call_id, identity, reply in store.hang_up_requests():
+                    call = self.get(call_id)
+                    if call is not None and call.identity == identity:
+                        await call.close()
+                        await store.answer_hang_up(reply)
+            except errors.StoreUnavailable as exc:
+                logger.warning("calls: hang-ups from other processes not heard (%s); listening again", exc.message)
+            except Exception:
+                logger.exception("calls: hang-ups from other processes not heard; listening again")
+            await asyncio.sleep(1)
 
     async def aclose(self) -> None:
         await asyncio.gather(*(call.close() for call in list(self._calls.values())), return_exceptions=True)
