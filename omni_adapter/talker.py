@@ -185,23 +185,20 @@ class EspeakTalker:
         return None
 
 
-#: hibari pads every phrase with ~0.3 s of silence before the voice and ~0.3-0.4 s
-#: after it: 0.3 s more before the first sound of an answer, and a 0.6 s hole
-#: between phrases (a first phrase is a few words). Kept of it: a short lead in,
-#: a clause's pause, a sentence's.
-LEAD_SEC, PHRASE_PAUSE_SEC, SENTENCE_PAUSE_SEC = 0.03, 0.12, 0.3
+#: hibari pads every phrase with ~0.3 s of silence before the voice (and ~0.35 s
+#: after it): 0.3 s more before the first sound of an answer, and a 0.6 s hole
+#: between phrases. Kept before the voice: a short lead in. The pause after it
+#: stays: it is the time the next phrase has to arrive before a player runs dry
+#: (a first phrase is two words or so).
+LEAD_SEC = 0.03
 #: Quieter than this (about -50 dBFS) is silence.
 SILENCE_LEVEL = 0.003
 
 
-def trimmed(audio: np.ndarray, rate: int, *, lead_sec: float, tail_sec: float) -> np.ndarray:
-    """``audio`` with at most ``lead_sec`` of silence before the voice and ``tail_sec`` after it."""
+def without_lead_in(audio: np.ndarray, rate: int, lead_sec: float = LEAD_SEC) -> np.ndarray:
+    """``audio`` with at most ``lead_sec`` of silence before the voice."""
     voiced = np.flatnonzero(np.abs(audio) > SILENCE_LEVEL)
-    if not voiced.size:
-        return audio
-    start = max(0, int(voiced[0]) - int(lead_sec * rate))
-    end = min(len(audio), int(voiced[-1]) + 1 + int(tail_sec * rate))
-    return audio[start:end]
+    return audio[max(0, int(voiced[0]) - int(lead_sec * rate)):] if voiced.size else audio
 
 
 class HibariTalker:
@@ -245,8 +242,7 @@ class HibariTalker:
             raise TalkerError(f"hibari could not speak {text[:40]!r}: {exc}") from exc
 
     def _synthesize(self, text: str) -> bytes:
-        pause = SENTENCE_PAUSE_SEC if _SENTENCE_END.search(text + " ") else PHRASE_PAUSE_SEC
-        return pcm16_from_waveform(trimmed(self.voice(text), self.sample_rate, lead_sec=LEAD_SEC, tail_sec=pause))
+        return pcm16_from_waveform(without_lead_in(self.voice(text), self.sample_rate))
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
