@@ -5,12 +5,13 @@ question; a real gateway (uvicorn, real Redis) whose engine hears (Moonshine)
 and speaks (hibari), the Thinker scripted (it echoes). The page's script is
 the guide's: a peer connection with the microphone track and the
 ``oai-events`` data channel, the offer posted with the secret. The answer's
-track is recorded in the page and recognized here; then a second voice on the
-microphone track (``replaceTrack``) barges in.
+track is recorded in the page and recognized here; the page clears an answer,
+and a second voice on the microphone track (``replaceTrack``) barges in.
 """
 
 from __future__ import annotations
 
+import base64
 from pathlib import Path
 
 import numpy as np
@@ -108,3 +109,54 @@ async def test_chromium_calls_with_a_client_secret_hears_the_answer_and_clears_o
     pcm = (np.clip(heard[sound[0]:], -1, 1) * 32767).astype("<i2").tobytes()
     words = recognize(pcm, SPEECH_RATE).lower()
     assert "capital" in words and "france" in words, words
+
+
+#: A second voice on the call's microphone track: a WAV played through Web Audio (the fake
+#: device plays its file once), swapped in with ``replaceTrack`` as an app switches inputs.
+SPEAK_AGAIN = """async ({wav}) => {
+    const context = new AudioContext({sampleRate: 48000});
+    const bytes = Uint8Array.from(atob(wav), (c) => c.charCodeAt(0));
+    const source = context.createBufferSource();
+    source.buffer = await context.decodeAudioData(bytes.buffer);
+    const voice = context.createMediaStreamDestination();
+    source.connect(voice);
+    await window.sender.replaceTrack(voice.stream.getAudioTracks()[0]);
+    source.start();
+}"""
+
+
+async def test_chromium_barges_in_by_voice_and_the_turn_ends(redis_url: str, tmp_path: Path) -> None:
+    """While a long answer plays, the caller speaks: the answer's audio is cleared, the caller's
+    turn ends when the voice does (the microphone is swapped in Chromium, which leaves a gap in
+    its RTP), and the new question is answered."""
+    wav = spoken_question(tmp_path / "question.wav", before_sec=0.5, after_sec=1.0)
+    engine = with_talker(with_listener(ScriptedEngine()))
+    long_text = ("Tell me about the capital of France, its museums, its river and its bridges, "
+                 "its parks and its gardens, its old streets and its cafes, please.")
+    async with live_app(make_settings(redis_url=redis_url, api_keys=KEY), engine) as url, chromium(wav) as browser:
+        secret = (await sdk(url, api_key=KEY).realtime.client_secrets.create()).value
+        page = await browser.new_page()
+        await page.goto(f"{url}/healthz")
+        await page.evaluate(CALL, {"secret": secret})
+        await wait_for_event(page, "output_audio_buffer.stopped", within_sec=60)
+
+        after = len(await page.evaluate("window.events"))
+        await page.evaluate(SEND, {"type": "conversation.item.create", "item": {
+            "type": "message", "role": "user", "content": [{"type": "input_text", "text": long_text}]}})
+        await page.evaluate(SEND, {"type": "response.create"})
+        await wait_for_event(page, "output_audio_buffer.started", after, 60)
+        await page.evaluate(SPEAK_AGAIN, {"wav": base64.b64encode(wav.read_bytes()).decode()})
+        await wait_for_event(page, "output_audio_buffer.cleared", after, 30)
+        await wait_for_event(page, "input_audio_buffer.speech_stopped", after, 30)
+        await wait_for_event(page, "input_audio_buffer.committed", after, 30)
+        committed = await page.evaluate(f"window.events.findIndex((e, i) => i >= {after} && "
+                                        "e.type === 'input_audio_buffer.committed')")
+        await wait_for_event(page, "response.done", committed, 60)  # the spoken question's answer
+        kinds = await page.evaluate(f"window.events.slice({after}).map((e) => e.type)")
+        done = await page.evaluate(f"window.events.slice({after}).filter((e) => e.type === 'response.done')"
+                                   ".map((e) => e.response.status)")
+        await page.close()
+    assert kinds.index("input_audio_buffer.speech_started") < kinds.index("output_audio_buffer.cleared"), kinds
+    # The long answer's text was complete before its audio played out (the scripted Thinker is
+    # quick): its response is done, its audio cleared; then the spoken question is answered.
+    assert len(done) == 2 and done[-1] == "completed", done
