@@ -10,6 +10,7 @@ Screenshots go to ``test-artifacts/`` (gitignored); each test prints its path.
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -18,6 +19,7 @@ from typing import Any
 
 import httpx
 import pytest
+from aiortc import RTCPeerConnection
 from playwright.async_api import Browser, Page, async_playwright
 
 from gateway.api.demo.router import FILES
@@ -178,10 +180,22 @@ async def test_push_to_talk_shows_the_transcript_the_answer_and_plays_it(
     assert seen["error"] is None and not errors, (seen, errors)
 
 
+def go_silent() -> None:
+    """The call's server side stops sending anything at all, as a killed replica does: its UDP
+    sockets close without a word (no DTLS alert, no SCTP abort), so the browser hears nothing
+    more and is told nothing. (The gateway runs in this process; the page's peer, in Chromium,
+    is the only peer connection it holds.)"""
+    [pc] = [o for o in gc.get_objects() if isinstance(o, RTCPeerConnection) and o.connectionState == "connected"]
+    for transceiver in pc.getTransceivers():
+        for protocol in transceiver.receiver.transport.transport._connection._protocols:
+            protocol.transport.close()
+
+
+@pytest.mark.parametrize("breaks", ["hung up", "silent"])
 async def test_a_call_that_breaks_off_mid_answer_resumes_and_the_answer_completes(
-        redis_url: str, tmp_path: Path) -> None:
-    """The call's server side ends mid-answer (here: hung up; a replica that dies ends it alike):
-    the page offers again with the conversation and its last event, and the answer goes on."""
+        redis_url: str, tmp_path: Path, breaks: str) -> None:
+    """The call's server side ends mid-answer (hung up), or goes silent as a replica that dies
+    does: the page offers again with the conversation and its last event, and the answer goes on."""
     wav = spoken_question(tmp_path / "question.wav", before_sec=0.3, after_sec=0.3)
     engine = with_talker(with_listener(ScriptedEngine(Script(word_delay_sec=0.4))))
     errors: list[str] = []
@@ -196,11 +210,14 @@ async def test_a_call_that_breaks_off_mid_answer_resumes_and_the_answer_complete
         await page.wait_for_function("() => document.querySelector('#turns .assistant')?.textContent.length > 0",
                                      timeout=60_000)
         call = await page.evaluate("() => document.body.dataset.call")
-        secret = (await http.post("/demo/client_secret")).json()["value"]  # the call's identity: demo
-        hung_up = await http.post(f"{call}/hangup", headers={"Authorization": f"Bearer {secret}"})
-        assert hung_up.status_code == 200, hung_up.text
+        if breaks == "hung up":
+            secret = (await http.post("/demo/client_secret")).json()["value"]  # the call's identity: demo
+            hung_up = await http.post(f"{call}/hangup", headers={"Authorization": f"Bearer {secret}"})
+            assert hung_up.status_code == 200, hung_up.text
+        else:
+            go_silent()
         await page.wait_for_function(f"() => document.body.dataset.call && document.body.dataset.call !== '{call}'",
-                                     timeout=15_000)
+                                     timeout=20_000)
         await page.wait_for_selector("#turns .turn[data-status]", timeout=60_000)
         seen = await turn_texts(page)
     assert seen["status"] == "completed", seen

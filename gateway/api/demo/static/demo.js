@@ -17,6 +17,9 @@ const CHUNK_SAMPLES = (RATE * CHUNK_MS) / 1000;
 const MIN_TURN_MS = 200; // a shorter press is a slip, not a question
 // A call's last words are still on the wire at release (RTP, the server's jitter buffer): commit after them.
 const CALL_TAIL_MS = 300;
+// A replica that died answers nothing and closes nothing: ICE says "disconnected" within seconds
+// and "failed" only after ~30 s. A call disconnected this long is taken as broken off.
+const CALL_LOST_MS = 3000;
 
 const $ = (id) => document.getElementById(id);
 const ui = {
@@ -38,6 +41,7 @@ const state = {
   turnSentMs: 0, // audio sent in the current push-to-talk turn
   sentMs: 0, sentLog: [], // hands-free: audio sent since session.update, and when each chunk was captured
   turn: null, // the turn on screen: {li, you, assistant, meta, endOfSpeechAt, firstSoundAt}
+  lastTurn: null, // the latest turn, still the one whose answer plays after it is done
   responding: false,
 };
 
@@ -77,7 +81,7 @@ function newTurn() {
   meta.className = "meta";
   li.append(you, assistant, meta);
   ui.turns.append(li);
-  state.turn = { li, you, assistant, meta, endOfSpeechAt: null, firstSoundAt: null };
+  state.turn = state.lastTurn = { li, you, assistant, meta, endOfSpeechAt: null, firstSoundAt: null };
   return state.turn;
 }
 
@@ -218,7 +222,9 @@ function connectCall(resume = null) {
       channel.onmessage = (message) => onMessage(JSON.parse(message.data), opened, resolve, reject);
       channel.onclose = () => end(opened ? "The call ended." : null);
       pc.onconnectionstatechange = () => {
+        clearTimeout(call.lost);
         if (pc.connectionState === "failed") end("The call's media could not connect (is UDP to the gateway open?).");
+        if (pc.connectionState === "disconnected" && opened) call.lost = setTimeout(() => end(null), CALL_LOST_MS);
       };
       pc.ontrack = (e) => {
         const element = new Audio();
@@ -355,7 +361,8 @@ function onEvent(event) {
       break;
     }
     case "output_audio_buffer.started": { // a call: the answer's track starts to play
-      const turn = currentTurn();
+      // Its turn may be done already: a resumed call plays the rest of an answer whose text came.
+      const turn = state.turn || state.lastTurn || newTurn();
       if (state.call) state.call.speaking = true;
       if (!turn.li.dataset.audioStarted) {
         turn.li.dataset.audioStarted = "true";
