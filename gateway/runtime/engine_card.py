@@ -17,6 +17,7 @@ process's tender claims it at once rather than at its next round.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import time
@@ -37,20 +38,22 @@ def card_json(capabilities: Capabilities, checks_requests: bool) -> str:
     """``checks_requests``: the engine checks requests before running them (token counts), so the
     API workers must too; an engine that checks nothing (a sidecar, a scripted engine) must not be
     fronted by workers that refuse what it would take."""
-    return json.dumps({"input_modalities": sorted(capabilities.input_modalities),
+    # Every field of the capabilities, by name: a field left off (``tools`` was) makes the
+    # API workers refuse what the engine serves.
+    fields = {f.name: getattr(capabilities, f.name) for f in dataclasses.fields(Capabilities)}
+    return json.dumps({**fields, "input_modalities": sorted(capabilities.input_modalities),
                        "output_modalities": sorted(capabilities.output_modalities),
-                       "incremental": capabilities.incremental,
-                       "model_names": list(capabilities.model_names),
                        "checks_requests": checks_requests})
 
 
 def read_card(card: str) -> tuple[Capabilities, bool]:
     """The engine's capabilities and whether it checks requests."""
     fields = json.loads(card)
-    return (Capabilities(input_modalities=frozenset(fields["input_modalities"]),
-                         output_modalities=frozenset(fields["output_modalities"]),
-                         incremental=bool(fields["incremental"]), model_names=tuple(fields["model_names"])),
-            bool(fields.get("checks_requests", True)))
+    checks_requests = bool(fields.pop("checks_requests", True))
+    return (Capabilities(**{**fields, "input_modalities": frozenset(fields["input_modalities"]),
+                            "output_modalities": frozenset(fields["output_modalities"]),
+                            "model_names": tuple(fields["model_names"])}),
+            checks_requests)
 
 
 async def publish_card(store: SessionStore, replica: str, capabilities: Capabilities, checks_requests: bool) -> None:

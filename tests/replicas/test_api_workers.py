@@ -142,6 +142,12 @@ def test_the_workers_check_requests_only_as_their_engine_does(replica: Replica) 
         sid = client.post(BASE, json={"start_policy": "on_end_only"}).json()["session_id"]
         acked = client.post(f"{BASE}/{sid}/chunks", json={"sequence_id": 0, "text": long_text})
         assert acked.status_code == 202, acked.text
+        # The engine calls functions, so the workers take tools (they refused them with 422,
+        # "tools are not served here": the engine's card left its tools out).
+        tool = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+        chat = client.post("/v1/chat/completions", json={
+            "model": "scripted", "messages": [{"role": "user", "content": "rain in Berlin?"}], "tools": [tool]})
+        assert chat.status_code == 200, chat.text
 
 
 def test_the_workers_die_with_the_engine_process_and_a_worker_that_dies_alone_comes_back(
