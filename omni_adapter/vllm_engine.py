@@ -347,6 +347,13 @@ class VllmEngine:
         self._closed = True
         for session in list(self._sessions):
             await session.abort()
+        # The reader of the engine core's output stops first, on the loop: with the
+        # shutdown off the loop it would otherwise see the core go and log it as a
+        # failure (EngineDeadError) before the shutdown cancelled it.
+        handler = getattr(self._llm, "output_handler", None)
+        if handler is not None:
+            handler.cancel()
+            await asyncio.gather(handler, return_exceptions=True)
         # Joins the engine core's process: seconds, off the loop.
         await asyncio.get_running_loop().run_in_executor(self._lifetime, self._llm.shutdown)
         if self._lifetime is not None:
