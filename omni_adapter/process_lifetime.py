@@ -12,9 +12,12 @@ Linux delivers a chosen signal to a process when its parent dies
 ``fork`` and kept across ``exec``, so it is set in each child, both ways
 Python's multiprocessing starts one:
 
-- ``fork`` (vLLM's choice on a GPU host before CUDA is initialized): a fork
-  hook sets it in the child;
-- ``spawn`` (vLLM's choice on the CPU): the child is a new interpreter, so
+- ``fork`` (vLLM's choice on a GPU host before CUDA is initialized, and ours
+  on the CPU: vllm_engine.py): a fork hook sets it in the child. The same
+  hook gives a forked child what a spawned one has anyway: none of the
+  gateway's network sockets, no signal wakeup fd of the gateway's event loop,
+  and the OpenMP thread count its environment names;
+- ``spawn`` (vLLM's own choice on the CPU): the child is a new interpreter, so
   multiprocessing is pointed at ``omni-gateway-child``, a console script
   that sets it and then execs the real interpreter with the same arguments,
   its ``-c`` program first calling ``engine_children_die_with_parent()`` so
@@ -29,6 +32,8 @@ import logging
 import multiprocessing
 import os
 import signal
+import socket
+import stat
 import sys
 from pathlib import Path
 
@@ -52,12 +57,67 @@ def _remember_parent() -> None:
     _parent_pid = os.getpid()
 
 
-def _die_with_parent_after_fork() -> None:
+def _after_fork_in_child() -> None:
     _set_parent_death_signal()
     # The parent may have died between fork and prctl: then nobody will
     # signal us, and this process would be the orphan we meant to prevent.
     if os.getppid() != _parent_pid:
         os._exit(1)
+    _drop_parents_network_sockets()
+    # The parent's event loop pointed signals at its own wakeup socket: a signal
+    # to this process would otherwise be reported to the parent's loop.
+    signal.set_wakeup_fd(-1)
+    _take_openmp_settings()
+
+
+def _drop_parents_network_sockets() -> None:
+    """Let go of every TCP and UDP socket the forked child inherited.
+
+    They are the gateway's: its listeners, its clients' connections, Redis,
+    WebRTC. A child holding a copy would keep a listener accepting into a
+    backlog nobody reads after the gateway closed it to drain, and keep a
+    connection open after the gateway closed it. Each fd is pointed at
+    /dev/null rather than closed, so the number is not reused under a socket
+    object the child inherited. Unix sockets and pipes (multiprocessing's own)
+    are kept.
+    """
+    devnull = os.open(os.devnull, os.O_RDWR)
+    try:
+        for name in os.listdir("/proc/self/fd"):
+            fd = int(name)
+            if fd != devnull and _is_network_socket(fd):
+                os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
+
+
+def _take_openmp_settings() -> None:
+    """Run the OpenMP threads our environment names, as a spawned child would.
+
+    OpenMP reads ``OMP_NUM_THREADS`` once, when torch loads it, so a forked
+    child keeps its parent's count. vLLM starts its CPU worker with it set to
+    the worker's cores (here 1); forked without this, the worker ran the
+    gateway's 2 threads beside the engine core and decoded 20 % slower.
+    (vLLM's ``OMP_PLACES`` binding is not redone: the worker's memory-node
+    setup resets its CPU affinity to the node's cores anyway.)
+    """
+    torch = sys.modules.get("torch")
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if torch is not None and threads.isdigit():
+        torch.set_num_threads(int(threads))
+
+
+def _is_network_socket(fd: int) -> bool:
+    try:
+        if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+            return False
+        probe = socket.socket(fileno=fd)
+    except OSError:
+        return False
+    try:
+        return probe.family in (socket.AF_INET, socket.AF_INET6)
+    finally:
+        probe.detach()
 
 
 _ARM_CHILD = f"import {__name__} as _lifetime; _lifetime.engine_children_die_with_parent()\n"
@@ -90,7 +150,7 @@ def engine_children_die_with_parent() -> None:
     global _installed
     if _installed or not sys.platform.startswith("linux"):
         return
-    os.register_at_fork(before=_remember_parent, after_in_child=_die_with_parent_after_fork)
+    os.register_at_fork(before=_remember_parent, after_in_child=_after_fork_in_child)
     launcher = Path(sys.executable).with_name(CHILD_LAUNCHER)
     if launcher.exists():
         multiprocessing.set_executable(str(launcher))

@@ -108,8 +108,8 @@ class VllmEngineConfig:
 
 
 async def open_vllm_engine(config: VllmEngineConfig) -> VllmEngine:
-    """Start the engine: 25-55 s on 2 cores eager (the CPU default), the time of three
-    Python processes importing torch and vLLM one after the other.
+    """Start the engine: 15-25 s on 2 cores eager (the CPU default), most of it this
+    process importing torch and vLLM; the engine's processes are forked from it.
 
     The start runs in a worker thread: it blocked the event loop for all of it
     (41 s measured), so every timeout pending on the loop expired at once when
@@ -152,6 +152,8 @@ def _start_vllm(config: VllmEngineConfig) -> tuple[Any, StreamingTokenizer, Any]
     # every start recompiled for minutes. Without it torch.compile's own
     # caches serve a restart (bench/engine_start.py).
     os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
+    # Set to spawn before the first start: the engine's processes are spawned, as vLLM does on the CPU.
+    start_method = os.environ.get("VLLM_WORKER_MULTIPROC_METHOD")
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.platforms import current_platform
     from vllm.v1.engine.async_llm import AsyncLLM
@@ -171,7 +173,16 @@ def _start_vllm(config: VllmEngineConfig) -> tuple[Any, StreamingTokenizer, Any]
         disable_log_stats=True,
     )
     try:
-        llm = AsyncLLM.from_engine_args(args)
+        vllm_config = args.create_engine_config()
+        if current_platform.is_cpu() and start_method != "spawn":
+            # vLLM's CPU platform has just asked for spawn: each engine process a
+            # new interpreter importing torch and vLLM again, two of a start's
+            # three imports. Forked, they have ours: a restart took 24 s instead
+            # of 45 (bench/engine_start.py). What spawn gave a child that fork
+            # does not (none of our sockets, vLLM's OpenMP thread count for the
+            # worker) the fork hook gives it (process_lifetime.py).
+            os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
+        llm = AsyncLLM.from_vllm_config(vllm_config, disable_log_stats=True)
     except Exception as exc:
         raise EngineUnavailableError(f"the vLLM engine failed to start: {exc}") from exc
     try:

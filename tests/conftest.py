@@ -21,8 +21,15 @@ from tests.vllm_sidecar import VllmSidecar
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Tests that start engine processes of their own (tests/replicas: three gateways,
     each with its engine) run first, before the session's shared engines exist:
-    beside those, three more engines ran a 24 GiB machine out of memory."""
-    items.sort(key=lambda item: 0 if "replicas" in item.path.parts else 1)  # stable: order kept within
+    beside those, three more engines ran a 24 GiB machine out of memory. The test
+    that kills the shared sidecar runs last: before, the next test to need it
+    waited ~45 s for a restart."""
+    def rank(item: pytest.Item) -> int:
+        if "replicas" in item.path.parts:
+            return 0
+        return 2 if item.path.name == "test_sidecar_failure.py" else 1
+
+    items.sort(key=rank)  # stable: order kept within
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -139,3 +140,53 @@ def test_sigkilled_gateway_leaves_no_engine_process(tmp_path: Path) -> None:
         for pid in [gateway.pid, *family]:
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+# The gateway's state when it forks the engine core: torch loaded with OpenMP's
+# default thread count, a listening socket, an event loop's signal wakeup fd.
+_FORKED_ENGINE_CHILD = """
+import json, multiprocessing, os, signal, socket, sys
+import torch
+from omni_adapter.process_lifetime import engine_children_die_with_parent
+
+def child(report):
+    fds = {int(fd) for fd in os.listdir("/proc/self/fd")}
+    report.send({"listener_held": LISTENER in fds and os.path.realpath(f"/proc/self/fd/{LISTENER}").startswith("socket:"),
+                 "threads": torch.get_num_threads(), "wakeup_fd": signal.set_wakeup_fd(-1)})
+    report.close()
+    signal.pause()
+
+if __name__ == "__main__":
+    listener = socket.create_server(("127.0.0.1", 0))
+    LISTENER = listener.fileno()
+    wake_r, wake_w = socket.socketpair()
+    wake_w.setblocking(False)
+    signal.set_wakeup_fd(wake_w.fileno())
+    torch.set_num_threads(2)
+    engine_children_die_with_parent()
+    os.environ["OMP_NUM_THREADS"] = "1"  # what vLLM sets for its worker
+    theirs, ours = multiprocessing.get_context("fork").Pipe(duplex=False)
+    multiprocessing.get_context("fork").Process(target=child, args=(ours,), daemon=True).start()
+    report = theirs.recv()
+    port = listener.getsockname()[1]
+    listener.close()  # the gateway stops listening, to drain
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+        report["connects_after_close"] = True
+    except ConnectionRefusedError:
+        report["connects_after_close"] = False
+    print(json.dumps(report))
+"""
+
+
+def test_a_forked_engine_child_holds_no_gateway_socket_and_takes_its_openmp_threads(tmp_path: Path) -> None:
+    """vLLM's engine processes are forked from the gateway (a start's imports paid once): a
+    forked child must not keep the gateway's listener (after the gateway closed it to drain,
+    connections would queue where nobody accepts), nor report its signals to the gateway's
+    event loop, and it runs the OpenMP threads vLLM set for it, not the gateway's."""
+    script = tmp_path / "forked.py"
+    script.write_text(_FORKED_ENGINE_CHILD)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert report == {"listener_held": False, "threads": 1, "wakeup_fd": -1, "connects_after_close": False}
