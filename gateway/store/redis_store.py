@@ -487,13 +487,25 @@ class SessionStore:
 
     async def ask_hang_up(self, call_id: str, identity: str, wait_sec: float) -> bool:
         """Ask whichever process holds the call (another replica, another API worker) to end
-        it, if it is ``identity``'s; whether one did within ``wait_sec``."""
+        it, if it is ``identity``'s; whether one did within ``wait_sec``.
+
+        Every process that hears the ask answers, holder or not: an unknown call is a "no"
+        as soon as all have answered (milliseconds), not after ``wait_sec``."""
         reply = call_hang_up_reply(secrets.token_hex(8))
         async with self._call():
-            await self._redis.publish(CALL_HANG_UPS, json.dumps([call_id, identity, reply]))
-        async with self._call(wait_sec):
-            answered: Any = await self._redis.blpop([reply], timeout=wait_sec)
-        return answered is not None
+            listeners = await self._redis.publish(CALL_HANG_UPS, json.dumps([call_id, identity, reply]))
+        deadline = asyncio.get_running_loop().time() + wait_sec
+        for _ in range(listeners):
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                return False
+            async with self._call(left):
+                answered: Any = await self._redis.blpop([reply], timeout=left)
+            if answered is None:
+                return False
+            if answered[1] in (b"1", "1"):
+                return True
+        return False
 
     async def hang_up_requests(self) -> AsyncIterator[tuple[str, str, str]]:
         """(call id, identity, reply key) of each hang-up asked for, as it comes (pub/sub: only
@@ -502,10 +514,11 @@ class SessionStore:
             call_id, identity, reply = json.loads(message)
             yield str(call_id), str(identity), str(reply)
 
-    async def answer_hang_up(self, reply: str) -> None:
+    async def answer_hang_up(self, reply: str, *, hung_up: bool) -> None:
+        """Tell the one who asked whether this process held the call and ended it."""
         async with self._call():
             pipe = self._redis.pipeline(transaction=False)
-            pipe.rpush(reply, 1)
+            pipe.rpush(reply, int(hung_up))
             pipe.expire(reply, 10)
             await pipe.execute()
 

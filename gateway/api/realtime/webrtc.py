@@ -46,7 +46,8 @@ logger = logging.getLogger(__name__)
 
 #: Where the lifespan puts the process's calls (``runtime/app.py``).
 CALLS = "calls"
-#: How long a hang-up waits for the process holding the call to say it ended it.
+#: How long a hang-up waits for the processes that heard it to say whether they ended the call
+#: (each answers, so an unknown call is a 404 as soon as all have).
 HANG_UP_WAIT_SEC = 1.0
 #: The data channel OpenAI's WebRTC clients open for events.
 EVENTS_CHANNEL = "oai-events"
@@ -252,9 +253,10 @@ class Calls:
             try:
                 async for call_id, identity, reply in store.hang_up_requests():
                     call = self.get(call_id)
-                    if call is not None and call.identity == identity:
+                    held = call is not None and call.identity == identity
+                    if call is not None and held:
                         await call.close()
-                        await store.answer_hang_up(reply)
+                    await store.answer_hang_up(reply, hung_up=held)
             except errors.StoreUnavailable as exc:
                 logger.warning("calls: hang-ups from other processes not heard (%s); listening again", exc.message)
             except Exception:
