@@ -16,7 +16,9 @@ Modes: ``eager`` (``enforce_eager``: no torch.compile) and ``compiled``
 ``warm`` (the caches the cold start left: a restart). The caches live in a
 folder of this run (``VLLM_CACHE_ROOT``, ``TORCHINDUCTOR_CACHE_DIR``), so the
 cold start is truly cold and the machine's own caches are left alone. The
-modes alternate, so the machine's noise falls on both.
+modes alternate, so the machine's noise falls on both. Eager also starts
+with its engine processes spawned (vLLM's own way on the CPU,
+``VLLM_WORKER_MULTIPROC_METHOD=spawn``) beside forked (the gateway's).
 
     python -m bench.engine_start              # writes results/engine_start.{json,md}
     python -m bench.engine_start --rounds 1
@@ -41,7 +43,7 @@ DECODE_TOKENS = 96
 PREFILL_TOKENS = 1000
 #: vLLM's own log lines about its start: (name, pattern of the seconds).
 VLLM_PHASES = {
-    "load_model_sec": re.compile(r"Model loading took [\d.]+ GiB memory and ([\d.]+) seconds"),
+    "load_model_sec": re.compile(r"Loading weights took ([\d.]+) seconds"),
     "torch_compile_sec": re.compile(r"torch\.compile took ([\d.]+) s in total"),
     "init_engine_sec": re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s"),
 }
@@ -86,12 +88,17 @@ async def _measure_in_process(mode: str, process_started: float) -> dict:
         await engine.aclose()
 
 
-def _run_fresh(mode: str, label: str, caches: Path) -> dict:
-    """One start in its own process, its compile caches in ``caches``."""
+def _run_fresh(mode: str, label: str, caches: Path, start_method: str = "fork") -> dict:
+    """One start in its own process, its compile caches in ``caches``; the engine's
+    processes forked (the gateway's way on the CPU) or spawned (vLLM's own)."""
     env = os.environ | {"VLLM_CACHE_ROOT": str(caches / "vllm"), "TORCHINDUCTOR_CACHE_DIR": str(caches / "inductor")}
+    if start_method == "spawn":
+        env["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
+    else:
+        env.pop("VLLM_WORKER_MULTIPROC_METHOD", None)
     out = subprocess.run([sys.executable, "-m", "bench.engine_start", "--mode", mode, "--child", str(time.time())],
                          check=True, capture_output=True, text=True, env=env)
-    run = json.loads(out.stdout.strip().splitlines()[-1]) | {"start": label}
+    run = json.loads(out.stdout.strip().splitlines()[-1]) | {"start": label, "processes": start_method}
     for name, pattern in VLLM_PHASES.items():
         found = pattern.findall(out.stdout + out.stderr)  # vLLM logs to stdout
         run[name] = round(sum(float(seconds) for seconds in found), 1) if found else None
@@ -99,9 +106,10 @@ def _run_fresh(mode: str, label: str, caches: Path) -> dict:
 
 
 def _table(runs: list[dict]) -> str:
-    lines = ["| mode | start | ready after (s) | model load (s) | torch.compile (s) | engine init: profile, "
-             "KV, warm-up (s) | prefill tokens/s | decode tokens/s |", "|---" * 8 + "|"]
-    lines += [f"| {r['mode']} | {r['start']} | {r['ready_sec']} | {r['load_model_sec']} | {r['torch_compile_sec']} "
+    lines = ["| mode | start | engine processes | ready after (s) | model load (s) | torch.compile (s) | engine init: "
+             "profile, KV, warm-up (s) | prefill tokens/s | decode tokens/s |", "|---" * 9 + "|"]
+    lines += [f"| {r['mode']} | {r['start']} | {r['processes']} | {r['ready_sec']} | {r['load_model_sec']} "
+              f"| {r['torch_compile_sec']} "
               f"| {r['init_engine_sec']} | {r['prefill_tokens_per_sec']} | {r['decode_tokens_per_sec']} |"
               for r in runs]
     return "\n".join(lines) + "\n"
@@ -123,8 +131,9 @@ def main(argv: list[str] | None = None) -> None:
         runs.append(_run_fresh("compiled", "cold", caches))
         print(json.dumps(runs[-1]), flush=True)
         for _ in range(args.rounds):
-            for mode, label in (("eager", "-"), ("compiled", "warm")):
-                runs.append(_run_fresh(mode, label, caches))
+            for mode, label, start_method in (("eager", "-", "fork"), ("eager", "-", "spawn"),
+                                              ("compiled", "warm", "fork")):
+                runs.append(_run_fresh(mode, label, caches, start_method))
                 print(json.dumps(runs[-1]), flush=True)
     args.results.mkdir(parents=True, exist_ok=True)
     (args.results / "engine_start.json").write_text(json.dumps(runs, indent=2) + "\n")
