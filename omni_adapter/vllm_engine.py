@@ -98,8 +98,8 @@ class VllmEngineConfig:
     #: KV cache block size, the prefix cache's granularity (``None``: vLLM's, 128 on the CPU).
     block_size: int | None = None
     #: torch.compile the model. ``None``: not on the CPU, where compiling made the
-    #: first start about 4 min instead of under 1 and each restart 20-40 s slower,
-    #: for decode 15-25 % faster on SmolLM2 (bench/engine_start.py, bench/README.md);
+    #: first start 2-4 min instead of under half a minute and each restart about 30 s
+    #: slower, for decode 15-25 % faster on SmolLM2 (bench/engine_start.py, bench/README.md);
     #: vLLM's default (compiled, CUDA graphs) on a GPU.
     compile: bool | None = None
     #: Sampling for what a request leaves unset, over the model's own defaults

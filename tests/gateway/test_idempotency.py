@@ -30,6 +30,18 @@ async def test_a_repeated_create_returns_the_first_session(redis_url: str) -> No
         assert reused.status_code == 422 and reused.json()["error"]["code"] == "idempotency_key_reused"
 
 
+async def test_a_create_retried_after_its_session_expired_is_a_410(redis_url: str) -> None:
+    # Schemathesis found it: a documented status, not a surprise, and no new session made.
+    settings = make_settings(redis_url=redis_url, session_timeout_sec=0.3, tend_interval_sec=0.05)
+    async with app_client(settings, ScriptedEngine()) as client:
+        key = {"Idempotency-Key": "create-expired"}
+        first = await client.post(BASE, json={}, headers=key)
+        await asyncio.sleep(0.8)
+        again = await client.post(BASE, json={}, headers=key)
+        assert again.status_code == 410 and again.json()["error"]["code"] == "session_expired"
+        assert first.json()["session_id"] in again.json()["error"]["message"]
+
+
 async def test_twins_sent_at_once_make_one_session(redis_url: str) -> None:
     async with app_client(make_settings(redis_url=redis_url), ScriptedEngine()) as client:
         twins = await asyncio.gather(*(client.post(BASE, json={"first_chunk": {"sequence_id": 0, "text": "hi"}},

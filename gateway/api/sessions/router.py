@@ -72,7 +72,9 @@ def session_view(record: SessionRecord) -> SessionView:
                                               errors.SequenceOutOfWindow, errors.SessionPayloadTooLarge,
                                               errors.StoreUnavailable, errors.Overloaded, errors.StreamingInputDisabled,
                                               errors.Unauthorized, errors.TooManySessions,
-                                              errors.CapacityExhausted, errors.IdempotencyKeyReused))
+                                              errors.CapacityExhausted, errors.IdempotencyKeyReused,
+                                              # a retry (same Idempotency-Key) after the session expired
+                                              errors.SessionExpired))
 async def create_session(body: CreateSessionRequest, service: Service, identity: Identity,
                          settings: Annotated[Settings, Depends(get_settings)],
                          idempotency_key: IdempotencyKey = None) -> CreatedSession:
