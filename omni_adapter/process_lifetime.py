@@ -35,6 +35,7 @@ import signal
 import socket
 import stat
 import sys
+import warnings
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
@@ -68,6 +69,7 @@ def _after_fork_in_child() -> None:
     # to this process would otherwise be reported to the parent's loop.
     signal.set_wakeup_fd(-1)
     _take_openmp_settings()
+    _take_startup_warning_filters()
 
 
 def _drop_parents_network_sockets() -> None:
@@ -105,6 +107,22 @@ def _take_openmp_settings() -> None:
     threads = os.environ.get("OMP_NUM_THREADS", "")
     if torch is not None and threads.isdigit():
         torch.set_num_threads(int(threads))
+
+
+def _take_startup_warning_filters() -> None:
+    """The warning filters a new interpreter starts with: Python's defaults, then ``-W``
+    and ``PYTHONWARNINGS`` (``sys.warnoptions``, which spawn passes on too).
+
+    Filters the parent set in code are not a child's: under pytest's ``error``
+    filter, a forked engine core turned xgrammar's DeprecationWarning into an
+    exception and failed every request with a grammar (tool calls).
+    """
+    warnings.resetwarnings()
+    # https://docs.python.org/3/library/warnings.html#default-warning-filter
+    warnings.filterwarnings("default", category=DeprecationWarning, module="__main__")
+    for category in (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning):
+        warnings.simplefilter("ignore", category, append=True)
+    warnings._processoptions(sys.warnoptions)  # type: ignore[attr-defined]
 
 
 def _is_network_socket(fd: int) -> bool:

@@ -1,8 +1,8 @@
 """A long Realtime conversation on the real engine: truncation keeps every turn inside its budget.
 
-50 text turns over the official ``openai`` SDK, answers of a few tokens. The
-history's budget is small here (``token_limits.post_instructions``) so that
-truncation happens several times within 50 turns; with the default budget
+25 text turns over the official ``openai`` SDK, answers of a few tokens. The
+history's budget is small here (``token_limits.post_instructions``, 200 tokens) so
+that truncation happens twice within 25 turns; with the default budget
 (the model's context less room for the input and the answer) the same code
 runs, later.
 """
@@ -19,11 +19,11 @@ from tests.gateway.client import live_app, make_settings
 from tests.gateway.test_realtime import sdk, text_turn
 
 pytestmark = pytest.mark.engine
-BUDGET = 400
-TURNS = 50
+BUDGET = 200
+TURNS = 25
 
 
-async def test_fifty_turns_never_error_and_the_history_stays_in_its_budget(redis_url: str, vllm_engine: Any) -> None:
+async def test_a_long_conversation_never_errors_and_the_history_stays_in_its_budget(redis_url: str, vllm_engine: Any) -> None:
     engine = RecordingEngine(vllm_engine)
     async with live_app(make_settings(redis_url=redis_url), engine) as url, \
             sdk(url).realtime.connect(model=engine.capabilities.model_names[0]) as conn:

@@ -143,15 +143,21 @@ def test_sigkilled_gateway_leaves_no_engine_process(tmp_path: Path) -> None:
 
 
 # The gateway's state when it forks the engine core: torch loaded with OpenMP's
-# default thread count, a listening socket, an event loop's signal wakeup fd.
+# default thread count, a listening socket, an event loop's signal wakeup fd,
+# warnings made errors in code.
 _FORKED_ENGINE_CHILD = """
-import json, multiprocessing, os, signal, socket, sys
+import json, multiprocessing, os, signal, socket, sys, warnings
 import torch
 from omni_adapter.process_lifetime import engine_children_die_with_parent
 
 def child(report):
     fds = {int(fd) for fd in os.listdir("/proc/self/fd")}
-    report.send({"listener_held": LISTENER in fds and os.path.realpath(f"/proc/self/fd/{LISTENER}").startswith("socket:"),
+    try:
+        warnings.warn("a library's deprecation", DeprecationWarning)
+        raised = False
+    except DeprecationWarning:
+        raised = True
+    report.send({"warning_raised": raised, "listener_held": LISTENER in fds and os.path.realpath(f"/proc/self/fd/{LISTENER}").startswith("socket:"),
                  "threads": torch.get_num_threads(), "wakeup_fd": signal.set_wakeup_fd(-1)})
     report.close()
     signal.pause()
@@ -163,6 +169,7 @@ if __name__ == "__main__":
     wake_w.setblocking(False)
     signal.set_wakeup_fd(wake_w.fileno())
     torch.set_num_threads(2)
+    warnings.simplefilter("error")  # as pytest's filterwarnings = error, set in code
     engine_children_die_with_parent()
     os.environ["OMP_NUM_THREADS"] = "1"  # what vLLM sets for its worker
     theirs, ours = multiprocessing.get_context("fork").Pipe(duplex=False)
@@ -183,10 +190,13 @@ def test_a_forked_engine_child_holds_no_gateway_socket_and_takes_its_openmp_thre
     """vLLM's engine processes are forked from the gateway (a start's imports paid once): a
     forked child must not keep the gateway's listener (after the gateway closed it to drain,
     connections would queue where nobody accepts), nor report its signals to the gateway's
-    event loop, and it runs the OpenMP threads vLLM set for it, not the gateway's."""
+    event loop; it runs the OpenMP threads vLLM set for it, not the gateway's, and warns as a
+    new interpreter does (under pytest's `error` filter, xgrammar's deprecation warning failed
+    every tool call in the engine core)."""
     script = tmp_path / "forked.py"
     script.write_text(_FORKED_ENGINE_CHILD)
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
     report = json.loads(out.stdout.strip().splitlines()[-1])
-    assert report == {"listener_held": False, "threads": 1, "wakeup_fd": -1, "connects_after_close": False}
+    assert report == {"warning_raised": False, "listener_held": False, "threads": 1, "wakeup_fd": -1,
+                      "connects_after_close": False}
