@@ -16,7 +16,8 @@ Python's multiprocessing starts one:
   on the CPU: vllm_engine.py): a fork hook sets it in the child. The same
   hook gives a forked child what a spawned one has anyway: none of the
   gateway's network sockets, no signal wakeup fd of the gateway's event loop,
-  and the OpenMP thread count its environment names;
+  the OpenMP thread count its environment names, and a new interpreter's
+  warning filters;
 - ``spawn`` (vLLM's own choice on the CPU): the child is a new interpreter, so
   multiprocessing is pointed at ``omni-gateway-child``, a console script
   that sets it and then execs the real interpreter with the same arguments,

@@ -152,7 +152,7 @@ def _start_vllm(config: VllmEngineConfig) -> tuple[Any, StreamingTokenizer, Any]
     # every start recompiled for minutes. Without it torch.compile's own
     # caches serve a restart (bench/engine_start.py).
     os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
-    # Set to spawn before the first start: the engine's processes are spawned, as vLLM does on the CPU.
+    # Read before vLLM's config overwrites it: an explicit spawn keeps vLLM's way on the CPU.
     start_method = os.environ.get("VLLM_WORKER_MULTIPROC_METHOD")
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.platforms import current_platform
@@ -179,8 +179,8 @@ def _start_vllm(config: VllmEngineConfig) -> tuple[Any, StreamingTokenizer, Any]
             # new interpreter importing torch and vLLM again, two of a start's
             # three imports. Forked, they have ours: a restart took 24 s instead
             # of 45 (bench/engine_start.py). What spawn gave a child that fork
-            # does not (none of our sockets, vLLM's OpenMP thread count for the
-            # worker) the fork hook gives it (process_lifetime.py).
+            # does not (none of our sockets, vLLM's OpenMP thread count, a new
+            # interpreter's warning filters) the fork hook gives it (process_lifetime.py).
             os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
         llm = AsyncLLM.from_vllm_config(vllm_config, disable_log_stats=True)
     except Exception as exc:

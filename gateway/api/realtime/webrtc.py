@@ -253,10 +253,11 @@ class Calls:
             try:
                 async for call_id, identity, reply in store.hang_up_requests():
                     call = self.get(call_id)
-                    held = call is not None and call.identity == identity
-                    if call is not None and held:
+                    if call is not None and call.identity == identity:
                         await call.close()
-                    await store.answer_hang_up(reply, hung_up=held)
+                        await store.answer_hang_up(reply, hung_up=True)
+                    else:  # every process answers, so the asker need not wait out a call nobody holds
+                        await store.answer_hang_up(reply, hung_up=False)
             except errors.StoreUnavailable as exc:
                 logger.warning("calls: hang-ups from other processes not heard (%s); listening again", exc.message)
             except Exception:
