@@ -15,8 +15,10 @@ from contextlib import AsyncExitStack
 import httpx
 import pytest
 import redis
+import redis.asyncio as aioredis
 
 from gateway.store.keys import DEAD_LETTERS, SCHEDULE, session_keys
+from gateway.store.redis_store import QUARANTINE_FAILURES, SessionStore
 from gateway.work.draining import Draining
 from omni_adapter.scripted import Script, ScriptedEngine
 from tests.gateway.client import BASE, app_client, make_settings
@@ -74,3 +76,20 @@ async def test_a_corrupted_session_is_set_aside_and_every_other_one_is_tended(
         metrics = (await a.get("/metrics")).text + (await b.get("/metrics")).text
         assert 'omni_gateway_sessions_quarantined_total{outcome="dead"} 1.0' in metrics
     admin.close()
+
+
+async def test_a_late_failure_from_another_tender_leaves_a_dead_letter_out_of_the_schedule(
+        store: SessionStore, redis_client: aioredis.Redis) -> None:
+    """Two tenders read the broken session as due; one sets it aside at its fifth failure, then
+    the other's failure arrives. It put the session back in the schedule, counted from one (CI
+    saw it); an ended session, gone from the schedule, was put back the same way."""
+    await redis_client.delete(SCHEDULE, DEAD_LETTERS)
+    await redis_client.zadd(SCHEDULE, {"sis-broken": 0})
+    for _ in range(QUARANTINE_FAILURES):
+        last = await store.quarantine("sis-broken", RuntimeError("corrupted"))
+    assert last.dead
+    late = await store.quarantine("sis-broken", RuntimeError("corrupted"))
+    assert late.dead
+    assert await redis_client.zscore(SCHEDULE, "sis-broken") is None
+    await store.quarantine("sis-ended", RuntimeError("its hash went away"))
+    assert await redis_client.zscore(SCHEDULE, "sis-ended") is None

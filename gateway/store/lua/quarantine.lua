@@ -7,6 +7,11 @@
 -- Reply: {'retry', failures, due_at} or {'dead', failures}.
 local now = server_now_ms()
 local sid, allowed, backoff = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+-- Another tender, whose round read the session as due too, set it aside
+-- already: it stays out (a new count here would put it back for good).
+if redis.call('HEXISTS', KEYS[3], sid) == 1 then
+  return {'dead', allowed}
+end
 local failures = redis.call('HINCRBY', KEYS[2], sid, 1)
 redis.call('PEXPIRE', KEYS[2], 86400000)
 if failures >= allowed then
@@ -16,5 +21,6 @@ if failures >= allowed then
   return {'dead', failures}
 end
 local due = now + backoff * 2 ^ (failures - 1)
-redis.call('ZADD', KEYS[1], due, sid)
+-- XX: a session taken out of the schedule meanwhile (ended) is not put back.
+redis.call('ZADD', KEYS[1], 'XX', due, sid)
 return {'retry', failures, due}
