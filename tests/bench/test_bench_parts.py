@@ -143,8 +143,10 @@ async def test_the_webrtc_voice_benchmark_times_a_turn_on_each_transport() -> No
             result = await webrtc_voice.measure(url, turns=1, calls=(1,), warm_up=False)
     assert {t["transport"] for t in result["turns"]} == set(webrtc_voice.TRANSPORTS)
     for turn in result["turns"]:
-        # server_vad waits 500 ms of silence after the speech before the turn ends.
-        assert 0.5 < turn["end_of_speech_to_first_audio_sec"] <= turn["end_of_speech_to_first_sound_sec"] < 10, turn
+        # server_vad waits 500 ms of silence before the turn ends, counted from where the voice
+        # fell quiet: hibari's clip ends in a quiet stretch of its own, so a little before the
+        # clip's end (a CI run measured 0.495 s). The span must hold most of that wait.
+        assert 0.3 < turn["end_of_speech_to_first_audio_sec"] <= turn["end_of_speech_to_first_sound_sec"] < 10, turn
         assert "capital" in turn["answer"].lower() and "france" in turn["answer"].lower(), turn
         assert turn["heard"] and "france" in turn["heard"].lower(), turn
     assert "| webrtc, 1 call | 1 |" in webrtc_voice.report(result)
