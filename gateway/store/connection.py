@@ -121,6 +121,15 @@ def store_url(url: str) -> str:
     return urlunsplit(parts._replace(query=urlencode(kept)))
 
 
+#: Waits between tries of a store call while Redis cannot serve (a runner's, the stream reader's).
+RETRY_DELAYS_SEC = (0.05, 0.1, 0.2, 0.5, 1.0)
+
+
+def retry_delay(attempt: int) -> float:
+    """The wait after try number ``attempt`` (from 0) failed: growing, then a second each."""
+    return RETRY_DELAYS_SEC[min(attempt, len(RETRY_DELAYS_SEC) - 1)]
+
+
 #: Errors that mean "Redis cannot serve now" rather than "this call is wrong":
 #: unreachable, out of memory, a replica after a failover, a cluster that is
 #: down or re-sharding, loading, a reply we cannot parse. redis-py gives

@@ -46,6 +46,7 @@ from typing import Any, Generic, TypeVar
 import redis.asyncio as aioredis
 
 from gateway.store import raw_calls
+from gateway.store.connection import retry_delay
 from gateway.store.records import event_id_key
 from gateway.store.replies import decoded
 
@@ -65,8 +66,6 @@ COUNT = 256
 MAX_BUFFERED = 1_024
 #: A wake-up stream outlives its reader (a replica that died) by at most this.
 WAKE_TTL_MS = 3_600_000
-#: Waits between reads while Redis is unavailable.
-RETRY_DELAYS_SEC = (0.05, 0.1, 0.2, 0.5, 1.0)
 
 
 def entries_of(raw: Any) -> list[Entry]:
@@ -314,7 +313,7 @@ class StreamReader:
                 raise
             except Exception:
                 # Supervised: a Redis outage or a bug must not leave every runner without input.
-                delay = RETRY_DELAYS_SEC[min(failures, len(RETRY_DELAYS_SEC) - 1)]
+                delay = retry_delay(failures)
                 if failures == 0:
                     logger.warning("stream reader: read failed; retrying", exc_info=True)
                 failures += 1

@@ -55,6 +55,7 @@ from gateway.output.frames import (
     heard_of,
     unspoken_end,
 )
+from gateway.store.connection import retry_delay
 from gateway.store.records import Frame, Lease, Renewal
 from gateway.store.redis_store import InputEvent, SessionStore
 from gateway.store.session_hash import SessionRecord
@@ -81,8 +82,6 @@ T = TypeVar("T")
 
 #: How long one wait for input lasts before looking again (idle parking, park requests).
 INPUT_POLL_MS = 5_000
-#: Waits between retries of a store call while Redis is unreachable.
-RETRY_DELAYS_SEC = (0.05, 0.1, 0.2, 0.5, 1.0)
 
 
 class EngineDied(Exception):
@@ -330,7 +329,7 @@ class SessionRunner:
             try:
                 return await call()
             except errors.StoreUnavailable:
-                delay = RETRY_DELAYS_SEC[min(attempt, len(RETRY_DELAYS_SEC) - 1)]
+                delay = retry_delay(attempt)
                 if attempt == 0:
                     logger.warning("session %s: store unavailable, retrying", self.session_id)
                 attempt += 1
