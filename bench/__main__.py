@@ -27,9 +27,10 @@ QUICK_TTFT = ttft.TtftConfig(rates_per_sec=(0.5,), queries=3, pages_per_query=3,
 QUICK_OVERHEAD = overhead.OverheadConfig(concurrency=(1, 20), seconds_per_level=1.0, relay_sessions=(1, 3),
                                          relay_tokens=10, relay_rates=(100,), relay_rate_sessions=3,
                                          relay_rate_seconds=0.2, idle_sessions=50, started_sessions=20,
-                                         floor_samples=100, profile_at=0, api_workers=(0, 1),
+                                         floor_samples=100, profile_at=0, api_workers=(1,),
                                          workers_concurrency=(20,), workers_relay_sessions=(3,),
-                                         workers_relay_tokens=10, overload_sessions=20, handoff_sessions=3)
+                                         workers_relay_tokens=10, overload_sessions=20, handoff_sessions=3,
+                                         memory_settle_sec=0.5)
 
 
 def run_ttft(config: ttft.TtftConfig) -> dict:

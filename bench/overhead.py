@@ -96,6 +96,8 @@ class OverheadConfig:
     overload_factor: float = 2.0
     overload_sessions: int = 200
     handoff_sessions: int = 20
+    #: The wait before each memory reading: the runners settle into their blocking reads.
+    memory_settle_sec: float = 2.0
 
 
 def tree_cpu_seconds(pid: int) -> float:
@@ -386,7 +388,8 @@ async def relay_floor(port: int, config: OverheadConfig, logs: Path) -> list[dic
                 for sessions in config.relay_sessions]
 
 
-async def memory_per_session(base_url: str, redis_url: str, pid: int, counts: dict[str, int]) -> list[dict]:
+async def memory_per_session(base_url: str, redis_url: str, pid: int, counts: dict[str, int],
+                             settle_sec: float = 2.0) -> list[dict]:
     """Gateway RSS and Redis growth per session, for each start policy in ``counts``.
 
     A warm-up round first (allocator arenas, lazily built code paths), and
@@ -416,10 +419,10 @@ async def memory_per_session(base_url: str, redis_url: str, pid: int, counts: di
         warmup = await asyncio.gather(*(one(p) for p in counts for _ in range(100)))
         await asyncio.gather(*(client.delete(sid) for sid in warmup))
         for policy, sessions in counts.items():
-            await asyncio.sleep(2)  # runners settle into their blocking reads
+            await asyncio.sleep(settle_sec)  # runners settle into their blocking reads
             rss_before, redis_before, clients_before = rss_bytes(pid), await used_memory(), await connections()
             ids += await asyncio.gather(*(one(policy) for _ in range(sessions)))
-            await asyncio.sleep(2)
+            await asyncio.sleep(settle_sec)
             rss_after, redis_after, clients_after = rss_bytes(pid), await used_memory(), await connections()
             results.append({"policy": policy, "sessions": sessions, "payload_bytes": len(CHUNK_TEXT),
                             "gateway_bytes": round((rss_after - rss_before) / sessions),
@@ -529,7 +532,9 @@ async def measure(config: OverheadConfig, results_dir: Path, log: Callable[[str]
         # freed memory that new sessions would reuse unseen.
         with server(["bench.servers", "stamp", "--port", str(gw_port)], port=gw_port, env=env,
                     log=Path(tmp) / "gateway-memory.log", ready_path="/readyz") as proc:
-            out["memory"] = await memory_per_session(f"http://127.0.0.1:{gw_port}", redis.url, proc.pid, {
-                "on_end_only": config.idle_sessions, "on_first_chunk": config.started_sessions})
+            out["memory"] = await memory_per_session(
+                f"http://127.0.0.1:{gw_port}", redis.url, proc.pid,
+                {"on_end_only": config.idle_sessions, "on_first_chunk": config.started_sessions},
+                config.memory_settle_sec)
             log(f"memory: {out['memory']}")
     return out
