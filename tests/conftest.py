@@ -17,6 +17,32 @@ from tests.loop_lag import LoopLagMonitor
 from tests.stall_watch import StallWatch
 from tests.vllm_sidecar import VllmSidecar
 
+#: Fixtures that use the session's ``vllm serve`` (and ``real_engine``'s ``openai-http`` half).
+SIDECAR_USERS = {"vllm_sidecar", "_http_engine", "http_engine"}
+#: The session's ``vllm serve`` once a test needs it or it was launched ahead.
+_sidecar: VllmSidecar | None = None
+_sidecar_wanted = False
+
+
+def _session_sidecar() -> VllmSidecar:
+    global _sidecar
+    if _sidecar is None:
+        _sidecar = VllmSidecar()
+    return _sidecar
+
+
+def _uses_sidecar(item: pytest.Item) -> bool:
+    names = set(getattr(item, "fixturenames", ()))
+    callspec = getattr(item, "callspec", None)
+    return bool(SIDECAR_USERS & names) or (
+        "real_engine" in names and callspec is not None and callspec.params.get("real_engine") == "openai-http")
+
+
+def _rank(item: pytest.Item) -> int:
+    if "replicas" in item.path.parts:
+        return 0
+    return 2 if item.path.name == "test_sidecar_failure.py" else 1
+
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Tests that start engine processes of their own (tests/replicas: three gateways,
@@ -24,12 +50,22 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     beside those, three more engines ran a 24 GiB machine out of memory. The test
     that kills the shared sidecar runs last: before, the next test to need it
     waited ~45 s for a restart."""
-    def rank(item: pytest.Item) -> int:
-        if "replicas" in item.path.parts:
-            return 0
-        return 2 if item.path.name == "test_sidecar_failure.py" else 1
+    global _sidecar_wanted
+    items.sort(key=_rank)  # stable: order kept within
+    _sidecar_wanted = any(_uses_sidecar(item) for item in items)
 
-    items.sort(key=rank)  # stable: order kept within
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """The sidecar is launched with the first test after the replicas' (their engines are
+    gone by then), so its ~50 s start (three processes importing torch and vLLM in turn)
+    runs beside the tests before the first that needs it, not in front of that one."""
+    if _sidecar_wanted and _sidecar is None and _rank(item) > 0:
+        _session_sidecar().launch()
+
+
+def pytest_sessionfinish() -> None:
+    if _sidecar is not None:
+        _sidecar.stop()  # launched ahead but never used (its tests failed or were skipped)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -70,8 +106,9 @@ def vllm_engine(started_vllm_engine: StartedEngine) -> VllmEngine:
 
 @pytest.fixture(scope="session")
 def vllm_sidecar() -> Iterator[VllmSidecar]:
-    """A real ``vllm serve`` (SmolLM2, prefix caching), one per test session."""
-    with VllmSidecar() as sidecar:
+    """A real ``vllm serve`` (SmolLM2, prefix caching), one per test session, launched
+    ahead (``pytest_runtest_setup``): this waits for it to be ready."""
+    with _session_sidecar() as sidecar:
         yield sidecar
 
 

@@ -40,6 +40,15 @@ class VllmSidecar:
         self._log = Path(tempfile.mkstemp(prefix="vllm-sidecar-", suffix=".log")[1])
 
     def start(self) -> None:
+        self.launch()
+        self._wait_ready()
+
+    @property
+    def launched(self) -> bool:
+        return self._proc is not None
+
+    def launch(self) -> None:
+        """Start the server and return at once (``start`` and ``__enter__`` wait for it)."""
         command = [
             sys.executable, "-m", "vllm.entrypoints.openai.api_server",
             "--model", str(ensure_default_model()), "--served-model-name", SERVED_NAME,
@@ -55,7 +64,6 @@ class VllmSidecar:
             # kill must take the whole group.
             self._proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
                                           stdin=subprocess.DEVNULL, env=env, start_new_session=True)
-        self._wait_ready()
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + START_TIMEOUT_SEC
@@ -102,7 +110,9 @@ class VllmSidecar:
         return "\n".join(self._log.read_text(errors="replace").splitlines()[-lines:])
 
     def __enter__(self) -> VllmSidecar:
-        self.start()
+        if not self.launched:  # else launched ahead (tests/conftest.py): wait for it
+            self.launch()
+        self._wait_ready()
         return self
 
     def __exit__(self, *_: object) -> None:
