@@ -6,17 +6,21 @@ nothing but uvicorn), and its CPU per token against a base commit's. This
 runs the three servers in turn, ``rounds`` times, with the same client and
 the same Redis: the floor, the gateway of this tree, and the gateway of
 ``--base`` (its files exported to a temporary folder and run from there,
-with this virtualenv). Each gateway is one process on the stamping engine
-(``bench/servers.py``), admission off, as in ``bench/overhead.py``.
+with this virtualenv). Each gateway runs on the stamping engine
+(``bench/servers.py``), admission off, as in ``bench/overhead.py``: one
+process, or with ``--workers 0,1`` also as ``omni-gateway serve`` runs on 2
+cores (an API worker serving the streams, the runners in the engine process).
 
     python -m bench.relay_ab --base main           # writes results/relay_ab.{json,md}
     python -m bench.relay_ab --base HEAD~3 --rounds 3 --sessions 200 --rate 100
+    python -m bench.relay_ab --workers 0,1     # one process, and serve's default shape
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import subprocess
 import tarfile
@@ -60,7 +64,7 @@ def top_functions(folded: Path, count: int = 25) -> list[tuple[str, float]]:
 
 
 async def run(base: str | None, rounds: int, sessions: int, rate: int, seconds: float,
-              profile_to: Path | None = None) -> list[dict]:
+              profile_to: Path | None = None, shapes: tuple[int, ...] = (0,)) -> list[dict]:
     tokens = round(rate * seconds)
     interval = ["--token-interval", str(1 / rate)]
     rows = []
@@ -76,9 +80,11 @@ async def run(base: str | None, rounds: int, sessions: int, rate: int, seconds: 
                 result = await relay_lags(f"http://127.0.0.1:{port}", proc.pid, sessions, tokens)
             rows.append({"server": "floor", "round": round_, **result})
             print(json.dumps(rows[-1]), flush=True)
-            for name, tree in trees.items():
+            for (tree_name, tree), workers in itertools.product(trees.items(), shapes):
+                name = tree_name if workers == 0 else f"{tree_name}, {workers} API worker{'s' * (workers > 1)}"
+                shape = ["--workers", str(workers), "--engine-port", str(free_port())] if workers else []
                 port = free_port()
-                with server(["bench.servers", "stamp", "--port", str(port), *interval], port=port, env=env,
+                with server(["bench.servers", "stamp", "--port", str(port), *interval, *shape], port=port, env=env,
                             log=Path(tmp) / f"{name.replace(' ', '-')}-{round_}.log", ready_path="/readyz",
                             cwd=tree) as proc:
                     profiler = None
@@ -116,11 +122,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seconds", type=float, default=5.0, help="how long each session streams")
     parser.add_argument("--profile", type=Path, default=None,
                         help="a folder for py-spy's folded stacks of each gateway's first round")
+    parser.add_argument("--workers", default="0",
+                        help="the replica's shapes, comma-separated API worker counts: 0 is one process doing "
+                             "everything; 1 is `omni-gateway serve`'s default on 2 cores (an API worker serving "
+                             "the streams, the runners in the engine process)")
     parser.add_argument("--results", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     if args.profile is not None:
         args.profile.mkdir(parents=True, exist_ok=True)
-    rows = asyncio.run(run(args.base, args.rounds, args.sessions, args.rate, args.seconds, args.profile))
+    shapes = tuple(int(n) for n in args.workers.split(","))
+    rows = asyncio.run(run(args.base, args.rounds, args.sessions, args.rate, args.seconds, args.profile, shapes))
     for raw in sorted(args.profile.glob("*.raw")) if args.profile is not None else []:
         print(raw.name, *top_functions(raw), sep="\n  ")
     args.results.mkdir(parents=True, exist_ok=True)
