@@ -166,6 +166,44 @@ async def test_a_function_call_then_its_output_feeds_the_next_answer(redis_url: 
                                                                  "arguments": '{"city": "Paris"}'}
 
 
+async def test_parallel_tool_calls_is_a_session_setting_a_response_may_override(redis_url: str) -> None:
+    """The SDK's ``parallel_tool_calls`` (session and response): false reaches the engine as
+    "at most one call"; a response's own value wins; anything but a boolean is an error event."""
+    engine = ScriptedEngine()
+    async with live_app(make_settings(redis_url=redis_url), engine) as url, \
+            sdk(url).realtime.connect(model="scripted") as conn:
+        await conn.session.update(session={**TEXT_ONLY, "tools": [WEATHER], "parallel_tool_calls": False})
+        updated = await until(conn, "session.updated")
+        assert updated[-1]["session"]["parallel_tool_calls"] is False
+        await text_turn(conn, "one")
+        assert engine.sessions[-1].request.parallel_tool_calls is False
+        await conn.conversation.item.create(item={
+            "type": "message", "role": "user", "content": [{"type": "input_text", "text": "two"}]})
+        await conn.response.create(response={"parallel_tool_calls": True})
+        await until(conn, "response.done")
+        assert engine.sessions[-1].request.parallel_tool_calls is True
+        await conn.send({"type": "session.update", "session": {"parallel_tool_calls": "no"}})  # type: ignore[typeddict-item]
+        refused = await until(conn, "error")
+        assert refused[-1]["error"]["param"] == "session.parallel_tool_calls"
+        await text_turn(conn, "three")  # the session as it was
+        assert engine.sessions[-1].request.parallel_tool_calls is False
+
+
+async def test_required_without_parallel_calls_is_one_call_on_the_real_engine(redis_url: str, vllm_engine: Any) -> None:
+    """``tool_choice: required`` on the 135M model wrote the same call twice in two answers of
+    four (at the model's default sampling); with ``parallel_tool_calls: false`` each holds one."""
+    async with live_app(make_settings(redis_url=redis_url), vllm_engine) as url:
+        for _ in range(3):
+            async with sdk(url).realtime.connect(model=vllm_engine.capabilities.model_names[0]) as conn:
+                await conn.session.update(session={**TEXT_ONLY, "tools": [WEATHER], "tool_choice": "required",
+                                                   "parallel_tool_calls": False, "max_output_tokens": 60})
+                await until(conn, "session.updated")
+                events = await text_turn(conn, "What is the weather in Lima?")
+            calls = [i for i in events[-1]["response"]["output"] if i["type"] == "function_call"]
+            assert len(calls) == 1, calls
+            assert calls[0]["name"] == "get_weather" and "city" in json.loads(calls[0]["arguments"]), calls
+
+
 async def test_a_second_response_while_one_runs_gets_openais_code_and_rate_limits_follow_each(
         redis_url: str) -> None:
     async with live_app(make_settings(redis_url=redis_url), ScriptedEngine(Script(word_delay_sec=0.1))) as url, \

@@ -58,6 +58,8 @@ class RealtimeConfig:
     tools: list[dict[str, Any]] = field(default_factory=list)
     #: ``auto``, ``none``, ``required`` or the chat shape of a named function.
     tool_choice: str | dict[str, Any] = "auto"
+    #: ``False``: at most one function call per answer; ``None``: not set (several allowed).
+    parallel_tool_calls: bool | None = None
     #: ``auto`` / ``retention_ratio`` drop the oldest items when the history outgrows the
     #: context; ``disabled`` keeps them (and a turn that no longer fits fails).
     truncation: str = "auto"
@@ -106,6 +108,7 @@ class RealtimeConfig:
             "max_output_tokens": "inf" if self.max_output_tokens is None else self.max_output_tokens,
             "tools": [realtime_tool(t) for t in self.tools], "tool_choice": realtime_tool_choice(self.tool_choice),
             "truncation": self._truncation_object(),
+            **({} if self.parallel_tool_calls is None else {"parallel_tool_calls": self.parallel_tool_calls}),
             "audio": {
                 "input": {"format": pcm, "transcription": self.transcription,
                           "turn_detection": self.server_vad.as_dict() if self.server_vad else None},
@@ -136,6 +139,9 @@ class RealtimeConfig:
         if self.tool_choice not in ("auto", "none") and not tool_choice_fits(self.tool_choice, self.tools):
             raise errors.ValidationFailed("tool_choice names a function that is not among the tools",
                                           param="session.tool_choice")
+        if "parallel_tool_calls" in session:
+            self.parallel_tool_calls = parallel_tool_calls(session["parallel_tool_calls"],
+                                                           "session.parallel_tool_calls")
         if "truncation" in session:
             self._update_truncation(session["truncation"])
         if "temperature" in session:  # the beta field; GA leaves sampling to the model
@@ -255,6 +261,13 @@ def chat_tool_choice(choice: Any, param: str) -> str | dict[str, Any]:
         return NamedToolChoice(type="function", function={"name": choice["name"]}).model_dump()
     raise errors.ValidationFailed('tool_choice is "auto", "none", "required" or {type: function, name}',
                                   param=param)
+
+
+def parallel_tool_calls(value: Any, param: str) -> bool | None:
+    """``parallel_tool_calls``: a boolean, or null for not set."""
+    if value is not None and not isinstance(value, bool):
+        raise errors.ValidationFailed("parallel_tool_calls is a boolean", param=param)
+    return value
 
 
 def tool_choice_fits(choice: str | dict[str, Any], tools: list[dict[str, Any]]) -> bool:

@@ -62,6 +62,7 @@ from gateway.api.realtime.config import (
     chat_tool_choice,
     chat_tools,
     output_token_limit,
+    parallel_tool_calls,
     tool_choice_fits,
 )
 from gateway.api.realtime.conversation import ROOT, Conversation, item_text, public, without_oldest
@@ -125,6 +126,8 @@ class Params:
     temperature: float | None
     tools: tuple[str, ...]  # JSON of each, so the whole is comparable
     tool_choice: str
+    #: False: at most one function call in the answer.
+    parallel_tool_calls: bool = True
     metadata: tuple[tuple[str, str], ...] = ()
 
     def tools_list(self) -> list[dict[str, Any]]:
@@ -587,18 +590,20 @@ class RealtimeConnection:
         if choice not in ("auto", "none") and not tool_choice_fits(choice, tools):
             raise errors.ValidationFailed("tool_choice names a function that is not among the tools",
                                           param="response.tool_choice")
+        parallel = parallel_tool_calls(body["parallel_tool_calls"], "response.parallel_tool_calls") \
+            if "parallel_tool_calls" in body else c.parallel_tool_calls
         metadata = body.get("metadata") or {}
         if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
             raise errors.ValidationFailed("metadata maps strings to strings", param="response.metadata")
         return Params(instructions, tuple(modalities), limit, c.temperature,
                       tuple(json.dumps(t, sort_keys=True) for t in tools),
                       choice if isinstance(choice, str) else json.dumps(choice, sort_keys=True),
-                      tuple(sorted(metadata.items())))
+                      parallel is not False, tuple(sorted(metadata.items())))
 
     def _basis(self, params: Params) -> tuple[Any, ...]:
         """What makes two answers' sessions alike (metadata is the response's own)."""
         return (params.instructions, params.modalities, params.max_output_tokens, params.temperature,
-                params.tools, params.tool_choice, self._version)
+                params.tools, params.tool_choice, params.parallel_tool_calls, self._version)
 
     def _input_items(self, given: Any) -> list[dict[str, Any]]:
         """``response.input``: items, or references to the conversation's."""
@@ -684,7 +689,8 @@ class RealtimeConnection:
             max_tokens=params.max_output_tokens, temperature=params.temperature,
             stream_options=StreamOptions(include_usage=True),
             start_policy=None if streaming else StartPolicy.ON_END_ONLY,
-            tools=tools or None, tool_choice=params.choice() if tools else None)
+            tools=tools or None, tool_choice=params.choice() if tools else None,
+            parallel_tool_calls=None if params.parallel_tool_calls else False)
 
     async def _history(self, items: list[dict[str, Any]], params: Params, *, trim: bool) -> list[ChatMessage]:
         """The instructions and the items' history; with ``trim`` (the items are the conversation's
