@@ -36,13 +36,15 @@ async def test_frames_within_the_window_go_out_in_one_call_in_order() -> None:
     publish = Recorder()
     batcher = OutputBatcher(publish, window_sec=0.05)
     started = time.monotonic()
+    # Other tasks run between the frames, but no timer does: on a busy machine five 1 ms
+    # sleeps could take the whole window.
     for n in range(5):
         await batcher.add([frame(n)])
-        await asyncio.sleep(0.001)
+        await asyncio.sleep(0)
     await asyncio.sleep(0.2)
     assert [frames for _, frames in publish.calls] == [[frame(n) for n in range(5)]]
     waited = publish.calls[0][0] - started
-    assert 0.04 <= waited < 0.15  # the window, not more (a busy machine may add a little)
+    assert 0.04 <= waited < 0.5  # the window, not the close (a busy machine's timers run late)
     assert await batcher.close()
 
 
