@@ -1,8 +1,8 @@
 """A long Realtime conversation on the real engine: truncation keeps every turn inside its budget.
 
-25 text turns over the official ``openai`` SDK, answers of a few tokens. The
+15 text turns over the official ``openai`` SDK, answers of a few tokens. The
 history's budget is small here (``token_limits.post_instructions``, 200 tokens) so
-that truncation happens twice within 25 turns; with the default budget
+that truncation happens twice within 15 turns; with the default budget
 (the model's context less room for the input and the answer) the same code
 runs, later.
 """
@@ -20,7 +20,7 @@ from tests.gateway.test_realtime import sdk, text_turn
 
 pytestmark = pytest.mark.engine
 BUDGET = 200
-TURNS = 25
+TURNS = 15
 
 
 async def test_a_long_conversation_never_errors_and_the_history_stays_in_its_budget(redis_url: str, vllm_engine: Any) -> None:
