@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from omni_adapter.port import Capabilities, Engine, RequestChecks, SamplingOptions
 
@@ -72,16 +72,37 @@ async def _with_cpu_voice(engine: Engine, recognizer: RecognizerName) -> Engine:
     return await asyncio.to_thread(lambda: with_talker(with_listener(engine, recognizer)))
 
 
-async def open_request_checks(choice: EngineChoice, capabilities: Capabilities) -> RequestChecks | None:
+async def open_request_checks(choice: EngineChoice, capabilities: Capabilities,
+                              tokenizer: Any = None) -> RequestChecks | None:
     """For a process that opens no engine (an API worker): the checks the engine would make, where
     they need only its tokenizer (the in-process ``vllm`` engine); ``None`` for the others, which
-    check nothing before the engine runs the request either."""
+    check nothing before the engine runs the request either. ``tokenizer``: loaded ahead
+    (``preload_tokenizer``)."""
     if choice.kind != "vllm":
         return None
-    from omni_adapter.vllm_engine import load_tokenizer_checks
+    from omni_adapter.vllm_engine import load_tokenizer, tokenizer_checks
 
-    model, _ = await _model(choice)
-    return await asyncio.to_thread(load_tokenizer_checks, model, choice.max_model_len, capabilities)
+    if tokenizer is None:
+        model, _ = await _model(choice)
+        tokenizer = await asyncio.to_thread(load_tokenizer, model)
+    return tokenizer_checks(tokenizer, choice.max_model_len, capabilities)
+
+
+async def preload_tokenizer(choice: EngineChoice) -> Any:
+    """An API worker's tokenizer for its checks, loaded while its engine process starts: importing
+    transformers and loading it took ~9 s of a restart when it waited for the engine first.
+
+    Only from a model folder that is there already (an explicit one, or the default converted):
+    the engine process converts a missing default, and two processes converting it at once
+    would race. ``None``: load it later, as ``open_request_checks`` does.
+    """
+    if choice.kind != "vllm":
+        return None
+    from omni_adapter.model_bootstrap import converted_default_model
+    from omni_adapter.vllm_engine import load_tokenizer
+
+    model = choice.model or converted_default_model()
+    return None if model is None else await asyncio.to_thread(load_tokenizer, str(model))
 
 
 async def _model(choice: EngineChoice) -> tuple[str, str]:

@@ -44,6 +44,12 @@ def default_cache_root() -> Path:
     return Path(base) / "omni-gateway" / "models"
 
 
+def converted_default_model(cache_root: Path | None = None) -> Path | None:
+    """The default model's folder if it is converted already, else ``None`` (nothing is done)."""
+    target = (cache_root or default_cache_root()) / MODEL_DIR_NAME
+    return target if (target / COMPLETE_MARKER).exists() else None
+
+
 def ensure_default_model(cache_root: Path | None = None) -> Path:
     """Return the folder of the converted default model, converting it if needed."""
     root = cache_root or default_cache_root()

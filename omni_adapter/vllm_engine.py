@@ -259,16 +259,23 @@ class TokenizerChecks:
         return prefix, suffix
 
 
-def load_tokenizer_checks(model: str, max_model_len: int, capabilities: Capabilities) -> TokenizerChecks:
-    """The engine's checks without the engine: its tokenizer, loaded from the model folder (blocking).
-
-    vLLM's own ``get_tokenizer`` loads the same ``AutoTokenizer`` (and only
-    caches it); ``capabilities`` are the engine's as it announced them (with
-    its Listener and Talker stages), so audio in or out passes here as there.
-    """
+def load_tokenizer(model: str) -> Any:
+    """The engine's tokenizer without the engine, from the model folder (blocking: it imports
+    transformers). vLLM's own ``get_tokenizer`` loads the same ``AutoTokenizer`` (and only caches it)."""
     from transformers import AutoTokenizer
 
-    return TokenizerChecks(StreamingTokenizer(AutoTokenizer.from_pretrained(model)), max_model_len, capabilities)
+    return AutoTokenizer.from_pretrained(model)
+
+
+def load_tokenizer_checks(model: str, max_model_len: int, capabilities: Capabilities) -> TokenizerChecks:
+    """``tokenizer_checks`` with the tokenizer loaded from the model folder (blocking)."""
+    return tokenizer_checks(load_tokenizer(model), max_model_len, capabilities)
+
+
+def tokenizer_checks(tokenizer: Any, max_model_len: int, capabilities: Capabilities) -> TokenizerChecks:
+    """The engine's checks without the engine. ``capabilities`` are the engine's as it announced
+    them (with its Listener and Talker stages), so audio in or out passes here as there."""
+    return TokenizerChecks(StreamingTokenizer(tokenizer), max_model_len, capabilities)
 
 
 class VllmEngine:

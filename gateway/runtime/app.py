@@ -39,7 +39,7 @@ from gateway.work.engine_death import watch_engine
 from gateway.work.pool import RunnerPool
 from gateway.work.runner import SessionRunner
 from gateway.work.tender import Tender
-from omni_adapter.factory import EngineChoice, open_engine, open_request_checks
+from omni_adapter.factory import EngineChoice, open_engine, open_request_checks, preload_tokenizer
 from omni_adapter.port import Engine, RequestChecks, SamplingOptions
 
 logger = logging.getLogger(__name__)
@@ -81,14 +81,16 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
             return await FrontEngine.wait_for(store, settings.replica_id, settings.engine_start_timeout_sec)
         return engine or await open_engine(choice)
 
-    async def open_checks(active: Engine) -> RequestChecks | None:
+    async def open_checks(active: Engine, preloading: asyncio.Task[Any] | None) -> RequestChecks | None:
         if isinstance(active, RequestChecks):
             return active
-        if not isinstance(active, FrontEngine) or not active.checks_requests:
+        if not isinstance(active, FrontEngine) or not active.checks_requests or preloading is None:
+            if preloading is not None:
+                preloading.cancel()  # not needed after all
             return None
         # An API worker checks what the engine process would, from the same tokenizer.
         try:
-            return await open_request_checks(choice, active.capabilities)
+            return await open_request_checks(choice, active.capabilities, await preloading)
         except Exception as exc:
             logger.warning("API worker: no tokenizer (%s); requests are checked when the engine runs them", exc)
             return None
@@ -103,7 +105,14 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
             if settings.redis_url is not None:
                 await store.check_durability(settings.redis_durability)
             own_engine = engine is None and role != "api"
-            active = await open_active(store)
+            # An API worker loads its tokenizer while it waits for its engine process.
+            preloading = asyncio.create_task(preload_tokenizer(choice), name="tokenizer") if role == "api" else None
+            try:
+                active = await open_active(store)
+            except BaseException:
+                if preloading is not None:
+                    preloading.cancel()
+                raise
             metrics = Metrics()
             metrics.watch_admission(admission)
             background = [asyncio.create_task(admission.watch(), name="loop-lag")]
@@ -114,7 +123,7 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
                 # An API worker takes no engine work: what its calls start waits for the engine process.
                 capacity=0 if role == "api" else settings.max_engine_sessions, listening_cap=settings.listening_cap)
             service = SessionService(settings, store, active.capabilities, runners, metrics, draining,
-                                     await open_checks(active), admission.sheds_new_work)
+                                     await open_checks(active, preloading), admission.sheds_new_work)
             if isinstance(active, FrontEngine):
                 tender = asyncio.create_task(active.watch(), name="engine-watch")
             else:
