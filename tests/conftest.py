@@ -13,6 +13,7 @@ from omni_adapter.http_engine import HttpEngine, HttpEngineConfig, open_http_eng
 from omni_adapter.model_bootstrap import ensure_default_model
 from omni_adapter.port import Engine
 from omni_adapter.vllm_engine import VllmEngine, VllmEngineConfig, open_vllm_engine
+from tests.deploy.local_cluster import LocalCluster
 from tests.loop_lag import LoopLagMonitor
 from tests.stall_watch import StallWatch
 from tests.vllm_sidecar import VllmSidecar
@@ -22,6 +23,9 @@ SIDECAR_USERS = {"vllm_sidecar", "_http_engine", "http_engine"}
 #: The session's ``vllm serve`` once a test needs it or it was launched ahead.
 _sidecar: VllmSidecar | None = None
 _sidecar_wanted = False
+#: deploy/local/cluster.sh's run, launched ahead when a collected test uses it.
+_cluster: LocalCluster | None = None
+_cluster_wanted = False
 
 
 def _session_sidecar() -> VllmSidecar:
@@ -41,7 +45,9 @@ def _uses_sidecar(item: pytest.Item) -> bool:
 def _rank(item: pytest.Item) -> int:
     if "replicas" in item.path.parts:
         return 0
-    return 2 if item.path.name == "test_sidecar_failure.py" else 1
+    if "local_cluster" in getattr(item, "fixturenames", ()):
+        return 2
+    return 3 if item.path.name == "test_sidecar_failure.py" else 1
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -49,23 +55,35 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     each with its engine) run first, before the session's shared engines exist:
     beside those, three more engines ran a 24 GiB machine out of memory. The test
     that kills the shared sidecar runs last: before, the next test to need it
-    waited ~45 s for a restart."""
-    global _sidecar_wanted
+    waited ~45 s for a restart. The local cluster's test runs just before it, so
+    the cluster launched ahead has had the other tests' time to start."""
+    global _sidecar_wanted, _cluster_wanted
     items.sort(key=_rank)  # stable: order kept within
     _sidecar_wanted = any(_uses_sidecar(item) for item in items)
+    _cluster_wanted = any(_rank(item) == 2 for item in items)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """The sidecar is launched with the first test after the replicas' (their engines are
     gone by then), so its ~50 s start (three processes importing torch and vLLM in turn)
-    runs beside the tests before the first that needs it, not in front of that one."""
-    if _sidecar_wanted and _sidecar is None and _rank(item) > 0:
+    runs beside the tests before the first that needs it, not in front of that one. The
+    local cluster (a sidecar of its own, two gateways, Redis, the edge: about a minute)
+    is launched once the shared sidecar is up, so the two starts do not fight for the cores."""
+    global _cluster
+    if _rank(item) == 0:
+        return
+    if _sidecar_wanted and _sidecar is None:
         _session_sidecar().launch()
+    if _cluster_wanted and _cluster is None and (_sidecar is None or _sidecar.has_been_ready or _sidecar.healthy()):
+        _cluster = LocalCluster()
+        _cluster.launch()
 
 
 def pytest_sessionfinish() -> None:
     if _sidecar is not None:
         _sidecar.stop()  # launched ahead but never used (its tests failed or were skipped)
+    if _cluster is not None:
+        _cluster.kill_everything()
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -110,6 +128,20 @@ def vllm_sidecar() -> Iterator[VllmSidecar]:
     ahead (``pytest_runtest_setup``): this waits for it to be ready."""
     with _session_sidecar() as sidecar:
         yield sidecar
+
+
+@pytest.fixture
+def local_cluster() -> Iterator[LocalCluster]:
+    """deploy/local/cluster.sh, launched ahead (``pytest_runtest_setup``) or now; killed after."""
+    global _cluster
+    if _cluster is None:
+        _cluster = LocalCluster()
+    if not _cluster.launched:
+        _cluster.launch()
+    try:
+        yield _cluster
+    finally:
+        _cluster.kill_everything()
 
 
 @pytest.fixture(scope="session")

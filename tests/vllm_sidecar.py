@@ -37,6 +37,8 @@ class VllmSidecar:
         self.url = f"http://127.0.0.1:{self.port}"
         self._max_model_len = max_model_len
         self._proc: subprocess.Popen[bytes] | None = None
+        #: Answered its health check once: its start no longer takes the cores.
+        self.has_been_ready = False
         self._log = Path(tempfile.mkstemp(prefix="vllm-sidecar-", suffix=".log")[1])
 
     def start(self) -> None:
@@ -78,6 +80,7 @@ class VllmSidecar:
     def healthy(self) -> bool:
         try:
             with urllib.request.urlopen(f"{self.url}/health", timeout=2) as response:
+                self.has_been_ready = self.has_been_ready or response.status == 200
                 return response.status == 200
         except OSError:
             return False

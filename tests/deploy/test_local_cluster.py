@@ -18,21 +18,17 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import psutil
 import pytest
 
-from deploy import render_manifests
+from tests.deploy.local_cluster import SCRIPT, SERVICES, LocalCluster, group_alive
 from tests.gateway.test_realtime import QUESTION
 from tests.gateway.webrtc_peer import Peer
-from tests.redis_server import free_port
 from tests.voice import SPEECH_RATE, recognize, speech, word_errors
 
-SCRIPT = render_manifests.ROOT / "deploy" / "local" / "cluster.sh"
-SERVICES = ("redis", "engine", "gateway-a", "gateway-b", "edge")
 SESSIONS = "/v1/streaming_input/sessions"
 
 
@@ -42,86 +38,6 @@ def test_cluster_script_passes_shellcheck() -> None:
     result = subprocess.run([str(shellcheck), "--severity=style", str(SCRIPT)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
     assert os.access(SCRIPT, os.X_OK)
-
-
-def group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def tail(path: Path, lines: int = 40) -> str:
-    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
-
-
-class LocalCluster:
-    def __init__(self, workdir: Path) -> None:
-        self.state = workdir / "state"
-        self.output = workdir / "cluster.out"
-        self.ports = {name: free_port() for name in ("edge", "a", "b", "engine", "redis")}
-        self.pgids: dict[str, int] = {}
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        env = os.environ | {
-            "EDGE_PORT": str(self.ports["edge"]),
-            "GATEWAY_A_PORT": str(self.ports["a"]), "GATEWAY_B_PORT": str(self.ports["b"]),
-            "ENGINE_PORT": str(self.ports["engine"]), "REDIS_PORT": str(self.ports["redis"]),
-            "STATE_DIR": str(self.state), "READY_TIMEOUT": "900", "VENV": sys.prefix,
-        }
-        with self.output.open("wb") as out:
-            self.proc = subprocess.Popen(["bash", str(SCRIPT)], env=env, stdout=out, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
-
-    def diagnostics(self) -> str:
-        parts = [f"--- cluster.sh\n{tail(self.output)}"]
-        parts += [f"--- {name}.log\n{tail(self.state / f'{name}.log', 25)}" for name in SERVICES]
-        return "\n".join(parts)
-
-    def wait_ready(self, timeout: float) -> None:
-        assert self.proc is not None
-        deadline = time.monotonic() + timeout
-        while "cluster: ready" not in (self.output.read_text() if self.output.exists() else ""):
-            assert self.proc.poll() is None, f"cluster.sh exited with {self.proc.returncode}\n{self.diagnostics()}"
-            assert time.monotonic() < deadline, f"not ready after {timeout} s\n{self.diagnostics()}"
-            time.sleep(1)
-        for name in SERVICES:
-            self.pgids[name] = int((self.state / f"{name}.pid").read_text())
-
-    def stop(self, timeout: float) -> int:
-        """SIGTERM to the script, as Ctrl-C or a supervisor would; its trap stops the rest."""
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout=timeout)
-
-    def kill_everything(self) -> None:
-        """Last resort, also on failure: no process of this test may outlive it."""
-        groups = set(self.pgids.values())
-        for pid_file in self.state.glob("*.pid"):
-            try:
-                groups.add(int(pid_file.read_text()))
-            except (OSError, ValueError):
-                continue
-        if self.proc is not None:
-            groups.add(self.proc.pid)
-        for pgid in groups:
-            if group_alive(pgid):
-                os.killpg(pgid, signal.SIGKILL)
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.wait(timeout=30)
-
-
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
-    local = LocalCluster(tmp_path)
-    try:
-        yield local
-    finally:
-        local.kill_everything()
 
 
 def read_sse(client: httpx.Client, url: str, timeout: float) -> list[tuple[str | None, str]]:
@@ -147,8 +63,8 @@ def read_sse(client: httpx.Client, url: str, timeout: float) -> list[tuple[str |
 
 @pytest.mark.engine
 @pytest.mark.timeout(1500)
-def test_local_cluster_serves_one_session_across_both_gateways(cluster: LocalCluster) -> None:
-    cluster.start()
+def test_local_cluster_serves_one_session_across_both_gateways(local_cluster: LocalCluster) -> None:
+    cluster = local_cluster  # launched ahead (tests/conftest.py)
     cluster.wait_ready(timeout=1000)
     a = f"http://127.0.0.1:{cluster.ports['a']}"
     b = f"http://127.0.0.1:{cluster.ports['b']}"

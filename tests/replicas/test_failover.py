@@ -90,11 +90,16 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replicas]:
             try:
                 for gateway in running.gateways.values():
                     gateway.start()
-                for gateway in running.gateways.values():
-                    wait_until(lambda g=gateway: ready(g), 900, f"{gateway.name} ready", running.diagnostics)
+                all_ready(running)
                 yield running
             finally:
                 stop_all(list(running.gateways.values()))
+
+
+def all_ready(replicas: Replicas) -> None:
+    """Every replica answers /readyz: a test that kills one starts it again without waiting."""
+    for gateway in replicas.gateways.values():
+        wait_until(lambda g=gateway: ready(g), 900, f"{gateway.name} ready", replicas.diagnostics)
 
 
 def sse_frames(base: str, sid: str, *, after: str | None = None, stop_after_content: int | None = None,
@@ -230,6 +235,7 @@ def test_a_replica_whose_engine_dies_hands_its_session_over_and_exits(
         # Also proves the kill came before the end of the answer: a finished one is not released.
         for session_id in (sid, listening):
             assert f"session {session_id}: released to another replica" in log, a.tail()
+        a.start()  # as its supervisor would: the restart runs beside the rest (the next test waits for it)
         rest = sse_frames(replicas.edge, sid, after=first_part[-1][0])  # reconnect through the edge
         assert rest[-1][1] == "[DONE]"
         assert text_of(first_part) + text_of(rest) == undisturbed["text"], "nothing lost or repeated"
@@ -242,8 +248,7 @@ def test_a_replica_whose_engine_dies_hands_its_session_over_and_exits(
         assert text_of(sse_frames(replicas.edge, listening)) == undisturbed["text"]
     finally:
         if not a.alive():
-            a.start()  # the next tests need three replicas
-            wait_until(lambda: ready(a), 900, "replica-a ready again", replicas.diagnostics)
+            a.start()  # the next tests need three replicas (they wait for it)
 
 
 def realtime_events(ws: Any, until: str, within_sec: float = 240) -> list[dict]:
@@ -280,6 +285,7 @@ def test_kill_9_of_the_replica_holding_a_realtime_socket_mid_answer(replicas: Re
         ask_over_realtime(ws)
         undisturbed = realtime_text(realtime_events(ws, "response.done"))
     assert len(undisturbed.split()) >= 4, undisturbed
+    all_ready(replicas)  # replica-a restarts after the test before
     try:
         with connect(a.url.replace("http", "ws") + realtime) as ws_a:
             session_id = ask_over_realtime(ws_a)
@@ -294,14 +300,14 @@ def test_kill_9_of_the_replica_holding_a_realtime_socket_mid_answer(replicas: Re
         assert after[-1]["response"]["status"] == "completed"
     finally:
         if not a.alive():
-            a.start()  # the next test needs three replicas
-            wait_until(lambda: ready(a), 900, "replica-a ready again", replicas.diagnostics)
+            a.start()  # the next test needs three replicas (it waits for it)
 
 
 def test_kill_9_mid_input_then_mid_generation_loses_and_repeats_nothing(
     replicas: Replicas, undisturbed: dict,
 ) -> None:
     a, b, c = (replicas.gateways[n] for n in NAMES)
+    all_ready(replicas)  # replica-a restarts after the test before
     sid = post(a.url, "", REQUEST).json()["session_id"]
     chunk(a.url, sid, 0)  # on_first_chunk: A starts the engine work and holds its lease
     assert owner(b.url, sid) == "replica-a"
