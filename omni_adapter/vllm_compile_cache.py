@@ -34,4 +34,4 @@ def let_the_aot_cache_load() -> None:
     from torch._dynamo.aot_compile_types import BundledAOTAutogradSerializableCallable
 
     if not hasattr(BundledAOTAutogradSerializableCallable, "finalize_loading"):
-        BundledAOTAutogradSerializableCallable.finalize_loading = _nothing_to_finalize  # type: ignore[attr-defined]
+        BundledAOTAutogradSerializableCallable.finalize_loading = _nothing_to_finalize
