@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -64,24 +65,27 @@ def test_realtime_paces_the_chunks_and_chars_cut_them(gateway: LiveGateway, ques
 
 
 def test_exit_codes_and_messages(gateway: LiveGateway, tmp_path: Path, question: Path) -> None:
-    missing = omni_gateway("stream", str(tmp_path / "nope.txt"), "--url", gateway.url)
-    assert missing.returncode == 2 and "cannot read" in missing.stderr and "nope.txt" in missing.stderr
-
     fake_wav = tmp_path / "fake.wav"
     fake_wav.write_bytes(b"RIFF not really a wav file")
-    assert (bad := omni_gateway("stream", str(fake_wav), "--url", gateway.url)).returncode == 2
-    assert "not a PCM WAV file" in bad.stderr
-
     (empty := tmp_path / "empty.txt").write_text("  \n")
-    assert omni_gateway("stream", str(empty), "--url", gateway.url).returncode == 2
-
-    usage = omni_gateway("stream", str(question), "--chunk-ms", "0")
+    runs = {
+        "missing": ("stream", str(tmp_path / "nope.txt"), "--url", gateway.url),
+        "bad": ("stream", str(fake_wav), "--url", gateway.url),
+        "empty": ("stream", str(empty), "--url", gateway.url),
+        "usage": ("stream", str(question), "--chunk-ms", "0"),
+        "nowhere": ("stream", str(question), "--url", f"http://127.0.0.1:{free_port()}"),
+        "refused": ("stream", str(question), "--temperature", "9", "--url", gateway.url),
+        "helped": ("stream", "--help"),
+    }
+    # Two at a time: each run is mostly a Python process starting.
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        done = dict(zip(runs, pool.map(lambda args: omni_gateway(*args), runs.values()), strict=True))
+    missing, bad, empty_run, usage, nowhere, refused, helped = done.values()
+    assert missing.returncode == 2 and "cannot read" in missing.stderr and "nope.txt" in missing.stderr
+    assert bad.returncode == 2 and "not a PCM WAV file" in bad.stderr
+    assert empty_run.returncode == 2
     assert usage.returncode == 2 and "at least 1" in usage.stderr
-
-    nowhere = omni_gateway("stream", str(question), "--url", f"http://127.0.0.1:{free_port()}")
     assert nowhere.returncode == 3 and "cannot reach the gateway" in nowhere.stderr
-
-    refused = omni_gateway("stream", str(question), "--temperature", "9", "--url", gateway.url)
     assert refused.returncode == 4
     assert "the gateway refused: 422 validation_error (temperature)" in refused.stderr
 
@@ -91,7 +95,6 @@ def test_exit_codes_and_messages(gateway: LiveGateway, tmp_path: Path, question:
 
     for result in (missing, bad, usage, nowhere, refused, failed):
         assert "Traceback" not in result.stderr, result.stderr
-    helped = omni_gateway("stream", "--help")
     assert helped.returncode == 0 and "examples:" in helped.stdout and "--save-audio answer.wav" in helped.stdout
 
 
