@@ -163,7 +163,8 @@ def _start_vllm(config: VllmEngineConfig) -> tuple[Any, StreamingTokenizer, Any]
         # vLLM warms a compiled model up with one forward of max_num_batched_tokens
         # (2,048 on the CPU): 512 makes each compiled start ~5 s shorter; prefill then
         # goes in 512-token steps at the same speed (bench/README.md, engine start).
-        max_num_batched_tokens = COMPILED_CPU_BATCHED_TOKENS
+        # (vLLM requires a step to hold at least one token of each running request.)
+        max_num_batched_tokens = max(COMPILED_CPU_BATCHED_TOKENS, config.max_num_seqs or 0)
 
     args = AsyncEngineArgs(
         model=config.model,
