@@ -26,6 +26,8 @@ _sidecar_wanted = False
 #: deploy/local/cluster.sh's run, launched ahead when a collected test uses it.
 _cluster: LocalCluster | None = None
 _cluster_wanted = False
+#: The cluster launched ahead takes about a tenth of a core's time beside a busy test (CFS weights).
+CLUSTER_AHEAD_NICENESS = 10
 
 
 def _session_sidecar() -> VllmSidecar:
@@ -68,7 +70,9 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     gone by then), so its ~50 s start (three processes importing torch and vLLM in turn)
     runs beside the tests before the first that needs it, not in front of that one. The
     local cluster (a sidecar of its own, two gateways, Redis, the edge: about a minute)
-    is launched once the shared sidecar is up, so the two starts do not fight for the cores."""
+    is launched once the shared sidecar is up, so the two starts do not fight for the cores,
+    and niced: it has minutes to get ready, and at full weight its start slowed the tests
+    beside it enough to fail a timing test (the CLI's paced chunks were fed all at once)."""
     global _cluster
     if _rank(item) == 0:
         return
@@ -76,7 +80,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         _session_sidecar().launch()
     if _cluster_wanted and _cluster is None and (_sidecar is None or _sidecar.has_been_ready or _sidecar.healthy()):
         _cluster = LocalCluster()
-        _cluster.launch()
+        _cluster.launch(niceness=CLUSTER_AHEAD_NICENESS)
 
 
 def pytest_sessionfinish() -> None:

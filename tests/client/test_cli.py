@@ -58,9 +58,10 @@ def test_realtime_paces_the_chunks_and_chars_cut_them(gateway: LiveGateway, ques
     session = gateway.engine.sessions[0]
     chunks = math.ceil(len(QUESTION) / 12)
     assert [c.data.decode() for c in session.fed] == [QUESTION[i:i + 12] for i in range(0, len(QUESTION), 12)]
-    # Fed as they were sent, 150 ms apart, not all at once (the engine's feed loop may take
-    # two that arrive close together at once on a busy machine: half the span is the bar).
-    assert session.fed_at[-1] - session.fed_at[0] >= 0.15 * (chunks - 1) / 2
+    # Fed as they were sent, 150 ms apart, not all at once. The engine's feed loop may take
+    # chunks that arrive close together at once on a busy machine (a CI run fed 5 intervals
+    # in 0.34 s): a third of the span is the bar; all at once would be a few ms.
+    assert session.fed_at[-1] - session.fed_at[0] >= 0.15 * (chunks - 1) / 3
     assert time.monotonic() - started >= 0.15 * (chunks - 1)
 
 

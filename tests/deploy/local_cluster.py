@@ -51,8 +51,9 @@ class LocalCluster:
     def launched(self) -> bool:
         return self.proc is not None
 
-    def launch(self) -> None:
-        """Start cluster.sh and return at once (``wait_ready`` waits for it)."""
+    def launch(self, niceness: int = 0) -> None:
+        """Start cluster.sh and return at once (``wait_ready`` waits for it); with a
+        niceness, its processes take the CPU only as far as others leave it."""
         env = os.environ | {
             "EDGE_PORT": str(self.ports["edge"]),
             "GATEWAY_A_PORT": str(self.ports["a"]), "GATEWAY_B_PORT": str(self.ports["b"]),
@@ -60,7 +61,7 @@ class LocalCluster:
             "STATE_DIR": str(self.state), "READY_TIMEOUT": "900", "VENV": sys.prefix,
         }
         with self.output.open("wb") as out:
-            self.proc = subprocess.Popen(["bash", str(SCRIPT)], env=env, stdout=out, stderr=subprocess.STDOUT,
+            self.proc = subprocess.Popen(["nice", "-n", str(niceness), "bash", str(SCRIPT)], env=env, stdout=out, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, start_new_session=True)
 
     def diagnostics(self) -> str:
