@@ -84,9 +84,10 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
     async def open_checks(active: Engine, preloading: asyncio.Task[Any] | None) -> RequestChecks | None:
         if isinstance(active, RequestChecks):
             return active
-        if not isinstance(active, FrontEngine) or not active.checks_requests or preloading is None:
-            if preloading is not None:
-                preloading.cancel()  # not needed after all
+        if preloading is None:  # not an API worker
+            return None
+        if not isinstance(active, FrontEngine) or not active.checks_requests:
+            preloading.cancel()  # its engine checks nothing ahead: no tokenizer needed after all
             return None
         # An API worker checks what the engine process would, from the same tokenizer.
         try:
