@@ -69,19 +69,18 @@ def test_exit_codes_and_messages(gateway: LiveGateway, tmp_path: Path, question:
     fake_wav = tmp_path / "fake.wav"
     fake_wav.write_bytes(b"RIFF not really a wav file")
     (empty := tmp_path / "empty.txt").write_text("  \n")
-    runs = {
-        "missing": ("stream", str(tmp_path / "nope.txt"), "--url", gateway.url),
-        "bad": ("stream", str(fake_wav), "--url", gateway.url),
-        "empty": ("stream", str(empty), "--url", gateway.url),
-        "usage": ("stream", str(question), "--chunk-ms", "0"),
-        "nowhere": ("stream", str(question), "--url", f"http://127.0.0.1:{free_port()}"),
-        "refused": ("stream", str(question), "--temperature", "9", "--url", gateway.url),
-        "helped": ("stream", "--help"),
-    }
+    runs = [
+        ("stream", str(tmp_path / "nope.txt"), "--url", gateway.url),
+        ("stream", str(fake_wav), "--url", gateway.url),
+        ("stream", str(empty), "--url", gateway.url),
+        ("stream", str(question), "--chunk-ms", "0"),
+        ("stream", str(question), "--url", f"http://127.0.0.1:{free_port()}"),
+        ("stream", str(question), "--temperature", "9", "--url", gateway.url),
+        ("stream", "--help"),
+    ]
     # Two at a time: each run is mostly a Python process starting.
     with ThreadPoolExecutor(max_workers=2) as pool:
-        done = dict(zip(runs, pool.map(lambda args: omni_gateway(*args), runs.values()), strict=True))
-    missing, bad, empty_run, usage, nowhere, refused, helped = done.values()
+        missing, bad, empty_run, usage, nowhere, refused, helped = pool.map(lambda args: omni_gateway(*args), runs)
     assert missing.returncode == 2 and "cannot read" in missing.stderr and "nope.txt" in missing.stderr
     assert bad.returncode == 2 and "not a PCM WAV file" in bad.stderr
     assert empty_run.returncode == 2
