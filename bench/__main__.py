@@ -24,7 +24,7 @@ from tests.redis_server import free_port, redis_process
 
 RESULTS = Path(__file__).parent / "results"
 QUICK_TTFT = ttft.TtftConfig(rates_per_sec=(0.5,), queries=3, pages_per_query=3, page_chars=300, max_tokens=2)
-QUICK_OVERHEAD = overhead.OverheadConfig(concurrency=(1, 20), seconds_per_level=1.0, relay_sessions=(1, 3),
+QUICK_OVERHEAD = overhead.OverheadConfig(concurrency=(1, 20), seconds_per_level=0.5, warmup_sec=0.25, relay_sessions=(1, 3),
                                          relay_tokens=10, relay_rates=(100,), relay_rate_sessions=3,
                                          relay_rate_seconds=0.2, idle_sessions=50, started_sessions=20,
                                          floor_samples=100, profile_at=0, api_workers=(1,),

@@ -40,8 +40,7 @@ async def measure(direct: str, edge: str, pid: int, config: OverheadConfig) -> d
             async with http_session(concurrency) as http:
                 client = SessionClient(http, url)
                 sessions = [await client.create(start_policy="on_end_only") for _ in range(concurrency)]
-                paced = await drive(client, dict.fromkeys(sessions, 0), config.seconds_per_level,
-                                    config.pace_sec, pid, None)
+                paced = await drive(client, dict.fromkeys(sessions, 0), config, config.pace_sec, pid, None)
                 await asyncio.gather(*(client.delete(sid) for sid in sessions))
             out["append"].append({"path": path, "concurrency": concurrency, "p50_ms": paced["p50_ms"],
                                   "p99_ms": paced["p99_ms"], "refused": paced["refused"]})

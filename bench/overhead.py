@@ -70,6 +70,8 @@ NO_SHEDDING = {"OMNI_GATEWAY_MAX_IN_FLIGHT_REQUESTS": "0", "OMNI_GATEWAY_MAX_LOO
 class OverheadConfig:
     concurrency: tuple[int, ...] = (1, 50, 200, 1000)
     seconds_per_level: float = 8.0
+    #: Each load run starts with this much unmeasured (sessions starting their first appends).
+    warmup_sec: float = 1.0
     #: Latency is measured with each session appending once per this period.
     pace_sec: float = 0.25
     relay_sessions: tuple[int, ...] = (1, 20, 200)
@@ -150,8 +152,8 @@ async def append_load(base_url: str, concurrency: int, config: OverheadConfig, p
 
         sessions = await asyncio.gather(*(create() for _ in range(concurrency)))
         next_seq = dict.fromkeys(sessions, 0)
-        paced = await drive(client, next_seq, config.seconds_per_level, config.pace_sec, pid, None)
-        flat_out = await drive(client, next_seq, config.seconds_per_level, None, pid, profile_to)
+        paced = await drive(client, next_seq, config, config.pace_sec, pid, None)
+        flat_out = await drive(client, next_seq, config, None, pid, profile_to)
         await asyncio.gather(*(client.delete(sid) for sid in sessions))
     return {"concurrency": concurrency,
             "append_p50_ms": paced["p50_ms"], "append_p99_ms": paced["p99_ms"],
@@ -161,9 +163,9 @@ async def append_load(base_url: str, concurrency: int, config: OverheadConfig, p
             "gateway_cpu_ms_per_append": flat_out["cpu_ms_each"]}
 
 
-async def drive(client: SessionClient, next_seq: dict[str, int], seconds: float, pace_sec: float | None,
+async def drive(client: SessionClient, next_seq: dict[str, int], config: OverheadConfig, pace_sec: float | None,
                 pid: int, profile_to: Path | None) -> dict:
-    """Append to every session for ``seconds`` after a 1 s warm-up.
+    """Append to every session for ``config.seconds_per_level`` after its ``warmup_sec``.
 
     ``pace_sec``: each session appends once per period (open loop, random
     phase), like a client streaming 250 ms of audio at a time; ``None``: each
@@ -171,8 +173,9 @@ async def drive(client: SessionClient, next_seq: dict[str, int], seconds: float,
     """
     latencies: list[float] = []
     refused: Counter[str] = Counter()
-    warmup_until = time.monotonic() + 1.0
-    warmup_perf = time.perf_counter() + 1.0
+    seconds = config.seconds_per_level
+    warmup_until = time.monotonic() + config.warmup_sec
+    warmup_perf = time.perf_counter() + config.warmup_sec
     stop_at = warmup_until + seconds
 
     async def appender(sid: str) -> None:
@@ -213,7 +216,7 @@ async def drive(client: SessionClient, next_seq: dict[str, int], seconds: float,
             "refused": dict(refused)}
 
 
-async def overload(base_url: str, sessions: int, offered_per_s: float, seconds: float) -> dict:
+async def overload(base_url: str, sessions: int, offered_per_s: float, config: OverheadConfig) -> dict:
     """Open-loop appends at ``offered_per_s`` in all: the share refused and the latency of the accepted.
 
     Each session sends at its own steady pace whatever the answers (one call
@@ -233,8 +236,9 @@ async def overload(base_url: str, sessions: int, offered_per_s: float, seconds: 
                 return await client.create(start_policy="on_end_only")
 
         ids = await asyncio.gather(*(create() for _ in range(sessions)))
-        warmup_perf = time.perf_counter() + 1.0
-        stop_at = time.monotonic() + 1.0 + seconds
+        seconds = config.seconds_per_level
+        warmup_perf = time.perf_counter() + config.warmup_sec
+        stop_at = time.monotonic() + config.warmup_sec + seconds
 
         async def sender(sid: str) -> None:
             seq, due = 0, time.monotonic() + random.uniform(0, pace)
@@ -514,7 +518,7 @@ async def measure(config: OverheadConfig, results_dir: Path, log: Callable[[str]
                     shape["levels"].append(await append_load(base, concurrency, config, proc.pid, None))
                 capacity = max(level["appends_per_s"] for level in shape["levels"])
                 shape["overload"] = await overload(base, config.overload_sessions,
-                                                   capacity * config.overload_factor, config.seconds_per_level)
+                                                   capacity * config.overload_factor, config)
                 shape["handoff_ms"] = summary(await handoff(base, config.handoff_sessions))
             # The relay through the shape (SSE served by the workers, runners in the engine
             # process), on a gateway that sheds nothing, as for the relay above.
