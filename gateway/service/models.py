@@ -31,7 +31,7 @@ class ChunkIn(StrictModel):
     format: str | None = Field(None, description="audio: pcm16 | wav; image: png | jpeg; ...")
     mime_type: str | None = None
     sample_rate: int | None = Field(None, gt=0, description="for pcm16 audio; default 16000")
-    end_of_input: bool = False
+    end_of_input: bool = Field(False, strict=True)
 
     @model_validator(mode="after")
     def _one_body(self) -> ChunkIn:
@@ -90,7 +90,7 @@ class FunctionDefinition(StrictModel):
     description: str | None = None
     #: A JSON Schema object for the arguments.
     parameters: dict[str, Any] | None = None
-    strict: bool | None = None
+    strict: bool | None = Field(None, strict=True)
 
 
 class Tool(StrictModel):
@@ -120,7 +120,7 @@ class AudioOptions(StrictModel):
 
 
 class StreamOptions(StrictModel):
-    include_usage: bool = False
+    include_usage: bool = Field(False, strict=True)
 
 
 class GenerationOptions(StrictModel):
@@ -146,7 +146,7 @@ class GenerationOptions(StrictModel):
     tool_choice: ToolChoice | None = Field(
         None, description="auto (the default with tools), none, required, or a named function")
     parallel_tool_calls: bool | None = Field(
-        None, description="false: at most one function call per answer (the default allows several)")
+        None, strict=True, description="false: at most one function call per answer (the default allows several)")
 
     @model_validator(mode="after")
     def _choice_among_tools(self) -> GenerationOptions:

@@ -256,6 +256,8 @@ async def test_malformed_bodies(client: httpx.AsyncClient) -> None:
                  422, "validation_error", "modality")
     assert_error(await client.post(url, json={"sequence_id": 0, "text": "x", "extra": 1}),
                  422, "validation_error", "extra")
+    assert_error(await client.post(url, json={"sequence_id": 0, "text": "x", "end_of_input": "yes"}),
+                 422, "validation_error", "end_of_input")
     assert_error(await client.post(url, content=b"x", headers={"Content-Type": "text/plain"}),
                  400, "invalid_request", "Content-Type")
     state = await view(client, sid)

@@ -95,6 +95,10 @@ async def test_bad_requests_get_the_envelope_and_open_no_session(
             {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}]}]},
          422, "validation_error", "messages.0.content.0.image_url.url"),
         ({"messages": USER, "modalities": ["text", "audio"]}, 422, "unsupported_modality", "modalities"),
+        # A boolean is true or false, as OpenAI takes it: not "yes", 1 or "true".
+        ({"messages": USER, "parallel_tool_calls": "yes"}, 422, "validation_error", "parallel_tool_calls"),
+        ({"messages": USER, "stream_options": {"include_usage": 1}}, 422, "validation_error",
+         "stream_options.include_usage"),
     ]
     for body, status, code, param in cases:
         for stream in (False, True):
@@ -105,6 +109,7 @@ async def test_bad_requests_get_the_envelope_and_open_no_session(
         lone = b'{"stream": %s, "messages": [{"role": "user", "content": "a\\udc00"}]}' % stream
         assert_error(await client.post(CHAT, content=lone, headers={"Content-Type": "application/json"}),
                      422, "invalid_payload", "messages.0.content")
+    assert_error(await client.post(CHAT, json={"stream": "true", "messages": USER}), 422, "validation_error", "stream")
     assert engine.sessions == []
 
     with pytest.raises(openai.UnprocessableEntityError) as raised:

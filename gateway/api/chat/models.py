@@ -57,7 +57,7 @@ class ChatCompletionRequest(GenerationOptions):
     function's result) is the input."""
 
     messages: list[ChatCompletionMessage] = Field(min_length=1)
-    stream: bool = False
+    stream: bool = Field(False, strict=True)
     n: Literal[1] = 1
     #: Accepted for OpenAI compatibility (the caller's identity comes from credentials).
     user: str | None = None
