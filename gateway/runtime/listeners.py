@@ -5,7 +5,8 @@ replica means after the model loaded (a minute or more): a port another
 process holds would fail the replica that late, with uvicorn's bare errno.
 So the replica binds every socket it needs first, and a conflict stops it in
 its first second with a message naming the address and the setting that
-moves it. uvicorn is then handed the bound sockets.
+moves it. uvicorn is then handed the bound sockets, and listens on them once
+the app has started: until then a connection is refused, not held.
 
 A replica needs one TCP port, the public one. With API workers the engine
 process serves its own copy of the app (its probes, its metrics) on a Unix
@@ -24,6 +25,7 @@ import shutil
 import socket
 import tempfile
 from pathlib import Path
+from typing import Any
 
 #: Pending connections a socket holds while every process is busy.
 BACKLOG = 2048
@@ -37,18 +39,45 @@ class ListenError(SystemExit):
 
 
 def bind_tcp(host: str, port: int, setting: str) -> socket.socket:
-    """A listening TCP socket on ``host:port``, inheritable by the API workers.
+    """A TCP socket bound to ``host:port``, inheritable by the API workers, not listening yet.
+
+    uvicorn listens on it once the app has started (asyncio's ``create_server``
+    calls ``listen``). A socket that listened from the start had the kernel accept
+    every connection while the engine loaded and hold it until the app was up
+    (~25 s): an edge without health checks (NGINX's round robin) sent requests to
+    a restarting replica to wait there. Refused, they go to the next replica at once.
 
     ``setting`` is how the user moves it (``--port``), named in the error.
     """
     try:
         infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
         family = infos[0][0]
-        listener = socket.create_server((host, port), family=family, backlog=BACKLOG)
+        listener = socket.socket(family, socket.SOCK_STREAM)
     except OSError as error:
+        raise ListenError(_cannot_listen(f"{host}:{port}", error, setting)) from error
+    try:
+        # As socket.create_server does: a restart may bind beside its killed self's
+        # TIME_WAIT connections, and an IPv6 address takes IPv6 only.
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            listener.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        listener.bind((host, port))
+    except OSError as error:
+        listener.close()
         raise ListenError(_cannot_listen(f"{host}:{port}", error, setting)) from error
     listener.set_inheritable(True)
     return listener
+
+
+def is_listening(listener: socket.socket) -> bool:
+    return listener.fileno() != -1 and bool(listener.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN))
+
+
+def listen_failed(error: OSError, address: tuple[Any, ...]) -> str:
+    """Why a bound socket could not listen: another process bound the port at the
+    same time (SO_REUSEADDR lets two sockets bind one port while neither listens)
+    and listened first."""
+    return _cannot_listen(f"{address[0]}:{address[1]}", error, "--port")
 
 
 def bind_unix(path: Path) -> socket.socket:

@@ -25,6 +25,7 @@ cannot be shared, so it stays one process.
 from __future__ import annotations
 
 import asyncio
+import errno
 import gc
 import logging
 import os
@@ -42,7 +43,14 @@ import uvicorn
 from prometheus_client.multiprocess import mark_process_dead
 
 from gateway.metrics import SHARED_DIR_ENV
-from gateway.runtime.listeners import ListenError, ReplicaDir, bind_tcp, bind_unix
+from gateway.runtime.listeners import (
+    ListenError,
+    ReplicaDir,
+    bind_tcp,
+    bind_unix,
+    is_listening,
+    listen_failed,
+)
 from gateway.settings import Settings
 from gateway.work.draining import Draining
 from omni_adapter.port import Engine
@@ -117,7 +125,16 @@ class DrainingServer(uvicorn.Server):
         self.should_exit = True
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().startup(sockets=sockets)
+        addresses = [sock.getsockname() for sock in sockets or ()]
+        try:
+            await super().startup(sockets=sockets)  # listens on the bound sockets (listeners.py)
+            if not all(map(is_listening, sockets or ())):  # uvloop drops a failed listen silently
+                raise OSError(errno.EADDRINUSE, os.strerror(errno.EADDRINUSE))
+        except OSError as error:
+            message = listen_failed(error, addresses[0]) if addresses else str(error)
+            logger.error("%s", message)
+            await self.lifespan.shutdown()
+            raise ListenError(message) from error
         gc.collect()  # the start's own garbage, before the rest is frozen for good
         gc.freeze()
         gc.set_threshold(*GC_THRESHOLDS)
