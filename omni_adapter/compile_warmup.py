@@ -17,8 +17,10 @@ The marker lives under ``VLLM_CACHE_ROOT/omni-gateway/compile-warm/<key>.json``.
 The key hashes what vLLM's own AOT key is made of (``vllm.compilation.caching
 .aot_compile_hash_factors`` and ``decorators._model_hash_key``): the engine
 arguments in their compiled form, the vLLM and torch versions, the model's
-``config.json``, and vLLM's environment factors (``envs.compile_factors()``,
-hashed as vLLM hashes them). vLLM's key cannot be computed here without
+``config.json``, vLLM's environment factors (``envs.compile_factors()``,
+hashed as vLLM hashes them) and Inductor's config. The warm-up starts in the
+environment the serving engine started in, not the one vLLM left behind (see
+``_start_vllm``). vLLM's key cannot be computed here without
 building its config, so ours stands beside it; should the two ever disagree
 (a factor we do not hash changed), the compiled start simply compiles cold
 once, ~2 min, and vLLM saves the result: slow once, never wrong. The other way
@@ -84,6 +86,7 @@ def compile_key(engine_args: Mapping[str, Any], model: str) -> str:
     import torch
     import vllm
     import vllm.envs
+    from torch._inductor import config as inductor_config
     from vllm.config.utils import hash_factors
 
     config_json = Path(model, "config.json")
@@ -93,6 +96,9 @@ def compile_key(engine_args: Mapping[str, Any], model: str) -> str:
         "torch": torch.__version__,
         "model_config": hashlib.sha256(config_json.read_bytes()).hexdigest() if config_json.exists() else None,
         "vllm_env": hash_factors(vllm.envs.compile_factors()),
+        # vLLM's key has Inductor's config too (VLLM_USE_MEGA_AOT_ARTIFACT: get_inductor_factors),
+        # which torch reads from TORCHINDUCTOR_* at its import.
+        "inductor": inductor_config.save_config_portable() if vllm.envs.VLLM_USE_MEGA_AOT_ARTIFACT else None,
     }
     return hashlib.sha256(json.dumps(factors, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
@@ -226,10 +232,12 @@ def _last_lines(path: Path, count: int) -> str:
         return f"(unreadable: {exc})"
 
 
-async def launch_warmup(cache: CompileCache, command: Sequence[str]) -> WarmUp | None:
+async def launch_warmup(cache: CompileCache, command: Sequence[str],
+                        environ: Mapping[str, str] | None = None) -> WarmUp | None:
     """Start ``command`` niced in the background, holding the configuration's lock; ``None``
     (logged) if another process holds it or the launch failed. Never raises: a warm-up is a
-    bonus, serving goes on without it.
+    bonus, serving goes on without it. ``environ``: the warm-up's environment, the one the
+    serving engine started in (``None``: this process's).
 
     Launched from the event loop (asyncio forks in the loop's thread, which lives as long as
     the process: the parent-death signal follows the thread that started the child)."""
@@ -244,6 +252,7 @@ async def launch_warmup(cache: CompileCache, command: Sequence[str]) -> WarmUp |
                 process = await asyncio.create_subprocess_exec(
                     "nice", "-n", str(WARMUP_NICENESS), *command,
                     stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=asyncio.subprocess.STDOUT,
+                    env=None if environ is None else dict(environ),
                     # The warm-up holds the lock by holding this open file; it is released when it exits.
                     pass_fds=(lock.fileno(),))
         finally:

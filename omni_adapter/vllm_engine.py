@@ -158,7 +158,7 @@ async def open_vllm_engine(config: VllmEngineConfig) -> VllmEngine:
     if started.to_warm is not None:
         # Only now: compiling beside our own start would have slowed it by minutes.
         engine.compile_warmup = await launch_warmup(
-            started.to_warm, warmup_command(warmup_config(config), started.to_warm.key))
+            started.to_warm, warmup_command(warmup_config(config), started.to_warm.key), started.environ)
     return engine
 
 
@@ -196,6 +196,8 @@ class _Started:
     compiled: bool
     #: Auto chose eager: this configuration's compile cache, to warm in the background.
     to_warm: CompileCache | None = None
+    #: The environment the engine was started in, before vLLM's CPU platform added its own.
+    environ: dict[str, str] = field(default_factory=dict)
 
 
 def _compile_or_not(config: VllmEngineConfig, cpu: bool) -> tuple[bool, CompileCache | None]:
@@ -213,6 +215,11 @@ def _compile_or_not(config: VllmEngineConfig, cpu: bool) -> tuple[bool, CompileC
 def _start_vllm(config: VllmEngineConfig) -> _Started:
     """vLLM imported, its engine core process started, and the tokenizer and tool parser loaded:
     blocking work (a worker thread's)."""
+    # A background compile starts in this, not in what vLLM leaves in os.environ: torch reads
+    # TORCHINDUCTOR_CPP_DYNAMIC_THREADS, which vLLM's CPU platform sets after torch's import
+    # here, at its own import there; so a warm-up inheriting it compiled under another
+    # Inductor config, vLLM's AOT key differed, and the next start compiled cold (measured).
+    environ = dict(os.environ)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(config.kv_cache_space_gib))
     # No engine process may outlive the gateway (a SIGKILLed gateway used to
     # leave two 3.8 GB processes behind).
@@ -244,7 +251,7 @@ def _start_vllm(config: VllmEngineConfig) -> _Started:
     try:
         streaming = StreamingTokenizer(llm.get_tokenizer())
         return _Started(llm, streaming, tool_call_parser_class(config.tool_call_parser, streaming.tokenizer),
-                        compile_model, to_warm)
+                        compile_model, to_warm, environ)
     except BaseException:
         llm.shutdown()
         raise

@@ -68,6 +68,13 @@ def test_the_key_changes_with_what_vllm_compiles_by(model: Path, monkeypatch: py
     monkeypatch.undo()
     monkeypatch.setattr(torch, "__version__", "0.0.1")
     assert _key(model) != base
+    monkeypatch.undo()
+    from torch._inductor import config as inductor_config
+
+    # What TORCHINDUCTOR_CPP_DYNAMIC_THREADS=1 at torch's import makes it (vLLM's CPU platform sets it later).
+    with inductor_config.patch({"cpp.dynamic_threads": not inductor_config.cpp.dynamic_threads}):
+        assert _key(model) != base
+    assert _key(model) == base
 
 
 def test_the_key_ignores_what_does_not_change_the_compiled_model(model: Path, monkeypatch: pytest.MonkeyPatch,
@@ -161,6 +168,20 @@ async def test_the_warm_up_runs_niced_and_its_end_is_logged(tmp_path: Path, capl
     assert f"niceness {WARMUP_NICENESS}" in cache.log.read_text()
     assert f"pid {warmup.pid}, nice {WARMUP_NICENESS}" in caplog.text
     assert "the background compile finished" in caplog.text
+
+
+async def test_the_warm_up_starts_in_the_environment_it_is_given(tmp_path: Path) -> None:
+    """The engine passes the one it started in, before vLLM's CPU platform added its own."""
+    cache = CompileCache(tmp_path, "k")
+    program = _stand_in("import os; print('flag', os.environ.get('TORCHINDUCTOR_CPP_DYNAMIC_THREADS'))")
+    os.environ["TORCHINDUCTOR_CPP_DYNAMIC_THREADS"] = "1"
+    try:
+        warmup = await launch_warmup(cache, program, {k: v for k, v in os.environ.items()
+                                                      if k != "TORCHINDUCTOR_CPP_DYNAMIC_THREADS"})
+    finally:
+        del os.environ["TORCHINDUCTOR_CPP_DYNAMIC_THREADS"]
+    assert warmup is not None and await warmup.done == 0
+    assert "flag None" in cache.log.read_text()
 
 
 async def test_a_failed_warm_up_says_why_and_serving_goes_on(tmp_path: Path,
