@@ -287,7 +287,7 @@ async def _compile(config: dict[str, Any], cache: CompileCache) -> Path:
 
 
 def loaded_aot_file(log: str) -> Path | None:
-    """The AOT file vLLM said it loaded (decorators.py's ``_try_load_aot_compiled_fn``), last one first."""
+    """The AOT file vLLM last said it loaded (decorators.py: ``_try_load_aot_compiled_fn``)."""
     found = _LOADED.findall(log)
     return Path(found[-1]) if found else None
 
