@@ -70,7 +70,11 @@ ENV PATH=/opt/venv/bin:$PATH \
 WORKDIR /home/omni
 USER 10001:10001
 EXPOSE 8080
-# start-period covers engine start + torch.compile (about 1-2 min on 2 cores).
+# The CPU engine's default is auto: eager (ready in ~20 s), then a niced background
+# torch.compile fills vLLM's cache under /home/omni/.cache, and the next start of the
+# container is compiled. Without a volume there, `docker rm` throws that away: give
+# it one, or pass -e OMNI_GATEWAY_ENGINE_COMPILE=false (the Helm chart does).
+# start-period covers a compiled start too (true: about 2 min on 2 cores).
 HEALTHCHECK --interval=30s --timeout=5s --start-period=300s --retries=3 \
     CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8080/healthz', timeout=4)"]
 ENTRYPOINT ["omni-gateway"]

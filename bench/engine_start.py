@@ -20,8 +20,15 @@ modes alternate, so the machine's noise falls on both. Eager also starts
 with its engine processes spawned (vLLM's own way on the CPU,
 ``VLLM_WORKER_MULTIPROC_METHOD=spawn``) beside forked (the gateway's).
 
+The ``auto`` scenario (the CPU default, ``omni_adapter/compile_warmup.py``), in
+compile caches of its own: a first start (auto finds no warm cache: eager, and
+a niced background compile once ready) and how long that compile takes, the
+first process waiting for it; then restarts (auto finds the cache warm:
+compiled), each beside an eager start for decode in the same run.
+
     python -m bench.engine_start              # writes results/engine_start.{json,md}
     python -m bench.engine_start --rounds 1
+    python -m bench.engine_start --scenario auto   # writes results/engine_start_auto.{json,md}
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 RESULTS = Path(__file__).parent / "results"
@@ -57,7 +65,7 @@ async def _measure_in_process(mode: str, process_started: float) -> dict:
 
     model = str(ensure_default_model())
     engine = await open_vllm_engine(VllmEngineConfig(
-        model=model, served_model_name="bench", compile=mode == "compiled"))
+        model=model, served_model_name="bench", compile={"compiled": True, "eager": False}.get(mode)))
     llm = engine._llm  # the raw AsyncLLM: measure the engine, not the session plumbing
 
     async def timed(prompt: str | list[int], params: SamplingParams, request_id: str) -> tuple[float, float, int]:
@@ -81,9 +89,19 @@ async def _measure_in_process(mode: str, process_started: float) -> dict:
                                         "prefill")
         params = SamplingParams(max_tokens=DECODE_TOKENS, min_tokens=DECODE_TOKENS, temperature=0.0)
         first_token_sec, decode_sec, tokens = await timed(PROMPT, params, "decode")
-        return {"mode": mode, "ready_sec": round(ready_sec, 1), "first_token_sec": round(first_token_sec, 3),
-                "prefill_tokens_per_sec": round(PREFILL_TOKENS / prefill_sec, 1),
-                "decode_tokens_per_sec": round((tokens - 1) / decode_sec, 1)}
+        run = {"mode": mode, "ready_sec": round(ready_sec, 1), "first_token_sec": round(first_token_sec, 3),
+               "prefill_tokens_per_sec": round(PREFILL_TOKENS / prefill_sec, 1),
+               "decode_tokens_per_sec": round((tokens - 1) / decode_sec, 1),
+               "compiled": engine.compiled, "background_compile_sec": None}
+        warmup = engine.compile_warmup
+        if warmup is not None:  # auto started eager: wait for the compile it launched (it dies with us)
+            exit_code = await warmup.done
+            run |= {"background_compile_sec": round(time.monotonic() - warmup.started, 1),
+                    "background_compile_exit": exit_code}
+            # The same engine's decode without the compile beside it (the one above ran beside it).
+            _, decode_sec, tokens = await timed(PROMPT, params, "decode-after")
+            run["decode_after_compile_tokens_per_sec"] = round((tokens - 1) / decode_sec, 1)
+        return run
     finally:
         await engine.aclose()
 
@@ -105,25 +123,36 @@ def _run_fresh(mode: str, label: str, caches: Path, start_method: str = "fork") 
     return run
 
 
-def _table(runs: list[dict]) -> str:
-    lines = ["| mode | start | engine processes | ready after (s) | model load (s) | torch.compile (s) | engine init: "
-             "profile, KV, warm-up (s) | prefill tokens/s | decode tokens/s |", "|---" * 9 + "|"]
-    lines += [f"| {r['mode']} | {r['start']} | {r['processes']} | {r['ready_sec']} | {r['load_model_sec']} "
-              f"| {r['torch_compile_sec']} "
-              f"| {r['init_engine_sec']} | {r['prefill_tokens_per_sec']} | {r['decode_tokens_per_sec']} |"
-              for r in runs]
+def _markdown(columns: dict[str, Callable[[dict], object]], runs: list[dict]) -> str:
+    lines = ["| " + " | ".join(columns) + " |", "|---" * len(columns) + "|"]
+    lines += ["| " + " | ".join(str(cell(run)) for cell in columns.values()) + " |" for run in runs]
     return "\n".join(lines) + "\n"
+
+
+def _table(runs: list[dict]) -> str:
+    return _markdown({
+        "mode": lambda r: r["mode"], "start": lambda r: r["start"], "engine processes": lambda r: r["processes"],
+        "ready after (s)": lambda r: r["ready_sec"], "model load (s)": lambda r: r["load_model_sec"],
+        "torch.compile (s)": lambda r: r["torch_compile_sec"],
+        "engine init: profile, KV, warm-up (s)": lambda r: r["init_engine_sec"],
+        "prefill tokens/s": lambda r: r["prefill_tokens_per_sec"],
+        "decode tokens/s": lambda r: r["decode_tokens_per_sec"]}, runs)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mode", choices=["eager", "compiled"], default=None)
+    parser.add_argument("--mode", choices=["eager", "compiled", "auto"], default=None)
+    parser.add_argument("--scenario", choices=["modes", "auto"], default="modes",
+                        help="eager against compiled (cold, warm), or auto's first start and restarts")
     parser.add_argument("--child", type=float, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--rounds", type=int, default=2, help="eager + compiled (warm) starts, alternating")
     parser.add_argument("--results", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     if args.child is not None:
         print(json.dumps(asyncio.run(_measure_in_process(args.mode, args.child))))
+        return
+    if args.scenario == "auto":
+        _auto(args.rounds, args.results)
         return
     runs = []
     with tempfile.TemporaryDirectory(prefix="engine-start-") as scratch:
@@ -138,6 +167,35 @@ def main(argv: list[str] | None = None) -> None:
     args.results.mkdir(parents=True, exist_ok=True)
     (args.results / "engine_start.json").write_text(json.dumps(runs, indent=2) + "\n")
     (args.results / "engine_start.md").write_text(_table(runs))
+
+
+def _auto(rounds: int, results: Path) -> None:
+    """Auto's first start (eager + the background compile), then its restarts beside eager.
+
+    An eager first start with empty caches of its own comes first: any first start with an
+    empty ``VLLM_CACHE_ROOT`` pays vLLM's inspection of the model class (~10 s, then cached
+    under ``modelinfos/``), which the later starts of the run do not."""
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="engine-start-auto-") as scratch:
+        eager_caches, caches = Path(scratch, "eager"), Path(scratch, "auto")
+        plan = [("eager", "first", eager_caches), ("auto", "first", caches)]
+        plan += [("eager", "-", caches), ("auto", "restart", caches)] * rounds
+        for mode, label, where in plan:
+            runs.append(_run_fresh(mode, label, where))
+            print(json.dumps(runs[-1]), flush=True)
+    results.mkdir(parents=True, exist_ok=True)
+    (results / "engine_start_auto.json").write_text(json.dumps(runs, indent=2) + "\n")
+    (results / "engine_start_auto.md").write_text(_auto_table(runs))
+
+
+def _auto_table(runs: list[dict]) -> str:
+    return _markdown({
+        "mode": lambda r: r["mode"], "start": lambda r: r["start"],
+        "ran": lambda r: "compiled" if r["compiled"] else "eager", "ready after (s)": lambda r: r["ready_sec"],
+        "background compile (s)": lambda r: r["background_compile_sec"] or "-",
+        "engine init (s)": lambda r: r["init_engine_sec"], "prefill tokens/s": lambda r: r["prefill_tokens_per_sec"],
+        "decode tokens/s": lambda r: r["decode_tokens_per_sec"],
+        "decode after the background compile": lambda r: r.get("decode_after_compile_tokens_per_sec") or "-"}, runs)
 
 
 if __name__ == "__main__":

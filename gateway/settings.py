@@ -279,9 +279,11 @@ class Settings(BaseSettings):
     #: How a text model hears audio input: ``moonshine`` (accurate; ~350 MB) or
     #: ``pocketsphinx`` (~30 MB, misses more words, holds the GIL while it decodes).
     recognizer: Literal["moonshine", "pocketsphinx"] = "moonshine"
-    #: torch.compile the in-process vLLM model. Unset: not on the CPU, where it
-    #: made the first start 4 min and restarts 20-40 s slower for decode about
-    #: a sixth faster (bench/README.md, "Engine start"); vLLM's default elsewhere.
+    #: torch.compile the in-process vLLM model: true always, false never. Unset: auto
+    #: on the CPU (omni_adapter/compile_warmup.py): eager (ready in ~20 s) and, once
+    #: ready, the same engine compiled in a niced background process to fill vLLM's
+    #: compile cache; every later start of the same configuration is compiled (~25 s,
+    #: decode ~1.25x; bench/README.md, "Engine start"). vLLM's default (compiled) on a GPU.
     engine_compile: bool | None = None
 
     @model_validator(mode="after")

@@ -40,6 +40,16 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
+from omni_adapter.compile_warmup import (
+    CompileCache,
+    WarmUp,
+    choose,
+    compile_key,
+    launch_warmup,
+    vllm_cache_root,
+    warmup_command,
+    warmup_config,
+)
 from omni_adapter.port import (
     Capabilities,
     EngineDeadError,
@@ -100,10 +110,10 @@ class VllmEngineConfig:
     tool_call_parser: str = DEFAULT_TOOL_CALL_PARSER
     #: KV cache block size, the prefix cache's granularity (``None``: vLLM's, 128 on the CPU).
     block_size: int | None = None
-    #: torch.compile the model. ``None``: not on the CPU, where compiling made the
-    #: first start about 2 min instead of 20 s and each restart ~8 s slower (from
-    #: vLLM's AOT compile cache), for decode 25-35 % faster on SmolLM2
-    #: (bench/engine_start.py, bench/README.md); vLLM's default (compiled, CUDA graphs) on a GPU.
+    #: torch.compile the model: ``True`` always, ``False`` never. ``None``: auto on the
+    #: CPU (compile_warmup.py: eager, with the compile in the background, until this
+    #: configuration's compile cache is warm; then compiled, decode ~1.25x and a
+    #: ~25 s start); vLLM's default (compiled, CUDA graphs) on a GPU.
     compile: bool | None = None
     #: Sampling for what a request leaves unset, over the model's own defaults
     #: (its generation_config.json; the embedded model's: temperature 0.2, top-p 0.9).
@@ -111,8 +121,10 @@ class VllmEngineConfig:
 
 
 async def open_vllm_engine(config: VllmEngineConfig) -> VllmEngine:
-    """Start the engine: 15-25 s on 2 cores eager (the CPU default), most of it this
-    process importing torch and vLLM; the engine's processes are forked from it.
+    """Start the engine: 15-25 s on 2 cores eager, ~25 s compiled from a warm compile
+    cache, most of it this process importing torch and vLLM; the engine's processes
+    are forked from it. Auto (``compile`` unset on the CPU) starting eager launches
+    the background compile once the engine is ready (compile_warmup.py).
 
     The start runs in a worker thread: it blocked the event loop for all of it
     (41 s measured), so every timeout pending on the loop expired at once when
@@ -125,10 +137,11 @@ async def open_vllm_engine(config: VllmEngineConfig) -> VllmEngine:
     lifetime = ThreadPoolExecutor(1, thread_name_prefix="vllm-engine")
     loop = asyncio.get_running_loop()
     try:
-        llm, streaming, parser_cls = await loop.run_in_executor(lifetime, _start_vllm, config)
+        started = await loop.run_in_executor(lifetime, _start_vllm, config)
     except BaseException:
         lifetime.shutdown(wait=False)
         raise
+    llm = started.llm
     try:
         # Made off the loop, AsyncLLM did not start reading the engine core's
         # output (it does so only on a running loop): start it now, as it would
@@ -139,13 +152,74 @@ async def open_vllm_engine(config: VllmEngineConfig) -> VllmEngine:
         lifetime.shutdown(wait=False)
         raise
     model_defaults = SamplingOptions.known(llm.model_config.get_diff_sampling_param())
-    return VllmEngine(llm, streaming, config.served_model_name, parser_cls,
-                      config.sampling_overrides.or_defaults(model_defaults), lifetime=lifetime)
+    engine = VllmEngine(llm, started.streaming, config.served_model_name, started.tool_parser_cls,
+                        config.sampling_overrides.or_defaults(model_defaults), lifetime=lifetime)
+    engine.compiled = started.compiled
+    if started.to_warm is not None:
+        # Only now: compiling beside our own start would have slowed it by minutes.
+        engine.compile_warmup = await launch_warmup(
+            started.to_warm, warmup_command(warmup_config(config), started.to_warm.key), started.environ)
+    return engine
 
 
-def _start_vllm(config: VllmEngineConfig) -> tuple[Any, StreamingTokenizer, Any]:
+def engine_args(config: VllmEngineConfig, compiled: bool, cpu: bool) -> dict[str, Any]:
+    """``AsyncEngineArgs``' fields for ``config``, compiled or eager, on the CPU or not."""
+    max_num_batched_tokens = None
+    if compiled and cpu:
+        # vLLM warms a compiled model up with one forward of max_num_batched_tokens
+        # (2,048 on the CPU): 512 makes each compiled start ~5 s shorter; prefill then
+        # goes in 512-token steps at the same speed (bench/README.md, engine start).
+        # (vLLM requires a step to hold at least one token of each running request.)
+        max_num_batched_tokens = max(COMPILED_CPU_BATCHED_TOKENS, config.max_num_seqs or 0)
+    return {
+        "model": config.model,
+        "served_model_name": config.served_model_name,
+        "dtype": config.dtype,
+        "max_model_len": config.max_model_len,
+        "gpu_memory_utilization": config.gpu_memory_utilization,
+        "seed": config.seed,
+        "enforce_eager": not compiled,
+        "max_num_seqs": config.max_num_seqs,
+        "block_size": config.block_size,
+        "max_num_batched_tokens": max_num_batched_tokens,
+        "disable_log_stats": True,
+    }
+
+
+@dataclass
+class _Started:
+    """What ``_start_vllm`` hands back to the loop."""
+
+    llm: Any
+    streaming: StreamingTokenizer
+    tool_parser_cls: Any
+    compiled: bool
+    #: Auto chose eager: this configuration's compile cache, to warm in the background.
+    to_warm: CompileCache | None = None
+    #: The environment the engine was started in, before vLLM's CPU platform added its own.
+    environ: dict[str, str] = field(default_factory=dict)
+
+
+def _compile_or_not(config: VllmEngineConfig, cpu: bool) -> tuple[bool, CompileCache | None]:
+    """Compile the model?, and the cache to warm when auto says not yet (compile_warmup.py)."""
+    if config.compile is not None:
+        return config.compile, None
+    if not cpu:
+        return True, None  # vLLM's default on a GPU: compiled, CUDA graphs
+    cache = CompileCache(vllm_cache_root(), compile_key(engine_args(config, compiled=True, cpu=True), config.model))
+    choice = choose(cache)
+    logger.info("engine compile: auto chose %s", choice.reason)
+    return choice.compiled, None if choice.compiled else cache
+
+
+def _start_vllm(config: VllmEngineConfig) -> _Started:
     """vLLM imported, its engine core process started, and the tokenizer and tool parser loaded:
     blocking work (a worker thread's)."""
+    # A background compile starts in this, not in what vLLM leaves in os.environ: torch reads
+    # TORCHINDUCTOR_CPP_DYNAMIC_THREADS, which vLLM's CPU platform sets after torch's import
+    # here, at its own import there; so a warm-up inheriting it compiled under another
+    # Inductor config, vLLM's AOT key differed, and the next start compiled cold (measured).
+    environ = dict(os.environ)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(config.kv_cache_space_gib))
     # No engine process may outlive the gateway (a SIGKILLed gateway used to
     # leave two 3.8 GB processes behind).
@@ -156,32 +230,14 @@ def _start_vllm(config: VllmEngineConfig) -> tuple[Any, StreamingTokenizer, Any]
     from vllm.platforms import current_platform
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    compile_model = config.compile if config.compile is not None else not current_platform.is_cpu()
-    max_num_batched_tokens = None
-    if compile_model and current_platform.is_cpu():
+    cpu = current_platform.is_cpu()
+    compile_model, to_warm = _compile_or_not(config, cpu)
+    if compile_model and cpu:
         let_the_aot_cache_load()  # a compiled restart in ~25 s, not 49-51 (vllm_compile_cache.py)
-        # vLLM warms a compiled model up with one forward of max_num_batched_tokens
-        # (2,048 on the CPU): 512 makes each compiled start ~5 s shorter; prefill then
-        # goes in 512-token steps at the same speed (bench/README.md, engine start).
-        # (vLLM requires a step to hold at least one token of each running request.)
-        max_num_batched_tokens = max(COMPILED_CPU_BATCHED_TOKENS, config.max_num_seqs or 0)
-
-    args = AsyncEngineArgs(
-        model=config.model,
-        served_model_name=config.served_model_name,
-        dtype=config.dtype,
-        max_model_len=config.max_model_len,
-        gpu_memory_utilization=config.gpu_memory_utilization,
-        seed=config.seed,
-        enforce_eager=not compile_model,
-        max_num_seqs=config.max_num_seqs,
-        block_size=config.block_size,
-        max_num_batched_tokens=max_num_batched_tokens,
-        disable_log_stats=True,
-    )
+    args = AsyncEngineArgs(**engine_args(config, compile_model, cpu))
     try:
         vllm_config = args.create_engine_config()
-        if current_platform.is_cpu() and start_method != "spawn":
+        if cpu and start_method != "spawn":
             # vLLM's CPU platform has just asked for spawn: each engine process a
             # new interpreter importing torch and vLLM again, two of a start's
             # three imports. Forked, they have ours: a restart took 24 s instead
@@ -194,7 +250,8 @@ def _start_vllm(config: VllmEngineConfig) -> tuple[Any, StreamingTokenizer, Any]
         raise EngineUnavailableError(f"the vLLM engine failed to start: {exc}") from exc
     try:
         streaming = StreamingTokenizer(llm.get_tokenizer())
-        return llm, streaming, tool_call_parser_class(config.tool_call_parser, streaming.tokenizer)
+        return _Started(llm, streaming, tool_call_parser_class(config.tool_call_parser, streaming.tokenizer),
+                        compile_model, to_warm, environ)
     except BaseException:
         llm.shutdown()
         raise
@@ -302,6 +359,10 @@ class VllmEngine:
         self._max_model_len: int = llm.model_config.max_model_len
         self._sessions: weakref.WeakSet[VllmSession] = weakref.WeakSet()
         self._closed = False
+        #: The model runs torch.compiled (set by ``open_vllm_engine``).
+        self.compiled = False
+        #: Auto's background compile of this configuration, while this engine runs eager.
+        self.compile_warmup: WarmUp | None = None
         self.capabilities = Capabilities(
             input_modalities=TEXT_ONLY,
             output_modalities=TEXT_ONLY,
@@ -370,6 +431,8 @@ class VllmEngine:
         if self._closed:
             return
         self._closed = True
+        if self.compile_warmup is not None:
+            await self.compile_warmup.stop()
         for session in list(self._sessions):
             await session.abort()
         # The reader of the engine core's output stops first, on the loop: with the

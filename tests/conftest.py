@@ -52,6 +52,14 @@ def _rank(item: pytest.Item) -> int:
     return 3 if item.path.name == "test_sidecar_failure.py" else 1
 
 
+def pytest_configure() -> None:
+    """The suite's engines run eager, in process and in every gateway a test starts (they inherit
+    the environment): the CPU default, auto, would start a background torch.compile after each
+    engine start, two minutes of CPU and a second engine's memory on a 2-core CI machine, for a
+    cache the suite never uses. ``OMNI_GATEWAY_ENGINE_COMPILE=true`` still runs it compiled."""
+    os.environ.setdefault("OMNI_GATEWAY_ENGINE_COMPILE", "false")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Tests that start engine processes of their own (tests/replicas: three gateways,
     each with its engine) run first, before the session's shared engines exist:
@@ -111,6 +119,7 @@ async def started_vllm_engine() -> AsyncIterator[StartedEngine]:
     config = VllmEngineConfig(
         # 1 GiB of KV cache holds ~20K tokens of this model: the tests' prompts are short.
         model=str(ensure_default_model()), served_model_name="SmolLM2-135M-Instruct", kv_cache_space_gib=1,
+        compile=False,  # no background compile in the suite (pytest_configure)
     )
     async with LoopLagMonitor(interval=0.05) as lag:
         engine = await open_vllm_engine(config)

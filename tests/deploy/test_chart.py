@@ -106,6 +106,16 @@ def test_gpu_values_render_the_sidecar_stack(gpu_objs: list[k8s.Obj]) -> None:
     assert {"name": "HF_HOME", "value": "/models/huggingface"} in engine["env"]
 
 
+def test_the_cpu_image_runs_eager_unless_asked_and_a_gpu_keeps_vllm_s_default() -> None:
+    """Not auto in a pod: its compile cache is an emptyDir, so the background compile
+    auto starts would be thrown away with the pod, at every start."""
+    assert settings_env(k8s.render_values_file(None))["OMNI_GATEWAY_ENGINE_COMPILE"] == "false"
+    compiled = k8s.render({"settings": {"engineCompile": "true"}})
+    assert settings_env(compiled)["OMNI_GATEWAY_ENGINE_COMPILE"] == "true"
+    gpu_in_process = k8s.render({"image": {"variant": "gpu"}})
+    assert "OMNI_GATEWAY_ENGINE_COMPILE" not in settings_env(gpu_in_process)
+
+
 # --- wiring between objects ---------------------------------------------------
 
 @pytest.mark.parametrize("values_file", VALUE_SETS.values(), ids=VALUE_SETS.keys())

@@ -228,11 +228,12 @@ async def test_a_process_without_the_engine_checks_as_the_engine_does(vllm_engin
 
 
 @pytest.mark.engine
-async def test_the_embedded_engine_runs_eager_on_the_cpu(vllm_engine: VllmEngine) -> None:
-    """No torch.compile by default on the CPU: it made every first start minutes long
-    (bench/README.md, "Engine start"); OMNI_GATEWAY_ENGINE_COMPILE=true asks for it."""
+async def test_the_suite_s_engine_runs_eager(vllm_engine: VllmEngine) -> None:
+    """``compile=False`` is eager: no torch.compile, and no background compile either (the
+    suite's engines pin it; auto's choice is tested in test_compile_warmup.py)."""
     from vllm.config import CompilationMode
 
     config = vllm_engine._llm.vllm_config
     assert config.model_config.enforce_eager
     assert config.compilation_config.mode == CompilationMode.NONE
+    assert not vllm_engine.compiled and vllm_engine.compile_warmup is None
