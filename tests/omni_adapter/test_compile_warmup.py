@@ -210,6 +210,10 @@ async def test_one_warm_up_per_key_while_its_lock_is_held(tmp_path: Path, caplog
     first = await launch_warmup(cache, program)
     assert first is not None
     try:
+        deadline = time.monotonic() + 60
+        while not started.exists():  # niced 19, its Python takes a while to start on a busy machine
+            assert time.monotonic() < deadline, "the first warm-up never ran"
+            await asyncio.sleep(0.05)
         # The warm-up holds the lock (the launcher let go of its own copy): a second one does not start.
         with caplog.at_level(logging.INFO, logger=compile_warmup.__name__):
             assert await launch_warmup(cache, program) is None
