@@ -265,9 +265,9 @@ async def test_the_warm_up_dies_with_the_process_that_launched_it(tmp_path: Path
     assert parent.stdout is not None
     pid = int(await asyncio.wait_for(parent.stdout.readline(), 30))
     log = CompileCache(tmp_path, "k").log
-    for _ in range(200):  # the launcher armed the signal before it ran the program
-        if "armed" in log.read_text():
-            break
+    deadline = time.monotonic() + 60  # niced 19: on a busy machine its Python takes a while to start
+    while "armed" not in log.read_text():  # the launcher armed the signal before it ran the program
+        assert time.monotonic() < deadline, "the warm-up never ran"
         await asyncio.sleep(0.05)
     os.kill(pid, 0)  # running
     parent.kill()
