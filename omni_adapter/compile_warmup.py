@@ -25,8 +25,10 @@ building its config, so ours stands beside it; should the two ever disagree
 (a factor we do not hash changed), the compiled start simply compiles cold
 once, ~2 min, and vLLM saves the result: slow once, never wrong. The other way
 round (our key new, vLLM's cache already warm: a compiled start before, or a
-renamed served model), the warm-up's engine loads vLLM's file and writes none;
-the marker then names the file vLLM's log says it loaded.
+renamed served model), the warm-up's engine loads vLLM's file and writes none.
+Either way the marker names the file vLLM's log says it saved or loaded: the
+warm-up's log is its own, so two configurations compiling at once on one
+machine each record their own file.
 
 One warm-up per machine and key: the launcher takes a non-blocking ``flock`` on
 ``<key>.lock`` and hands the locked file to the warm-up, which holds it until it
@@ -66,9 +68,10 @@ logger = logging.getLogger(__name__)
 #: The warm-up's CPU weight: it takes what serving leaves (nice 19 against 0: ~1.5 %).
 WARMUP_NICENESS = 19
 _MARKERS = Path("omni-gateway", "compile-warm")
-_AOT_MODELS = Path("torch_compile_cache", "torch_aot_compile")
-#: vLLM's line when it loads a compiled model from its AOT cache instead of compiling.
-_LOADED = re.compile(r"Directly load AOT compilation from path (\S+)")
+#: vLLM's lines naming its AOT model file: the one it saved after compiling, or the one it
+#: loaded instead of compiling (decorators.py). The warm-up's log is its own (one per key,
+#: under the lock), so the last one named is this warm-up's file, whatever else compiles.
+_AOT_FILE = re.compile(r"(?:saved AOT compiled function to|Directly load AOT compilation from path) (\S+)")
 #: Lines of the warm-up's log quoted when it fails.
 _FAILURE_LINES = 5
 
@@ -136,11 +139,6 @@ class CompileCache:
         partial = self.marker.with_suffix(f".{os.getpid()}.tmp")
         partial.write_text(json.dumps({"model_file": str(model_file), "recorded_at": time.time()}) + "\n")
         os.replace(partial, self.marker)
-
-    def aot_files_written_since(self, started: float) -> list[Path]:
-        """vLLM's AOT ``model`` files (every rank's) written at or after ``started``."""
-        return sorted(path for path in (self.root / _AOT_MODELS).glob("*/rank_*/model")
-                      if path.stat().st_mtime >= started)
 
 
 @dataclass(frozen=True)
@@ -267,28 +265,22 @@ async def launch_warmup(cache: CompileCache, command: Sequence[str],
 
 
 async def _compile(config: dict[str, Any], cache: CompileCache) -> Path:
-    """The engine started compiled, then closed: what it leaves behind is vLLM's AOT file."""
+    """The engine started compiled, then closed: what it leaves behind is vLLM's AOT file,
+    named in this warm-up's log (its engine processes write there: their stdout is the log)."""
     from omni_adapter.vllm_engine import VllmEngineConfig, open_vllm_engine
 
-    started = time.time()
     engine = await open_vllm_engine(VllmEngineConfig(**config))
     await engine.aclose()
-    written = cache.aot_files_written_since(started)
-    if written:
-        return written[-1]
-    # Nothing written: vLLM loaded an AOT file that was there already (a compiled start before
-    # without our marker, or a factor our key hashes and vLLM's does not, like the served name).
-    # Which one, only its log says (this process's output is the warm-up's log).
-    loaded = loaded_aot_file(_last_lines(cache.log, 10_000))
-    if loaded is None or not loaded.is_file():
-        raise RuntimeError(f"vLLM neither wrote an AOT model file under {cache.root / _AOT_MODELS} nor said "
-                           "which one it loaded (is its AOT compile off?); nothing to record")
-    return loaded
+    named = aot_file_named(cache.log.read_text(errors="replace"))
+    if named is None or not named.is_file():
+        raise RuntimeError(f"vLLM's log ({cache.log}) names no AOT model file that exists (is its AOT compile "
+                           f"off?); nothing to record")
+    return named
 
 
-def loaded_aot_file(log: str) -> Path | None:
-    """The AOT file vLLM last said it loaded (decorators.py: ``_try_load_aot_compiled_fn``)."""
-    found = _LOADED.findall(log)
+def aot_file_named(log: str) -> Path | None:
+    """The AOT model file vLLM last named in ``log``: saved after a compile, or loaded instead."""
+    found = _AOT_FILE.findall(log)
     return Path(found[-1]) if found else None
 
 

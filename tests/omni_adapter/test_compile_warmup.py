@@ -23,10 +23,10 @@ from omni_adapter import compile_warmup
 from omni_adapter.compile_warmup import (
     WARMUP_NICENESS,
     CompileCache,
+    aot_file_named,
     choose,
     compile_key,
     launch_warmup,
-    loaded_aot_file,
     warmup_command,
     warmup_config,
 )
@@ -96,12 +96,13 @@ def test_vllm_s_env_factors_leave_out_the_kv_cache_space() -> None:
     assert "VLLM_CPU_KVCACHE_SPACE" not in vllm.envs.compile_factors()
 
 
-def test_vllm_says_where_it_loads_its_aot_file_from() -> None:
-    """What ``loaded_aot_file`` reads, and the folder ``aot_files_written_since`` walks."""
+def test_vllm_names_the_aot_file_it_saves_or_loads() -> None:
+    """The lines ``aot_file_named`` reads, as vLLM writes them, and the folder they name."""
     from vllm.compilation import decorators
 
     assert "Directly load AOT compilation from path %s" in inspect.getsource(decorators._try_load_aot_compiled_fn)
     source = inspect.getsource(decorators)
+    assert '"%ssaved AOT compiled function to %s"' in source
     assert '"torch_aot_compile"' in source
     assert 'f"rank_{rank}_{dp_rank}"' in source
 
@@ -142,17 +143,15 @@ def test_the_engine_asks_auto_only_when_compile_is_unset_on_the_cpu(model: Path,
     assert _compile_or_not(config, cpu=True) == (True, None)
 
 
-def test_the_files_a_warm_up_wrote_and_the_one_vllm_loaded(tmp_path: Path) -> None:
-    cache = CompileCache(tmp_path, "k")
-    old = _aot_file(tmp_path, "old")
-    os.utime(old, (time.time() - 60, time.time() - 60))
-    started = time.time()
-    new = _aot_file(tmp_path, "new")
-    assert cache.aot_files_written_since(started) == [new]
-    log = ("INFO [decorators.py:319] Directly load AOT compilation from path /c/torch_aot_compile/a/rank_0_0/model\n"
+def test_the_warm_up_records_the_last_file_its_own_log_names() -> None:
+    saved = "/c/torch_aot_compile/new/rank_0_0/model"
+    loaded = "/c/torch_aot_compile/old/rank_0_0/model"
+    log = (f"(Worker pid=7) INFO 11-26 [decorators.py:743] [backbone] saved AOT compiled function to {saved}\n"
            "INFO ready\n")
-    assert loaded_aot_file(log) == Path("/c/torch_aot_compile/a/rank_0_0/model")
-    assert loaded_aot_file("INFO nothing loaded\n") is None
+    assert aot_file_named(log) == Path(saved)
+    log += f"(Worker pid=9) INFO 11-26 [decorators.py:319] [backbone] Directly load AOT compilation from path {loaded}\n"
+    assert aot_file_named(log) == Path(loaded)
+    assert aot_file_named("INFO nothing compiled\n") is None
 
 
 def _stand_in(program: str) -> list[str]:
