@@ -148,6 +148,7 @@ class HttpEngine:
             output_modalities=modalities,
             incremental=False,
             model_names=tuple(model_names),
+            structured_outputs=True,  # vLLM's server takes response_format
         )
 
     def open_session(self, request: EngineRequest) -> HttpSession:
@@ -426,7 +427,7 @@ class UserContent:
 
 
 def openai_sampling(options: SamplingOptions) -> dict[str, Any]:
-    """The session's sampling fields as an OpenAI request (vLLM reads top_k, repetition_penalty)."""
+    """The session's sampling fields as an OpenAI request (vLLM reads top_k, repetition_penalty, min_p)."""
     fields: dict[str, Any] = {
         "max_tokens": options.max_tokens,
         # Unset: vLLM applies the served model's defaults (its generation config).
@@ -437,6 +438,9 @@ def openai_sampling(options: SamplingOptions) -> dict[str, Any]:
         "presence_penalty": options.presence_penalty,
         "frequency_penalty": options.frequency_penalty,
         "repetition_penalty": options.repetition_penalty,
+        "min_p": options.min_p,
+        "logit_bias": options.logit_bias,
+        "response_format": options.response_format,
         "stop": list(options.stop) or None,
     }
     return {key: value for key, value in fields.items() if value is not None}

@@ -27,11 +27,13 @@ class Capabilities:
     model_names: tuple[str, ...]
     #: True when the engine calls functions (``tools`` / ``tool_choice``).
     tools: bool = False
+    #: True when the engine can hold its answer to JSON (``response_format``).
+    structured_outputs: bool = False
 
 
 @dataclass(frozen=True)
 class SamplingOptions:
-    """The OpenAI sampling fields a session was created with."""
+    """The OpenAI sampling fields a session was created with, and the answer's format."""
 
     max_tokens: int | None = None
     temperature: float | None = None
@@ -42,11 +44,17 @@ class SamplingOptions:
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
+    min_p: float | None = None
+    #: Token id (as a string, as OpenAI sends it) -> bias, -100 to 100.
+    logit_bias: dict[str, float] | None = None
+    #: OpenAI's ``response_format`` when it constrains the answer (``json_object`` or
+    #: ``json_schema``, as sent); ``None`` for free text.
+    response_format: dict[str, Any] | None = None
 
     @classmethod
     def known(cls, values: dict[str, Any]) -> SamplingOptions:
         """The options among ``values`` (a model's generation defaults), the rest left out."""
-        names = {f.name for f in fields(cls)} - {"stop"}
+        names = {f.name for f in fields(cls)} - {"stop", "logit_bias", "response_format"}
         return cls(**{k: v for k, v in values.items() if k in names and v is not None})
 
     def or_defaults(self, defaults: SamplingOptions) -> SamplingOptions:

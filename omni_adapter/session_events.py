@@ -29,6 +29,8 @@ def check_servable(capabilities: Capabilities, request: EngineRequest) -> None:
         raise EngineRejectedError(f"this engine does not produce {', '.join(sorted(unsupported))}")
     if request.tools and request.tool_choice != "none" and not capabilities.tools:
         raise EngineRejectedError("this engine does not call functions (tools)")
+    if request.sampling.response_format is not None and not capabilities.structured_outputs:
+        raise EngineRejectedError("this engine does not hold an answer to JSON (response_format)")
 
 
 class SessionEvents:

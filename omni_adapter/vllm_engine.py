@@ -34,7 +34,7 @@ import logging
 import os
 import re
 import weakref
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -79,7 +79,7 @@ from omni_adapter.vllm_compile_cache import let_the_aot_cache_load
 if TYPE_CHECKING:
     from vllm.engine.protocol import EngineClient, StreamingInput
     from vllm.outputs import CompletionOutput, RequestOutput
-    from vllm.sampling_params import SamplingParams
+    from vllm.sampling_params import SamplingParams, StructuredOutputsParams
 
 logger = logging.getLogger(__name__)
 
@@ -369,6 +369,7 @@ class VllmEngine:
             incremental=streaming.incremental,
             model_names=(model_name,),
             tools=tool_parser_cls is not None,
+            structured_outputs=True,
         )
 
     @property
@@ -532,11 +533,12 @@ class VllmSession:
         self._llm = llm
         #: The answer's text through vLLM's tool-call parser (``None``: no tools).
         self._tool_calls = tool_calls
-        #: Structured output (``required`` / a named function) holds the whole
-        #: input for one final engine input: vLLM sets a request's grammar when
+        #: Structured output (``required`` / a named function, or ``response_format``)
+        #: holds the whole input for one final engine input: vLLM sets a request's grammar when
         #: the request is added, and an input after the first changes its
         #: sampling parameters but not its grammar.
-        self._whole_input = tool_calls is not None and tool_calls.structured_outputs is not None
+        self._whole_input = (tool_calls is not None and tool_calls.structured_outputs is not None) \
+            or request.sampling.response_format is not None
         #: Tokens of the answer that an earlier holder already emitted.
         self._emitted = emitted_tokens
         self._request = request
@@ -787,8 +789,8 @@ class VllmSession:
             self._request.sampling, max_tokens=room if requested is None else min(requested, room)
         )
         final.output_kind = RequestOutputKind.DELTA
-        if self._tool_calls is not None:
-            final.structured_outputs = self._tool_calls.structured_outputs
+        if self._tool_calls is not None and self._tool_calls.structured_outputs is not None:
+            final.structured_outputs = self._tool_calls.structured_outputs  # never with response_format's
         self._step(Step.SENT_FINAL)
         yield StreamingInput(self._prompt(batch), final)
         # The phase moves while this generator is suspended (an abort), which
@@ -891,12 +893,27 @@ def sampling_params(options: SamplingOptions, *, max_tokens: int) -> SamplingPar
         "presence_penalty": options.presence_penalty,
         "frequency_penalty": options.frequency_penalty,
         "repetition_penalty": options.repetition_penalty,
+        "min_p": options.min_p,
+        # OpenAI's keys are strings; vLLM's engine compares them with token ids.
+        "logit_bias": {int(token): bias for token, bias in options.logit_bias.items()} if options.logit_bias else None,
     }
     fields.update({k: v for k, v in optional.items() if v is not None})
     try:
-        return SamplingParams(**fields)
+        return SamplingParams(**fields, structured_outputs=structured_outputs(options.response_format))
     except Exception as exc:
         raise EngineRejectedError(f"invalid sampling options: {exc}") from exc
+
+
+def structured_outputs(response_format: Mapping[str, Any] | None) -> StructuredOutputsParams | None:
+    """OpenAI's ``response_format`` as vLLM's grammar for the answer (what vLLM's own server does)."""
+    from vllm.sampling_params import StructuredOutputsParams
+
+    if response_format is None:
+        return None
+    if response_format["type"] == "json_object":
+        return StructuredOutputsParams(json_object=True)
+    # json_schema; OpenAI's schema is optional (any JSON then), as in vLLM's server.
+    return StructuredOutputsParams(json=response_format["json_schema"].get("schema") or {"type": "object"})
 
 
 def engine_error_from(exc: BaseException) -> EngineError:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -112,6 +112,30 @@ class NamedToolChoice(StrictModel):
 ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
 
 
+class JsonSchemaSpec(StrictModel):
+    name: str = Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")
+    description: str | None = None
+    #: The JSON Schema the answer must match (``schema`` in JSON).
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = Field(None, strict=True)
+
+
+class TextFormat(StrictModel):
+    type: Literal["text"]
+
+
+class JsonObjectFormat(StrictModel):
+    type: Literal["json_object"]
+
+
+class JsonSchemaFormat(StrictModel):
+    type: Literal["json_schema"]
+    json_schema: JsonSchemaSpec
+
+
+ResponseFormat = Annotated[TextFormat | JsonObjectFormat | JsonSchemaFormat, Field(discriminator="type")]
+
+
 class AudioOptions(StrictModel):
     #: Accepted for OpenAI compatibility; the CPU Talker has one voice.
     voice: str | None = None
@@ -140,6 +164,12 @@ class GenerationOptions(StrictModel):
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     repetition_penalty: float | None = Field(None, gt=0)
+    min_p: float | None = Field(None, ge=0, le=1)
+    logit_bias: dict[str, float] | None = Field(
+        None, description="token id (as a string) -> bias from -100 to 100, added to its logit")
+    response_format: ResponseFormat | None = Field(
+        None, description="text (the default), json_object (any JSON object) or json_schema (JSON matching "
+        "json_schema.schema): the answer is held to it as the engine decodes")
     stream_options: StreamOptions | None = None
     metadata: dict[str, str] | None = None
     tools: list[Tool] | None = Field(None, min_length=1)
@@ -156,7 +186,28 @@ class GenerationOptions(StrictModel):
             raise ValueError(f"tool_choice names {choice.function.name!r}, which is not among the tools")
         if choice == "required" and not named:
             raise ValueError("tool_choice required needs tools")
+        # Both would set the answer's grammar: a call's arguments, or the response's JSON.
+        forced_call = self.tools and (choice == "required" or isinstance(choice, NamedToolChoice))
+        if forced_call and self.response_format is not None and self.response_format.type != "text":
+            raise ValueError("response_format json_object or json_schema cannot go with tool_choice required "
+                             "or a named function: the answer is a function call")
         return self
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _token_ids(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        for token, bias in (value or {}).items():
+            if not token.isdigit():
+                raise ValueError(f"logit_bias keys are token ids, as strings of digits; got {token!r}")
+            if not -100 <= bias <= 100:
+                raise ValueError(f"logit_bias values are from -100 to 100; got {bias} for token {token}")
+        return value
+
+    def format_constraint(self) -> dict[str, Any] | None:
+        """``response_format`` as the engine takes it: ``None`` for free text."""
+        if self.response_format is None or self.response_format.type == "text":
+            return None
+        return self.response_format.model_dump(by_alias=True, exclude_none=True)
 
 
 class CreateSessionRequest(GenerationOptions):

@@ -191,6 +191,10 @@ class SessionService:
         if body.tools and body.tool_choice != "none" and not self._capabilities.tools:
             raise errors.ValidationFailed("the engine does not call functions: tools are not served here",
                                           param="tools")
+        held_to = body.format_constraint()
+        if held_to is not None and not self._capabilities.structured_outputs:
+            raise errors.ValidationFailed(f"the engine does not hold an answer to JSON: response_format "
+                                          f"{held_to['type']} is not served here", param="response_format")
         if first is not None:
             self.check_input_modality(first, param="first_chunk.modality")
         new = await self._checked(self._new_session(body, model, identity))
@@ -356,7 +360,8 @@ class SessionService:
             max_tokens=body.max_completion_tokens or body.max_tokens, temperature=body.temperature,
             top_p=body.top_p, top_k=body.top_k, seed=body.seed, stop=tuple(stop),
             presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
-            repetition_penalty=body.repetition_penalty)
+            repetition_penalty=body.repetition_penalty, min_p=body.min_p, logit_bias=body.logit_bias,
+            response_format=body.format_constraint())
         request = StoredRequest(
             messages=tuple(m.model_dump(exclude_none=True) for m in body.messages),
             modalities=tuple(body.modalities), sampling=sampling,

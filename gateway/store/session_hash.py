@@ -50,6 +50,9 @@ from gateway.domain.policies import StartPolicy, StartThresholds
 from gateway.domain.states import SessionState
 from omni_adapter.port import EngineRequest, SamplingOptions
 
+#: Sampling fields newer than the stored form's first release (see ``StoredRequest.to_json``).
+_ADDED_SAMPLING = ("min_p", "logit_bias", "response_format")
+
 
 @dataclass(frozen=True)
 class StoredRequest:
@@ -68,6 +71,11 @@ class StoredRequest:
 
     def to_json(self) -> str:
         sampling = {**asdict(self.sampling), "stop": list(self.sampling.stop)}
+        # Fields added since, only when set: a replica of the release before (a rolling
+        # deploy) still reads every session that does not use them.
+        for added in _ADDED_SAMPLING:
+            if sampling[added] is None:
+                del sampling[added]
         return json.dumps({"messages": list(self.messages), "modalities": list(self.modalities),
                            "sampling": sampling, "include_usage": self.include_usage,
                            "metadata": self.metadata, "tools": list(self.tools), "tool_choice": self.tool_choice,

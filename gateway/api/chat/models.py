@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from gateway.service.models import GenerationOptions, StrictModel, ToolCall, check_message_fields
 
@@ -61,6 +61,20 @@ class ChatCompletionRequest(GenerationOptions):
     n: Literal[1] = 1
     #: Accepted for OpenAI compatibility (the caller's identity comes from credentials).
     user: str | None = None
+    #: Accepted for OpenAI compatibility (the OpenAI playground's code sends them): nothing is
+    #: kept for OpenAI's dashboard here, and there is one service tier.
+    store: bool | None = Field(None, strict=True)
+    service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
+    #: Log probabilities are not returned: ``false`` (or none) only.
+    logprobs: bool | None = Field(None, strict=True)
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+
+    @field_validator("logprobs", "top_logprobs")
+    @classmethod
+    def _no_logprobs(cls, value: bool | int | None) -> bool | int | None:
+        if value:  # true, or a count above 0
+            raise ValueError("log probabilities are not returned by this server; send false (0) or leave it out")
+        return value
 
 
 class ModelCard(BaseModel):

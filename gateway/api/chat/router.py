@@ -1,4 +1,4 @@
-"""OpenAI routes: ``POST /v1/chat/completions`` and ``GET /v1/models``."""
+"""OpenAI routes: ``POST /v1/chat/completions``, ``GET /v1/models`` and ``GET /v1/models/{model}``."""
 
 from __future__ import annotations
 
@@ -91,3 +91,14 @@ async def list_models(request: Request, identity: Identity) -> ModelList:
     created = int(time.time())
     return ModelList(data=[ModelCard(id=name, created=created)
                            for name in get_resources(request).engine.capabilities.model_names])
+
+
+@router.get("/models/{model:path}", response_model=ModelCard,  # served names may hold a "/"
+            responses=errors.error_responses(errors.ModelNotFound, errors.Unauthorized, errors.TooManyRequests,
+                                             errors.StoreUnavailable, errors.Overloaded))
+async def retrieve_model(model: str, request: Request, identity: Identity) -> ModelCard:
+    """One served model (the openai SDK's ``models.retrieve``); 404 ``model_not_found`` for any other."""
+    names = get_resources(request).engine.capabilities.model_names
+    if model not in names:
+        raise errors.ModelNotFound(f"model {model!r} is not served here (served: {', '.join(names)})", param="model")
+    return ModelCard(id=model, created=int(time.time()))

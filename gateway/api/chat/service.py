@@ -57,7 +57,7 @@ class ChatService:
         chunks = self._input_chunks(last, f"messages.{len(history)}.content")
         for chunk in chunks:
             self._sessions.check_input_modality(chunk, param=f"messages.{len(history)}.content")
-        options = body.model_dump(include=set(GenerationOptions.model_fields))
+        options = body.model_dump(include=set(GenerationOptions.model_fields), by_alias=True)  # json_schema's schema
         request = CreateSessionRequest(
             **options, start_policy=StartPolicy.ON_END_ONLY, input_role=last.role, input_tool_call_id=last.tool_call_id,
             messages=[_history_message(m, f"messages.{i}.content") for i, m in enumerate(history)])

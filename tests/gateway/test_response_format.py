@@ -1,0 +1,190 @@
+"""The OpenAI request fields clients send beyond the basics: ``response_format`` held by
+the real engine, the OpenAI playground's exported request, and clear errors for the rest.
+
+Real redis-server; the real vLLM engine (SmolLM2, CPU) for the answers held to JSON,
+the scripted engine (which holds nothing to JSON) for the checks before any engine work.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Literal
+
+import httpx
+import openai
+import pytest
+from pydantic import BaseModel
+
+from gateway.store.session_hash import StoredRequest
+from omni_adapter.http_engine import openai_sampling
+from omni_adapter.model_bootstrap import converted_default_model
+from omni_adapter.port import Engine, SamplingOptions
+from omni_adapter.scripted import ScriptedEngine
+from omni_adapter.vllm_engine import load_tokenizer
+from tests.gateway.client import BASE, app_client, make_settings, openai_client
+from tests.gateway.test_api import assert_error
+
+MODEL = "SmolLM2-135M-Instruct"
+CHAT = "/v1/chat/completions"
+
+
+class Verdict(BaseModel):
+    answer: Literal["yes", "no"]
+    sure: bool
+
+
+@pytest.fixture
+async def real(redis_url: str, vllm_engine: Engine) -> AsyncIterator[httpx.AsyncClient]:
+    async with app_client(make_settings(redis_url=redis_url), vllm_engine) as client:
+        yield client
+
+
+@pytest.fixture
+async def either(redis_url: str, real_engine: Engine) -> AsyncIterator[httpx.AsyncClient]:
+    """The in-process engine, then a ``vllm serve`` sidecar (the ``openai-http`` adapter)."""
+    async with app_client(make_settings(redis_url=redis_url), real_engine) as client:
+        yield client
+
+
+@pytest.fixture
+async def scripted(redis_url: str) -> AsyncIterator[httpx.AsyncClient]:
+    async with app_client(make_settings(redis_url=redis_url), ScriptedEngine()) as client:
+        yield client
+
+
+def ask(content: str, **fields: object) -> dict:
+    return {"model": "scripted", "messages": [{"role": "user", "content": content}], **fields}
+
+
+# --- on the real engine ---------------------------------------------------------
+
+
+@pytest.mark.engine
+async def test_the_openai_sdks_parse_gets_an_answer_that_matches_the_schema(either: httpx.AsyncClient) -> None:
+    """``client.chat.completions.parse`` sends ``response_format: json_schema`` (strict) and
+    validates the answer against the model; a 135M model left free rarely writes JSON at all."""
+    completion = await openai_client(either).chat.completions.parse(
+        model=MODEL, messages=[{"role": "user", "content": "Is water wet? Answer as JSON."}],
+        response_format=Verdict, temperature=0, max_tokens=40)
+    parsed = completion.choices[0].message.parsed
+    assert isinstance(parsed, Verdict), completion.choices[0].message.content
+    assert completion.choices[0].finish_reason == "stop"
+
+
+@pytest.mark.engine
+async def test_a_streamed_json_object_answer_parses_whole(real: httpx.AsyncClient) -> None:
+    stream = await openai_client(real).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Give the largest city of France and its population "
+                                                            "as JSON."}],
+        response_format={"type": "json_object"}, temperature=0, max_tokens=80, stream=True)
+    chunks = [chunk async for chunk in stream]
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert chunks[-1].choices[0].finish_reason == "stop", text
+    assert isinstance(json.loads(text), dict), text
+
+
+@pytest.mark.engine
+async def test_a_streaming_input_session_held_to_a_schema_answers_in_it(real: httpx.AsyncClient) -> None:
+    """Mode B: the input arrives in chunks; the answer still follows the schema (the engine
+    takes the whole input at its end, since a request's grammar is set when it is added)."""
+    schema = {"type": "object", "properties": {"colour": {"type": "string", "enum": ["red", "green", "blue"]}},
+              "required": ["colour"], "additionalProperties": False}
+    created = await real.post(BASE, json={
+        "model": MODEL, "temperature": 0, "max_tokens": 30, "start_policy": "on_first_chunk",
+        "response_format": {"type": "json_schema", "json_schema": {"name": "colour", "schema": schema}}})
+    assert created.status_code == 201, created.text
+    sid = created.json()["session_id"]
+    for seq, text in enumerate(["What colour", " is the sky?", " Answer in JSON."]):
+        sent = await real.post(f"{BASE}/{sid}/chunks", json={"sequence_id": seq, "text": text,
+                                                              "end_of_input": seq == 2})
+        assert sent.status_code == 202, sent.text
+    result = (await real.get(f"{BASE}/{sid}/result", params={"wait": 60})).json()
+    assert result["state"] == "completed", result
+    answer = json.loads(result["completion"]["choices"][0]["message"]["content"])
+    assert set(answer) == {"colour"} and answer["colour"] in ("red", "green", "blue"), answer
+
+
+@pytest.mark.engine
+async def test_min_p_and_logit_bias_reach_the_engine(real: httpx.AsyncClient) -> None:
+    """A bias of -100 on the token a greedy answer starts with changes that first token."""
+    question = {"model": MODEL, "messages": [{"role": "user", "content": "Say hello."}], "temperature": 0,
+                "max_tokens": 3, "min_p": 0.05}
+    free = await real.post(CHAT, json=question)
+    assert free.status_code == 200, free.text
+    first = free.json()["choices"][0]["message"]["content"]
+    token = load_tokenizer(str(converted_default_model())).encode(first)[0]  # the engine's own tokenizer
+    biased = await real.post(CHAT, json={**question, "logit_bias": {str(token): -100}})
+    assert biased.status_code == 200, biased.text
+    assert not biased.json()["choices"][0]["message"]["content"].startswith(first), (first, biased.json())
+
+
+# --- before any engine work -------------------------------------------------------
+
+
+async def test_the_openai_playgrounds_exported_request_is_answered(scripted: httpx.AsyncClient) -> None:
+    """What the playground's "code" button writes: response_format text, store, a service tier."""
+    response = await scripted.post(CHAT, json=ask(
+        "hello", response_format={"type": "text"}, temperature=1, max_completion_tokens=2048, top_p=1,
+        frequency_penalty=0, presence_penalty=0, store=False, service_tier="auto", logprobs=False, top_logprobs=0))
+    assert response.status_code == 200, response.text
+
+
+@pytest.mark.parametrize(("fields", "param"), [
+    ({"logprobs": True}, "logprobs"),
+    ({"top_logprobs": 2}, "top_logprobs"),
+    ({"logprobs": "false"}, "logprobs"),
+    ({"store": "no"}, "store"),
+    ({"service_tier": "fastest"}, "service_tier"),
+    ({"logit_bias": {"hello": 5}}, "logit_bias"),
+    ({"logit_bias": {"42": 101}}, "logit_bias"),
+    ({"min_p": 1.5}, "min_p"),
+    ({"response_format": {"type": "xml"}}, "response_format"),
+    ({"response_format": {"type": "json_schema"}}, "response_format.json_schema.json_schema"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "a b"}}},
+     "response_format.json_schema.json_schema.name"),
+])
+async def test_fields_it_cannot_honour_are_422s_that_name_them(scripted: httpx.AsyncClient, fields: dict,
+                                                               param: str) -> None:
+    response = await scripted.post(CHAT, json=ask("hello", **fields))
+    error = assert_error(response, 422, "validation_error")
+    assert error["param"] is not None and error["param"].startswith(param), error
+
+
+async def test_json_on_an_engine_that_cannot_hold_to_it_is_refused_before_any_work(
+        scripted: httpx.AsyncClient) -> None:
+    response = await scripted.post(CHAT, json=ask("hello", response_format={"type": "json_object"}))
+    error = assert_error(response, 422, "validation_error")
+    assert "response_format" in error["message"], error
+    created = await scripted.post(BASE, json={"model": "scripted", "response_format": {"type": "json_object"}})
+    assert_error(created, 422, "validation_error")
+
+
+async def test_json_and_a_forced_function_call_do_not_go_together(scripted: httpx.AsyncClient) -> None:
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    response = await scripted.post(CHAT, json=ask("hello", tools=tools, tool_choice="required",
+                                                  response_format={"type": "json_object"}))
+    error = assert_error(response, 422, "validation_error")
+    assert "tool_choice" in error["message"], error
+
+
+async def test_one_model_is_retrieved_and_another_is_a_404(scripted: httpx.AsyncClient) -> None:
+    oai = openai_client(scripted)
+    assert (await oai.models.retrieve("scripted")).id == "scripted"
+    with pytest.raises(openai.NotFoundError) as raised:
+        await oai.models.retrieve("gpt-4o")
+    assert raised.value.code == "model_not_found"
+
+
+def test_the_new_fields_are_stored_only_when_set_and_reach_a_sidecar() -> None:
+    """A replica of the release before reads the stored request of a session that does not use
+    them (a rolling deploy); one that does keeps them through the store."""
+    plain = StoredRequest(messages=(), modalities=("text",), sampling=SamplingOptions(temperature=0.5))
+    assert not {"min_p", "logit_bias", "response_format"} & set(json.loads(plain.to_json())["sampling"])
+    assert StoredRequest.from_json(plain.to_json()) == plain
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}
+    held = StoredRequest(messages=(), modalities=("text",),
+                         sampling=SamplingOptions(min_p=0.1, logit_bias={"7": -5.0}, response_format=fmt))
+    assert StoredRequest.from_json(held.to_json()) == held
+    sent = openai_sampling(held.sampling)
+    assert sent["response_format"] == fmt and sent["min_p"] == 0.1 and sent["logit_bias"] == {"7": -5.0}
