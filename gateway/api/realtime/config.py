@@ -10,12 +10,20 @@ the way to the engine.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
 from gateway import errors
+from gateway.api.realtime.audio_formats import (
+    BETA_NAMES,
+    FORMATS,
+    G711_RATE,
+    PCM,
+    PCM_RATE,
+    format_object,
+)
 from gateway.service.models import NamedToolChoice, Tool
 
 #: History room kept for the new input and for an answer with no ``max_output_tokens``.
@@ -68,10 +76,22 @@ class RealtimeConfig:
     history_token_limit: int | None = None
     #: ``audio.input.transcription`` as the client set it; transcription events only with it.
     transcription: dict[str, Any] | None = None
+    #: The WebSocket's audio formats (``audio_formats.py``): pcm16 at 24 kHz, or G.711.
+    input_audio_format: str = PCM
+    output_audio_format: str = PCM
 
     def __post_init__(self) -> None:
         if not self.can_speak:
             self.output_modalities = ["text"]
+
+    def saved(self) -> dict[str, Any]:
+        """What ``restored`` takes. The audio formats only when not pcm16: a replica of the
+        release before (a rolling deploy) still restores every session that does not set them."""
+        saved = asdict(self)
+        for added in ("input_audio_format", "output_audio_format"):
+            if saved[added] == PCM:
+                del saved[added]
+        return saved
 
     @classmethod
     def restored(cls, saved: dict[str, Any]) -> RealtimeConfig:
@@ -101,7 +121,6 @@ class RealtimeConfig:
         return body
 
     def session_object(self, session_id: str) -> dict[str, Any]:
-        pcm = {"type": "audio/pcm", "rate": 24_000}
         return {
             "type": "realtime", "object": "realtime.session", "id": session_id, "model": self.model,
             "instructions": self.instructions, "output_modalities": self.output_modalities,
@@ -110,9 +129,9 @@ class RealtimeConfig:
             "truncation": self._truncation_object(),
             **({} if self.parallel_tool_calls is None else {"parallel_tool_calls": self.parallel_tool_calls}),
             "audio": {
-                "input": {"format": pcm, "transcription": self.transcription,
+                "input": {"format": format_object(self.input_audio_format), "transcription": self.transcription,
                           "turn_detection": self.server_vad.as_dict() if self.server_vad else None},
-                "output": {"format": pcm, "voice": self.voice},
+                "output": {"format": format_object(self.output_audio_format), "voice": self.voice},
             },
         }
 
@@ -149,6 +168,13 @@ class RealtimeConfig:
             if not isinstance(value, int | float) or isinstance(value, bool) or not 0 <= value <= 2:
                 raise errors.ValidationFailed("temperature is a number from 0 to 2", param="session.temperature")
             self.temperature = float(value)
+        for side in ("input", "output"):  # the beta protocol's names: "pcm16", "g711_ulaw", "g711_alaw"
+            beta = f"{side}_audio_format"
+            if beta in session:
+                if session[beta] not in BETA_NAMES:
+                    raise errors.ValidationFailed(f"{beta} is one of {', '.join(BETA_NAMES)}",
+                                                  param=f"session.{beta}")
+                setattr(self, beta, BETA_NAMES[session[beta]])
         audio = session.get("audio")
         if audio is not None:
             if not isinstance(audio, dict):
@@ -175,10 +201,14 @@ class RealtimeConfig:
     def _update_audio(self, audio: dict[str, Any]) -> None:
         for side in ("input", "output"):
             fmt = (audio.get(side) or {}).get("format")
-            if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "audio/pcm"
-                                    or fmt.get("rate", 24_000) != 24_000):
-                raise errors.ValidationFailed("audio is pcm16 at 24 kHz (audio/pcm, rate 24000)",
-                                              param=f"session.audio.{side}.format")
+            if fmt is None:
+                continue
+            kind = fmt.get("type") if isinstance(fmt, dict) else None
+            rate = fmt.get("rate", PCM_RATE if kind == PCM else G711_RATE) if isinstance(fmt, dict) else None
+            if kind not in FORMATS or rate != (PCM_RATE if kind == PCM else G711_RATE):
+                raise errors.ValidationFailed("audio is audio/pcm (pcm16 at 24 kHz), or audio/pcmu or audio/pcma "
+                                              "(G.711 at 8 kHz)", param=f"session.audio.{side}.format")
+            setattr(self, f"{side}_audio_format", kind)
         output = audio.get("output") or {}
         if "voice" in output:
             self.voice = _typed(output, "voice", str)

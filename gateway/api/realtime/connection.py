@@ -47,7 +47,7 @@ import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import orjson
@@ -209,7 +209,7 @@ class RealtimeConnection:
 
     def _state(self) -> str:
         return json.dumps({
-            "identity": self._identity, "config": asdict(self.config), "items": self.conversation.items,
+            "identity": self._identity, "config": self.config.saved(), "items": self.conversation.items,
             "version": self._version, "turn": self._turn.saved() if self._turn else None})
 
     async def _save(self, *, strict: bool = False) -> None:

@@ -38,6 +38,7 @@ from fastapi.responses import JSONResponse
 
 from gateway import errors
 from gateway.api.realtime import events as ev
+from gateway.api.realtime.audio_formats import Transcoder
 from gateway.api.realtime.client_secrets import session_config
 from gateway.api.realtime.config import RealtimeConfig
 from gateway.api.realtime.connection import RealtimeConnection
@@ -86,11 +87,13 @@ async def realtime(websocket: WebSocket, model: str | None = None, session_id: s
         return
     identity, settings, metrics = caller.identity, resources.settings, resources.metrics
     lock = asyncio.Lock()
+    audio = Transcoder()  # the session's audio formats on this socket (G.711 for telephony)
 
     async def send(event: dict[str, Any]) -> None:
-        metrics.realtime_event("out", event["type"])
-        async with lock:
-            await websocket.send_text(ev.encoded(event))
+        for out in audio.server_events(event, connection.config.output_audio_format):
+            metrics.realtime_event("out", out["type"])
+            async with lock:
+                await websocket.send_text(ev.encoded(out))
 
     connection, budget = new_connection(resources, identity, config, send)
     metrics.connections.inc()
@@ -115,7 +118,7 @@ async def realtime(websocket: WebSocket, model: str | None = None, session_id: s
                 return
             except errors.StoreUnavailable as exc:
                 await send(ev.error(exc))  # said, and the connection goes on: its turns are checked again
-        await _serve(websocket, connection, send, settings, budget)
+        await _serve(websocket, connection, send, settings, budget, audio)
     except WebSocketDisconnect:
         pass
     finally:
@@ -179,7 +182,11 @@ async def parse_event(raw: str) -> Any:
 
 
 async def _serve(websocket: WebSocket, connection: RealtimeConnection,
-                 send: Callable[[dict[str, Any]], Awaitable[None]], settings: Settings, budget: EventBudget) -> None:
+                 send: Callable[[dict[str, Any]], Awaitable[None]], settings: Settings, budget: EventBudget,
+                 audio: Transcoder) -> None:
+    async def handle(message: dict[str, Any]) -> None:
+        await connection.handle(audio.client_event(message, connection.config.input_audio_format))
+
     while True:
         try:
             async with asyncio.timeout(settings.session_timeout_sec):
@@ -187,7 +194,7 @@ async def _serve(websocket: WebSocket, connection: RealtimeConnection,
         except TimeoutError:
             await websocket.close(NORMAL, "idle for longer than the session timeout")
             return
-        await receive_event(raw, connection.handle, send, settings, budget)
+        await receive_event(raw, handle, send, settings, budget)
 
 
 async def receive_event(raw: str, handle: Callable[[dict[str, Any]], Awaitable[None]],
