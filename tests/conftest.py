@@ -60,6 +60,19 @@ def pytest_configure() -> None:
     os.environ.setdefault("OMNI_GATEWAY_ENGINE_COMPILE", "false")
 
 
+@pytest.hookimpl(trylast=True)  # after Hypothesis's own: its set-up is over then
+def pytest_sessionstart() -> None:
+    """Hypothesis imports parts of itself at a test's first example (its optimiser, its regex
+    strategy), and pytest rewrites their asserts, compiling them from source. CPython 3.11.7
+    keeps the AST's recursion depth per interpreter, not per thread (gh-106905): a compile in a
+    worker thread at that moment (the suite's engines and tokenizers run many) failed a CI run
+    with "AST constructor recursion depth mismatch". Imported here, once, while no other
+    thread runs."""
+    # The ones a first example imports (found by diffing sys.modules around one).
+    import hypothesis.internal.conjecture.optimiser
+    import hypothesis.strategies._internal.regex  # noqa: F401
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Tests that start engine processes of their own (tests/replicas: three gateways,
     each with its engine) run first, before the session's shared engines exist:

@@ -86,7 +86,7 @@ def test_the_session_takes_the_ga_and_the_beta_names_and_refuses_other_formats()
         assert refused.value.param == param
 
 
-async def test_a_mulaw_turn_is_heard_and_the_session_says_its_formats(redis_url: str) -> None:
+async def test_mulaw_appends_and_a_mulaw_item_are_heard_and_the_session_says_its_formats(redis_url: str) -> None:
     """The scripted engine echoes what the recognizer heard of the μ-law question."""
     async with live_app(make_settings(redis_url=redis_url), with_listener(ScriptedEngine())) as url, \
             sdk(url).realtime.connect(model="scripted") as connection:
@@ -101,9 +101,16 @@ async def test_a_mulaw_turn_is_heard_and_the_session_says_its_formats(redis_url:
             await connection.input_audio_buffer.append(audio=base64.b64encode(call[start:start + PIECE_BYTES]).decode())
         await connection.input_audio_buffer.commit()
         await connection.response.create()
-        events = await until(connection, "response.done")
-    heard = answer_text(events).removeprefix("echo:").strip()
+        appended = await until(connection, "response.done")
+        # The same call's words as a recorded item (an input_audio part), in the same format.
+        await connection.conversation.item.create(item={"type": "message", "role": "user", "content": [
+            {"type": "input_audio", "audio": base64.b64encode(phone_ulaw(speech("How tall is Mount Everest?"))).decode()}]})
+        await connection.response.create()
+        recorded = await until(connection, "response.done")
+    heard = answer_text(appended).removeprefix("echo:").strip()
     assert word_error_rate(QUESTION, heard) <= 0.2, heard
+    heard = answer_text(recorded).removeprefix("echo:").strip()
+    assert word_error_rate("How tall is Mount Everest?", heard) <= 0.2, heard
 
 
 @pytest.mark.engine

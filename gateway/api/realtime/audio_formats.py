@@ -7,7 +7,7 @@ bridge does: a Twilio Media Stream carries μ-law at 8 kHz, and OpenAI's
 telephony examples hand it to the Realtime API as it comes. Here the WebSocket
 transport translates (the session decides nothing about it):
 
-    input_audio_buffer.append (pcmu) ─► decode (libavcodec, via PyAV) ─► 8 → 24 kHz (soxr) ─► the connection
+    input_audio_buffer.append, input_audio parts (pcmu) ─► decode (libavcodec, via PyAV) ─► 8 → 24 kHz (soxr) ─► the connection
     response.output_audio.delta ◄─ encode ◄─ 24 → 8 kHz ◄─ the connection's pcm16
 
 Each direction keeps its resampler's state across events, so the audio is
@@ -73,6 +73,10 @@ class G711Decoder:
         samples = np.concatenate([frame.to_ndarray().reshape(-1) for frame in frames]).astype("<i2")
         return self._resampler.push(samples.tobytes(), G711_RATE).tobytes()
 
+    def flush(self) -> bytes:
+        """The end of a recording: what the resampler's filter still holds."""
+        return self._resampler.flush().tobytes()
+
 
 class G711Encoder:
     """The connection's pcm16 at 24 kHz as a session's G.711 output."""
@@ -108,18 +112,24 @@ class Transcoder:
         self._encoder: G711Encoder | None = None
 
     def client_event(self, message: dict[str, Any], input_format: str) -> dict[str, Any]:
-        """An ``input_audio_buffer.append`` in G.711 as pcm16; anything else as it came (a bad
-        append too: the connection refuses it with its own error)."""
-        if input_format == PCM or message.get("type") != "input_audio_buffer.append" \
-                or not isinstance(message.get("audio"), str):
+        """The audio of an ``input_audio_buffer.append``, or of a user item's ``input_audio``
+        parts, in G.711 as pcm16; anything else as it came (bad audio too: the connection
+        refuses it with its own error)."""
+        if input_format == PCM:
             return message
-        if self._decoder is None or self._decoder.kind != input_format:
-            self._decoder = G711Decoder(input_format)
-        try:
-            encoded = base64.b64decode(message["audio"], validate=True)
-        except (binascii.Error, ValueError):
-            return message
-        return {**message, "audio": base64.b64encode(self._decoder.pcm(encoded)).decode()}
+        kind = message.get("type")
+        if kind == "input_audio_buffer.append":
+            if self._decoder is None or self._decoder.kind != input_format:
+                self._decoder = G711Decoder(input_format)
+            return {**message, "audio": _as_pcm(message.get("audio"), self._decoder, whole=False)}
+        item = message.get("item")
+        if kind == "conversation.item.create" and isinstance(item, dict) and isinstance(item.get("content"), list):
+            # Each part is a recording of its own: a decoder (and resampler) of its own.
+            parts = [{**part, "audio": _as_pcm(part.get("audio"), G711Decoder(input_format), whole=True)}
+                     if isinstance(part, dict) and part.get("type") == "input_audio" else part
+                     for part in item["content"]]
+            return {**message, "item": {**item, "content": parts}}
+        return message
 
     def server_events(self, event: dict[str, Any], output_format: str) -> list[dict[str, Any]]:
         """``event`` as sent: a ``response.output_audio.delta`` in the session's output format, and
@@ -139,3 +149,16 @@ class Transcoder:
             return [event]
         where = {k: event[k] for k in ("response_id", "item_id", "output_index", "content_index") if k in event}
         return [ev.event("response.output_audio.delta", **where, delta=base64.b64encode(tail).decode()), event]
+
+
+def _as_pcm(audio: Any, decoder: G711Decoder, *, whole: bool) -> Any:
+    """Base64 G.711 as base64 pcm16 at 24 kHz (``whole``: a recording, to its last sample; else
+    a piece of a stream, the filter's tail coming with the next); not base64: as it came."""
+    if not isinstance(audio, str):
+        return audio
+    try:
+        encoded = base64.b64decode(audio, validate=True)
+    except (binascii.Error, ValueError):
+        return audio
+    pcm = decoder.pcm(encoded) + (decoder.flush() if whole else b"")
+    return base64.b64encode(pcm).decode()
