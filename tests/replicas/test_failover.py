@@ -292,7 +292,8 @@ def test_kill_9_of_the_replica_holding_a_realtime_socket_mid_answer(replicas: Re
             session_id = ask_over_realtime(ws_b)
             before = realtime_events(ws_b, "response.output_text.delta")
             b.kill9()  # the socket and the engine work of the turn go with it
-        # Reconnect through the edge: it may try the dead replica first, then the next.
+        b.start()  # as its supervisor would, at once: the next test needs it (a starting replica refuses)
+        # Reconnect through the edge: it may try the dead (or starting) replica first, then the next.
         with connect(f"{replicas.edge.replace('http', 'ws')}{realtime}?session_id={session_id}"
                      f"&last_event_id={before[-1]['event_id']}") as ws_edge:
             after = realtime_events(ws_edge, "response.done")
