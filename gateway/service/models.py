@@ -197,7 +197,7 @@ class GenerationOptions(StrictModel):
     @classmethod
     def _token_ids(cls, value: dict[str, float] | None) -> dict[str, float] | None:
         for token, bias in (value or {}).items():
-            if not token.isdigit():
+            if not (token.isascii() and token.isdigit()):  # "²" is a digit to isdigit, not to int
                 raise ValueError(f"logit_bias keys are token ids, as strings of digits; got {token!r}")
             if not -100 <= bias <= 100:
                 raise ValueError(f"logit_bias values are from -100 to 100; got {bias} for token {token}")

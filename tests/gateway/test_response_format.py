@@ -119,6 +119,21 @@ async def test_min_p_and_logit_bias_reach_the_engine(real: httpx.AsyncClient) ->
     assert not biased.json()["choices"][0]["message"]["content"].startswith(first), (first, biased.json())
 
 
+@pytest.mark.engine
+async def test_what_only_the_engine_can_check_is_a_400_with_its_reason(real: httpx.AsyncClient) -> None:
+    """A token id beyond the vocabulary, a schema the grammar compiler refuses: vLLM's own
+    checks when it adds the request, answered as the client's mistake, not a server error."""
+    question = {"model": MODEL, "messages": [{"role": "user", "content": "Hi."}], "max_tokens": 3}
+    beyond = await real.post(CHAT, json={**question, "logit_bias": {"99999999": 5}})
+    assert "logit_bias" in assert_error(beyond, 400, "invalid_request")["message"]
+    broken = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "properties": {
+        "a": {"type": "integer", "minimum": 5, "maximum": 1}}}}}
+    refused = await real.post(CHAT, json={**question, "response_format": broken})
+    assert refused.status_code in (200, 400), refused.text  # a grammar compiler may take or refuse it
+    if refused.status_code == 400:
+        assert_error(refused, 400, "invalid_request")
+
+
 # --- before any engine work -------------------------------------------------------
 
 
@@ -137,6 +152,7 @@ async def test_the_openai_playgrounds_exported_request_is_answered(scripted: htt
     ({"store": "no"}, "store"),
     ({"service_tier": "fastest"}, "service_tier"),
     ({"logit_bias": {"hello": 5}}, "logit_bias"),
+    ({"logit_bias": {"\u00b2": 5}}, "logit_bias"),
     ({"logit_bias": {"42": 101}}, "logit_bias"),
     ({"min_p": 1.5}, "min_p"),
     ({"response_format": {"type": "xml"}}, "response_format"),

@@ -116,7 +116,9 @@ def test_the_event_loop_keeps_turning_while_the_engine_starts(started_vllm_engin
     """The start (importing vLLM, the engine core's process, the model) ran on the loop: 41 s
     without a turn, after which every timeout pending on it expired at once (issue 29, item 12:
     "every Redis call of the process stalled over 10 s")."""
-    assert started_vllm_engine.start_loop_lag_sec < 1.0
+    # What is left is the start thread holding the GIL in one C call (loading torch's
+    # libraries): 0.32 s on a quiet machine, 1.1 s once on a loaded 2-core CI machine.
+    assert started_vllm_engine.start_loop_lag_sec < 2.5
 
 
 @pytest.mark.engine
