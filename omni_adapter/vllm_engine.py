@@ -320,6 +320,7 @@ class TokenizerChecks:
         # Built here to reject invalid options now, not after the input.
         requested = request.sampling.max_tokens
         sampling_params(request.sampling, max_tokens=1 if requested is None else requested)
+        check_schema(request.sampling.response_format)
         return prefix, suffix
 
 
@@ -902,6 +903,21 @@ def sampling_params(options: SamplingOptions, *, max_tokens: int) -> SamplingPar
         return SamplingParams(**fields, structured_outputs=structured_outputs(options.response_format))
     except Exception as exc:
         raise EngineRejectedError(f"invalid sampling options: {exc}") from exc
+
+
+def check_schema(response_format: Mapping[str, Any] | None) -> None:
+    """A JSON schema the grammar compiler refuses (``minimum`` above ``maximum``...) is the client's
+    mistake: refused now. In the engine core it failed the request as a server error."""
+    if response_format is None or response_format["type"] != "json_schema":
+        return
+    import json
+
+    import xgrammar
+
+    try:
+        xgrammar.Grammar.from_json_schema(json.dumps(response_format["json_schema"].get("schema") or {}))
+    except RuntimeError as exc:
+        raise EngineRejectedError(f"response_format's schema cannot be held to: {exc}".strip()) from exc
 
 
 def structured_outputs(response_format: Mapping[str, Any] | None) -> StructuredOutputsParams | None:
