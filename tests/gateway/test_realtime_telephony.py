@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import audioop  # the test's own G.711, not the gateway's (PyAV's): deprecated since 3.11, still here
 import base64
+import threading
 from typing import Any
 
 import numpy as np
 import pytest
 
-from gateway.api.realtime.audio_formats import G711Decoder, G711Encoder
+from gateway.api.realtime.audio_formats import G711Decoder, G711Encoder, Transcoder
 from gateway.api.realtime.config import RealtimeConfig
 from omni_adapter.listener import with_listener
 from omni_adapter.scripted import ScriptedEngine
@@ -60,6 +61,32 @@ def test_the_codec_round_trip_keeps_the_voice(kind: str) -> None:
     assert best > 10, best
     assert len(restored) > 0.9 * len(original)
     assert kind == "audio/pcmu" or audioop.alaw2lin(encoded[:PIECE_BYTES], 2)  # A-law decodes as A-law
+
+
+async def test_a_long_mulaw_append_is_translated_off_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two minutes of μ-law in one append (1.3 MB of base64, under the event cap) is decoded and
+    resampled in a worker thread, a 20 ms piece on the loop; the audio is what one decoder makes
+    of the three pieces as one stream."""
+    call = phone_ulaw(speech(QUESTION))
+    long_call = call * max(1, 120 * PHONE_RATE // len(call))
+    pieces = [call[:PIECE_BYTES], long_call, call[:PIECE_BYTES]]
+    events = [{"type": "input_audio_buffer.append", "audio": base64.b64encode(piece).decode()} for piece in pieces]
+    expected = [np.frombuffer(pcm, "<i2") for pcm in map(G711Decoder("audio/pcmu").pcm, pieces)]
+    threads: list[bool] = []
+    decode = G711Decoder.pcm
+
+    def watched(self: G711Decoder, encoded: bytes) -> bytes:
+        threads.append(threading.current_thread() is threading.main_thread())
+        return decode(self, encoded)
+
+    monkeypatch.setattr(G711Decoder, "pcm", watched)
+    transcoder = Transcoder()
+    translated = [await transcoder.client_event(event, "audio/pcmu") for event in events]
+    assert threads == [True, False, True]  # on the loop (the main thread), off it, on it
+    got = [np.frombuffer(base64.b64decode(event["audio"]), "<i2") for event in translated]
+    assert [len(samples) for samples in got] == [len(samples) for samples in expected]
+    # The same samples, but for the last bit: soxr's float rounding may differ between threads.
+    assert all(np.abs(a.astype(int) - b).max(initial=0) <= 2 for a, b in zip(got, expected, strict=True))
 
 
 def test_the_session_takes_the_ga_and_the_beta_names_and_refuses_other_formats() -> None:

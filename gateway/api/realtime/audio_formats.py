@@ -19,6 +19,7 @@ negotiated), whatever the session says. Other formats are refused in
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import fractions
@@ -111,12 +112,19 @@ class Transcoder:
         self._decoder: G711Decoder | None = None
         self._encoder: G711Encoder | None = None
 
-    def client_event(self, message: dict[str, Any], input_format: str) -> dict[str, Any]:
+    async def client_event(self, message: dict[str, Any], input_format: str) -> dict[str, Any]:
         """The audio of an ``input_audio_buffer.append``, or of a user item's ``input_audio``
         parts, in G.711 as pcm16; anything else as it came (bad audio too: the connection
-        refuses it with its own error)."""
+        refuses it with its own error). A big event is translated in a worker thread: the
+        event cap holds over three minutes of μ-law, about 50 ms to decode, resample and
+        encode again, while every other session waits on the event loop."""
         if input_format == PCM:
             return message
+        if _audio_chars(message) < OFF_LOOP_CHARS:
+            return self._translated(message, input_format)
+        return await asyncio.to_thread(self._translated, message, input_format)
+
+    def _translated(self, message: dict[str, Any], input_format: str) -> dict[str, Any]:
         kind = message.get("type")
         if kind == "input_audio_buffer.append":
             if self._decoder is None or self._decoder.kind != input_format:
@@ -149,6 +157,21 @@ class Transcoder:
             return [event]
         where = {k: event[k] for k in ("response_id", "item_id", "output_index", "content_index") if k in event}
         return [ev.event("response.output_audio.delta", **where, delta=base64.b64encode(tail).decode()), event]
+
+
+#: Events carrying this much base64 G.711 from on (24 s of μ-law, ~5 ms of work) are translated
+#: off the loop, as the connection decodes big pcm16 appends (``connection.OFF_LOOP_CHARS``).
+OFF_LOOP_CHARS = 256 * 1024
+
+
+def _audio_chars(message: dict[str, Any]) -> int:
+    """How much base64 audio an event carries: its own, or its item's parts'."""
+    audio = message.get("audio")
+    item = message.get("item")
+    parts = item.get("content") if isinstance(item, dict) else None
+    pieces = [audio, *(part.get("audio") for part in parts if isinstance(part, dict))] if isinstance(parts, list) \
+        else [audio]
+    return sum(len(piece) for piece in pieces if isinstance(piece, str))
 
 
 def _as_pcm(audio: Any, decoder: G711Decoder, *, whole: bool) -> Any:

@@ -185,7 +185,7 @@ async def _serve(websocket: WebSocket, connection: RealtimeConnection,
                  send: Callable[[dict[str, Any]], Awaitable[None]], settings: Settings, budget: EventBudget,
                  audio: Transcoder) -> None:
     async def handle(message: dict[str, Any]) -> None:
-        await connection.handle(audio.client_event(message, connection.config.input_audio_format))
+        await connection.handle(await audio.client_event(message, connection.config.input_audio_format))
 
     while True:
         try:
