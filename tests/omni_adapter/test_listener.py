@@ -226,7 +226,16 @@ async def test_a_resumed_session_does_not_hear_its_audio_again() -> None:
     chunks = audio_chunks(speech(TWO_PHRASES) + speech(QUESTION))
     first = ListeningSession(ScriptedSession(), ears)
     told: list[InputTranscript] = []
-    reader = asyncio.create_task(_collect(first, told))
+    both_told = asyncio.Event()
+
+    async def collect() -> None:
+        async for event in first.events():
+            if isinstance(event, InputTranscript):
+                told.append(event)
+                if sum(len(t.heard.pieces) for t in told) >= 2:
+                    both_told.set()
+
+    reader = asyncio.create_task(collect())
     # The two phrases end about two thirds in (their last chunk found by the VAD, which a
     # machine's float rounding may move by one); the question ends near the end.
     cut = len(chunks) * 3 // 4
@@ -235,9 +244,7 @@ async def test_a_resumed_session_does_not_hear_its_audio_again() -> None:
         await asyncio.sleep(0)
     # Both phrases are heard in the recognizer's thread, which the feed above outpaces (a
     # real client's audio comes at its own pace): wait for them, not for a moment.
-    async with asyncio.timeout(30):
-        while sum(len(t.heard.pieces) for t in told) < 2:
-            await asyncio.sleep(0.05)
+    await asyncio.wait_for(both_told.wait(), 30)
     await first.abort()
     reader.cancel()
     heard = HeardInput(tuple(p for t in told for p in t.heard.pieces), told[-1].heard.through)
@@ -252,12 +259,6 @@ async def test_a_resumed_session_does_not_hear_its_audio_again() -> None:
     assert word_error_rate(TWO_PHRASES + " " + QUESTION, thinker.input_text) == 0.0, thinker.input_text
     assert counting.calls - calls_before <= 2  # only the phrases after `through`
     ears.close()
-
-
-async def _collect(session: ListeningSession, told: list[InputTranscript]) -> None:
-    async for event in session.events():
-        if isinstance(event, InputTranscript):
-            told.append(event)
 
 
 async def test_pocketsphinx_is_a_setting_and_decodes_in_a_process_of_its_own() -> None:
