@@ -300,6 +300,13 @@ class EngineUnavailable(ServiceUnavailable):
     code = "engine_unavailable"
 
 
+class AnswerNotResumable(ServiceUnavailable):
+    """A replica stopped mid-answer, and the answer, held to a grammar, came out differently
+    when another one made it again (``work/runner.py``, ``_Progress``): ask again."""
+
+    code = "answer_not_resumable"
+
+
 class EngineTimeout(GatewayError):
     status_code = HTTPStatus.GATEWAY_TIMEOUT
     code = "engine_timeout"

@@ -16,6 +16,7 @@ import functools
 import hashlib
 import itertools
 import logging
+import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -358,7 +359,10 @@ class SessionService:
         stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
         sampling = SamplingOptions(
             max_tokens=body.max_completion_tokens or body.max_tokens, temperature=body.temperature,
-            top_p=body.top_p, top_k=body.top_k, seed=body.seed, stop=tuple(stop),
+            top_p=body.top_p, top_k=body.top_k, stop=tuple(stop),
+            # An answer held to JSON is made again from its start after a failover: with
+            # the same seed it comes out the same (work/runner.py, ``_Progress.replays``).
+            seed=body.seed if body.seed is not None or body.format_constraint() is None else secrets.randbelow(2**31),
             presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
             repetition_penalty=body.repetition_penalty, min_p=body.min_p, logit_bias=body.logit_bias,
             response_format=body.format_constraint())

@@ -126,10 +126,35 @@ class _Progress:
         return cls(data, "".join(content_of(f.data) for f in frames if not f.event),
                    json.loads(told[-1])["input_transcript"] if told else "", heard_of(told))
 
+    def replays(self, record: SessionRecord) -> bool:
+        """An answer held to JSON is made again from its start, not continued after its text.
+
+        vLLM applies a grammar from the first token it generates: after the text so far as
+        an assistant prefix, it began a second JSON document (``{"name": "Al{"name": ...``).
+        Made again with the same seed (``create`` picks one when the client did not), the
+        answer comes out as it began; the relay checks that, and passes on only what is new.
+        """
+        return bool(self.text) and record.request.sampling.response_format is not None
+
     def engine_request(self, record: SessionRecord, request_id: str) -> EngineRequest:
         """The session's request for a new holder: it goes on after the text and the audio so far."""
-        request = record.request.engine_request(request_id, record.model, self.text)
-        return replace(request, heard=self.heard, unspoken_prefix=unspoken_end(self.text, self.frame_data))
+        prefix = "" if self.replays(record) else self.text
+        request = record.request.engine_request(request_id, record.model, prefix)
+        return replace(request, heard=self.heard, unspoken_prefix=unspoken_end(prefix, self.frame_data))
+
+
+@dataclass
+class _SaidAgain:
+    """The answer so far, which an engine making it again says before anything new."""
+
+    left: str
+
+    def after(self, event: TextDelta | Finished) -> TextDelta | None:
+        """What of ``event`` is new (perhaps nothing); ``None`` if it is not what was said."""
+        if isinstance(event, Finished) or not self.left.startswith(said := event.text[:len(self.left)]):
+            return None
+        self.left = self.left[len(said):]
+        return TextDelta(event.text[len(said):])
 
 
 @dataclass
@@ -429,6 +454,7 @@ class SessionRunner:
         audio = AudioOutput(frames, ttl_sec=record.result_ttl_ms / 1000)
         audio.replay(progress.frame_data)
         pieces: list[str] = [progress.text] if progress.text else []
+        again = _SaidAgain(progress.text if progress.replays(record) else "")
         calls = ToolCalls()
         written = emitted = len(progress.frame_data)
 
@@ -452,6 +478,17 @@ class SessionRunner:
         try:
             async for event in session.events():
                 timing.progress_at = time.monotonic()
+                if again.left and isinstance(event, TextDelta | Finished):
+                    new = again.after(event)
+                    if new is None:
+                        await batcher.close()
+                        await self._fail(errors.AnswerNotResumable(
+                            "the replica making this answer stopped, and the answer, held to response_format, "
+                            "came out differently when made again; ask again"))
+                        return
+                    if not new.text:
+                        continue
+                    event = new
                 if isinstance(event, TextDelta):
                     if not pieces and timing.input_done_ms is not None:
                         self._metrics.ttft.observe(max(0.0, time.time() - timing.input_done_ms / 1000))

@@ -7,9 +7,10 @@ the scripted engine (which holds nothing to JSON) for the checks before any engi
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import AsyncIterator
-from typing import Literal
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, Literal
 
 import httpx
 import openai
@@ -19,10 +20,25 @@ from pydantic import BaseModel
 from gateway.store.session_hash import StoredRequest
 from omni_adapter.http_engine import openai_sampling
 from omni_adapter.model_bootstrap import converted_default_model
-from omni_adapter.port import Engine, SamplingOptions
+from omni_adapter.port import (
+    Engine,
+    EngineRequest,
+    EngineSession,
+    InputChunk,
+    OutputEvent,
+    SamplingOptions,
+    TextDelta,
+)
 from omni_adapter.scripted import ScriptedEngine
 from omni_adapter.vllm_engine import load_tokenizer
-from tests.gateway.client import BASE, app_client, make_settings, openai_client
+from tests.gateway.client import (
+    BASE,
+    app_client,
+    content_of,
+    make_settings,
+    openai_client,
+    parse_sse,
+)
 from tests.gateway.test_api import assert_error
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -53,8 +69,61 @@ async def scripted(redis_url: str) -> AsyncIterator[httpx.AsyncClient]:
         yield client
 
 
+class Person(BaseModel):
+    name: str
+    age: int
+
+
+class StopsMidAnswer:
+    """An engine whose sessions say their first ``deltas`` text deltas and then wait: the
+    replica running them is about to stop. ``cut`` is set when they have been published."""
+
+    def __init__(self, engine: Engine, deltas: int) -> None:
+        self.engine, self.deltas, self.said = engine, deltas, ""
+        self.cut = asyncio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.engine, name)
+
+    def open_session(self, request: EngineRequest) -> EngineSession:
+        return _Cut(self.engine.open_session(request), self)
+
+
+class _Cut:
+    def __init__(self, inner: EngineSession, engine: StopsMidAnswer) -> None:
+        self.inner, self.engine = inner, engine
+
+    async def feed(self, chunks: Sequence[InputChunk]) -> None:
+        await self.inner.feed(chunks)
+
+    async def end_input(self) -> None:
+        await self.inner.end_input()
+
+    async def abort(self) -> None:
+        await self.inner.abort()
+
+    async def events(self) -> AsyncIterator[OutputEvent]:
+        said = 0
+        async for event in self.inner.events():
+            if said == self.engine.deltas:
+                self.engine.cut.set()  # the relay asks for more: what came before is in Redis
+                await asyncio.Event().wait()
+            if isinstance(event, TextDelta):
+                said += 1
+                self.engine.said += event.text
+            yield event
+
+
 def ask(content: str, **fields: object) -> dict:
     return {"model": "scripted", "messages": [{"role": "user", "content": content}], **fields}
+
+
+async def create_session(client: httpx.AsyncClient, text: str, **fields: object) -> str:
+    """A streaming-input session whose input is ``text``, whole: its id."""
+    response = await client.post(BASE, json={"model": MODEL, **fields, "first_chunk": {
+        "sequence_id": 0, "text": text, "end_of_input": True}})
+    assert response.status_code == 201, response.text
+    return str(response.json()["session_id"])
 
 
 # --- on the real engine ---------------------------------------------------------
@@ -103,6 +172,42 @@ async def test_a_streaming_input_session_held_to_a_schema_answers_in_it(real: ht
     assert result["state"] == "completed", result
     answer = json.loads(result["completion"]["choices"][0]["message"]["content"])
     assert set(answer) == {"colour"} and answer["colour"] in ("red", "green", "blue"), answer
+
+
+@pytest.mark.engine
+async def test_an_answer_held_to_a_schema_that_a_stopping_replica_cut_is_made_again_and_goes_on(
+        redis_url: str, vllm_engine: Engine) -> None:
+    """A replica stops mid-answer and another takes the session over: after the JSON so far as
+    the assistant's prefix, vLLM's grammar would begin a second document. The new holder makes
+    the answer again with the seed create chose (temperature 1: sampled), passes on only what
+    is new, and the client reads one JSON document that matches the schema."""
+    settings = make_settings(redis_url=redis_url, tend_interval_sec=0.05)
+    stopping = StopsMidAnswer(vllm_engine, deltas=10)
+    async with app_client(settings, stopping) as a:  # type: ignore[arg-type]  # an engine by its methods
+        sid = await create_session(a, "Make up a person with an unusual name and an age, as JSON.", max_tokens=48, temperature=1.0,
+                                   response_format={"type": "json_schema", "json_schema": {
+                                       "name": "person", "schema": Person.model_json_schema()}})
+        await asyncio.wait_for(stopping.cut.wait(), 60)
+    async with app_client(settings, vllm_engine) as b:
+        stream = (await b.get(f"{BASE}/{sid}/events")).text
+        result = (await b.get(f"{BASE}/{sid}/result", params={"wait": 30})).json()
+    assert result["state"] == "completed", result
+    answer = result["completion"]["choices"][0]["message"]["content"]
+    assert answer.startswith(stopping.said) and len(answer) > len(stopping.said)
+    Person.model_validate_json(answer)
+    assert content_of(parse_sse(stream)) == answer  # what each replica published, stitched: once each
+
+
+def test_an_answer_made_again_passes_on_only_what_is_new_and_stops_where_it_differs() -> None:
+    from gateway.work.runner import _SaidAgain
+    from omni_adapter.port import Finished, Usage
+
+    again = _SaidAgain('{"name": "Al')
+    assert [again.after(TextDelta(text)) for text in ('{"na', 'me": "', 'Alice"', ', "age"')] == [
+        TextDelta(""), TextDelta(""), TextDelta('ice"'), TextDelta(', "age"')]
+    assert again.left == ""
+    assert _SaidAgain('{"name": "Al').after(TextDelta('{"name": "Bo')) is None  # sampled otherwise
+    assert _SaidAgain('{"name"').after(Finished("stop", Usage(1, 1))) is None  # ended before what was said
 
 
 @pytest.mark.engine
