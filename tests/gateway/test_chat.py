@@ -59,6 +59,31 @@ async def test_streamed_and_non_streamed_answers_agree(client: httpx.AsyncClient
     assert chunks[-1].choices == [] and chunks[-1].usage == completion.usage
 
 
+async def test_an_answer_sent_back_as_the_sdk_dumps_it_is_history(client: httpx.AsyncClient,
+                                                                  engine: ScriptedEngine) -> None:
+    """``completion.choices[0].message.model_dump()`` carries ``refusal``, ``annotations``,
+    ``audio`` and ``function_call``, all null: a multi-turn client sends that back as is. A
+    refusal is what the assistant said; an audio id alone says nothing this server kept."""
+    oai = openai_client(client)
+    first = await oai.chat.completions.create(model="scripted", messages=USER)
+    dumped = first.choices[0].message.model_dump()
+    assert {"refusal", "annotations", "audio", "function_call"} <= dumped.keys()
+    refused = {"role": "assistant", "content": None, "refusal": "I cannot help with that."}
+    parts = {"role": "assistant", "content": [{"type": "refusal", "refusal": "Not that either."}]}
+    again = await oai.chat.completions.create(model="scripted", messages=[
+        *USER, dumped, {"role": "user", "content": "and this"}, refused, parts, {"role": "user", "content": "ok"}])
+    assert again.choices[0].message.content == "echo: ok"
+    history = engine.sessions[-1].request.messages
+    assert [m["content"] for m in history] == ["hello world", "echo: hello world", "and this",
+                                               "I cannot help with that.", "Not that either."]
+    for bad, param in [({"role": "assistant", "content": None, "audio": {"id": "audio_1"}}, "messages.1"),
+                       ({"role": "user", "content": "x", "refusal": "no"}, "messages.1"),
+                       ({"role": "assistant", "content": "x", "function_call": {"name": "f", "arguments": "{}"}},
+                        "messages.1.function_call")]:
+        response = await client.post(CHAT, json={"model": "scripted", "messages": [*USER, bad, *USER]})
+        assert assert_error(response, 422, "validation_error")["param"] == param, bad
+
+
 async def test_the_session_behind_a_completion_is_readable(client: httpx.AsyncClient) -> None:
     response = await client.post(CHAT, json={"messages": USER})
     assert response.status_code == 200, response.text

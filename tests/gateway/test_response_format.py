@@ -242,10 +242,12 @@ async def test_what_only_the_engine_can_check_is_refused_with_its_reason(real: h
 
 
 async def test_the_openai_playgrounds_exported_request_is_answered(scripted: httpx.AsyncClient) -> None:
-    """What the playground's "code" button writes: response_format text, store, a service tier."""
+    """What the playground's "code" button writes: response_format text, store, a service tier
+    (and a reasoning effort, for a reasoning model)."""
     response = await scripted.post(CHAT, json=ask(
         "hello", response_format={"type": "text"}, temperature=1, max_completion_tokens=2048, top_p=1,
-        frequency_penalty=0, presence_penalty=0, store=False, service_tier="auto", logprobs=False, top_logprobs=0))
+        frequency_penalty=0, presence_penalty=0, store=False, service_tier="auto", logprobs=False, top_logprobs=0,
+        reasoning_effort="low"))
     assert response.status_code == 200, response.text
 
 
@@ -255,6 +257,7 @@ async def test_the_openai_playgrounds_exported_request_is_answered(scripted: htt
     ({"logprobs": "false"}, "logprobs"),
     ({"store": "no"}, "store"),
     ({"service_tier": "fastest"}, "service_tier"),
+    ({"reasoning_effort": "extreme"}, "reasoning_effort"),
     ({"logit_bias": {"hello": 5}}, "logit_bias"),
     ({"logit_bias": {"\u00b2": 5}}, "logit_bias"),
     ({"logit_bias": {"42": 101}}, "logit_bias"),

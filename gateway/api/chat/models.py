@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
@@ -34,21 +34,54 @@ class ImagePart(StrictModel):
     image_url: ImageUrl
 
 
-ContentPart = Annotated[TextPart | AudioPart | ImagePart, Field(discriminator="type")]
+class RefusalPart(StrictModel):
+    """An assistant's refusal, as a part of its content."""
+
+    type: Literal["refusal"]
+    refusal: str
+
+
+ContentPart = Annotated[TextPart | AudioPart | ImagePart | RefusalPart, Field(discriminator="type")]
+
+
+class EarlierAudio(StrictModel):
+    """An earlier spoken answer, named by its id (OpenAI keeps the audio; this server does not)."""
+
+    id: str
 
 
 class ChatCompletionMessage(StrictModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    #: ``None`` only for an assistant message that only calls functions.
+    #: ``None`` only for an assistant message that only calls functions (or refused).
     content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
     #: A ``tool`` message: the call whose result it is.
     tool_call_id: str | None = None
+    # What an answer carries when a client sends it back as history, as the openai SDK
+    # dumps it (``completion.choices[0].message.model_dump()``): all null, or a refusal,
+    # which is what the assistant said. ``function_call`` is the legacy form of tool_calls.
+    refusal: str | None = None
+    annotations: list[dict[str, Any]] | None = None
+    audio: EarlierAudio | None = None
+    function_call: dict[str, Any] | None = None
+
+    @field_validator("function_call")
+    @classmethod
+    def _legacy_call(cls, value: dict[str, Any] | None) -> None:
+        if value is not None:
+            raise ValueError("function_call is the legacy form of a call: send it in tool_calls")
 
     @model_validator(mode="after")
     def _roles(self) -> ChatCompletionMessage:
-        check_message_fields(self.role, self.content, self.tool_calls, self.tool_call_id)
+        said = self.content if self.content is not None else self.refusal
+        if self.role != "assistant" and (self.refusal is not None or self.audio is not None or (
+                isinstance(self.content, list) and any(isinstance(p, RefusalPart) for p in self.content))):
+            raise ValueError("only assistant messages have a refusal or audio")
+        if said is None and self.audio is not None and not self.tool_calls:
+            raise ValueError("an earlier spoken answer is not kept here by its audio id: send its transcript "
+                             "as the message's content")
+        check_message_fields(self.role, said, self.tool_calls, self.tool_call_id)
         return self
 
 
@@ -65,6 +98,9 @@ class ChatCompletionRequest(GenerationOptions):
     #: kept for OpenAI's dashboard here, and there is one service tier.
     store: bool | None = Field(None, strict=True)
     service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
+    #: Accepted as vLLM accepts it: the chat template may read it; a model that does not
+    #: reason (the embedded default) answers as it would without.
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
     #: Log probabilities are not returned: ``false`` (or none) only.
     logprobs: bool | None = Field(None, strict=True)
     top_logprobs: int | None = Field(None, ge=0, le=20)

@@ -23,6 +23,8 @@ from gateway.api.chat.models import (
     AudioPart,
     ChatCompletionMessage,
     ChatCompletionRequest,
+    ImagePart,
+    RefusalPart,
     TextPart,
 )
 from gateway.api.chunks import record_from_json
@@ -137,7 +139,7 @@ class ChatService:
             if isinstance(part, AudioPart):
                 chunks.append(ChunkIn(sequence_id=0, modality="audio", payload=part.input_audio.data,
                                       format=part.input_audio.format))
-            else:
+            elif isinstance(part, ImagePart):  # a refusal part is an assistant's: never in the input
                 match = _DATA_URL.match(part.image_url.url)
                 if match is None:
                     raise errors.ValidationFailed("images must be data: URLs with base64 content",
@@ -161,8 +163,9 @@ class ChatService:
 def _history_message(message: ChatCompletionMessage, where: str) -> ChatMessage:
     """An earlier turn as session history, which is text (and function calls)."""
     if message.content is None or isinstance(message.content, str):
-        content = message.content
-    elif len(texts := [part.text for part in message.content if isinstance(part, TextPart)]) == len(message.content):
+        content = message.content if message.content is not None else message.refusal
+    elif len(texts := [part.text if isinstance(part, TextPart) else part.refusal for part in message.content
+                       if isinstance(part, TextPart | RefusalPart)]) == len(message.content):
         content = "\n".join(texts)
     else:
         raise errors.ValidationFailed("only the last message may carry audio or images", param=where)
