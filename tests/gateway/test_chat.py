@@ -70,12 +70,15 @@ async def test_an_answer_sent_back_as_the_sdk_dumps_it_is_history(client: httpx.
     assert {"refusal", "annotations", "audio", "function_call"} <= dumped.keys()
     refused = {"role": "assistant", "content": None, "refusal": "I cannot help with that."}
     parts = {"role": "assistant", "content": [{"type": "refusal", "refusal": "Not that either."}]}
+    spoken = {"role": "assistant", "content": None, "audio": {  # a spoken answer's dump
+        "id": "audio_1", "data": "AAAA", "expires_at": 1, "transcript": "Said aloud."}}
     again = await oai.chat.completions.create(model="scripted", messages=[
-        *USER, dumped, {"role": "user", "content": "and this"}, refused, parts, {"role": "user", "content": "ok"}])
+        *USER, dumped, {"role": "user", "content": "and this"}, refused, parts, spoken,
+        {"role": "user", "content": "ok"}])
     assert again.choices[0].message.content == "echo: ok"
     history = engine.sessions[-1].request.messages
     assert [m["content"] for m in history] == ["hello world", "echo: hello world", "and this",
-                                               "I cannot help with that.", "Not that either."]
+                                               "I cannot help with that.", "Not that either.", "Said aloud."]
     for bad, param in [({"role": "assistant", "content": None, "audio": {"id": "audio_1"}}, "messages.1"),
                        ({"role": "user", "content": "x", "refusal": "no"}, "messages.1"),
                        ({"role": "assistant", "content": "x", "function_call": {"name": "f", "arguments": "{}"}},

@@ -45,9 +45,13 @@ ContentPart = Annotated[TextPart | AudioPart | ImagePart | RefusalPart, Field(di
 
 
 class EarlierAudio(StrictModel):
-    """An earlier spoken answer, named by its id (OpenAI keeps the audio; this server does not)."""
+    """An earlier spoken answer: OpenAI's request names it by its id (OpenAI keeps the audio; this
+    server does not); the SDK's dump of an answer also holds its audio, expiry and transcript."""
 
     id: str
+    transcript: str | None = None
+    data: str | None = None
+    expires_at: int | None = None
 
 
 class ChatCompletionMessage(StrictModel):
@@ -72,9 +76,15 @@ class ChatCompletionMessage(StrictModel):
         if value is not None:
             raise ValueError("function_call is the legacy form of a call: send it in tool_calls")
 
+    @property
+    def said(self) -> str | list[ContentPart] | None:
+        """What the message says: its content; an assistant's refusal, or its audio's transcript."""
+        transcript = self.audio.transcript if self.audio is not None else None
+        return next((words for words in (self.content, self.refusal, transcript) if words is not None), None)
+
     @model_validator(mode="after")
     def _roles(self) -> ChatCompletionMessage:
-        said = self.content if self.content is not None else self.refusal
+        said = self.said
         if self.role != "assistant" and (self.refusal is not None or self.audio is not None or (
                 isinstance(self.content, list) and any(isinstance(p, RefusalPart) for p in self.content))):
             raise ValueError("only assistant messages have a refusal or audio")

@@ -162,10 +162,11 @@ class ChatService:
 
 def _history_message(message: ChatCompletionMessage, where: str) -> ChatMessage:
     """An earlier turn as session history, which is text (and function calls)."""
-    if message.content is None or isinstance(message.content, str):
-        content = message.content if message.content is not None else message.refusal
-    elif len(texts := [part.text if isinstance(part, TextPart) else part.refusal for part in message.content
-                       if isinstance(part, TextPart | RefusalPart)]) == len(message.content):
+    said = message.said
+    if said is None or isinstance(said, str):
+        content = said
+    elif len(texts := [part.text if isinstance(part, TextPart) else part.refusal for part in said
+                       if isinstance(part, TextPart | RefusalPart)]) == len(said):
         content = "\n".join(texts)
     else:
         raise errors.ValidationFailed("only the last message may carry audio or images", param=where)
