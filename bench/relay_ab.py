@@ -2,8 +2,10 @@
 
 Issue #31's relay goals are ratios measured in one run: the gateway's settled
 P99 against the floor's (``bare-relay``: the same stamped tokens through
-nothing but uvicorn), and its CPU per token against a base commit's. This
-runs the three servers in turn, ``rounds`` times, with the same client and
+nothing but uvicorn), and its CPU per token against a base commit's. A
+second floor, ``redis-relay``, adds what the gateway's contract alone costs:
+each token written to Redis and read back before a client sees it. This
+runs the servers in turn, ``rounds`` times, with the same client and
 the same Redis: the floor, the gateway of this tree, and the gateway of
 ``--base`` (its files exported to a temporary folder and run from there,
 with this virtualenv). Each gateway runs on the stamping engine
@@ -80,6 +82,12 @@ async def run(base: str | None, rounds: int, sessions: int, rate: int, seconds: 
                 result = await relay_lags(f"http://127.0.0.1:{port}", proc.pid, sessions, tokens)
             rows.append({"server": "floor", "round": round_, **result})
             print(json.dumps(rows[-1]), flush=True)
+            port = free_port()
+            with server(["bench.servers", "redis-relay", "--port", str(port), "--redis-url", redis.url, *interval],
+                        port=port, env={}, log=Path(tmp) / f"redis-floor-{round_}.log", ready_path="/") as proc:
+                result = await relay_with_calls(f"http://127.0.0.1:{port}", redis.url, proc.pid, sessions, tokens)
+            rows.append({"server": "floor through Redis", "round": round_, **result})
+            print(json.dumps(rows[-1]), flush=True)
             for (tree_name, tree), workers in itertools.product(trees.items(), shapes):
                 name = tree_name if workers == 0 else f"{tree_name}, {workers} API worker{'s' * (workers > 1)}"
                 shape = ["--workers", str(workers), "--engine-port", str(free_port())] if workers else []
@@ -100,15 +108,19 @@ async def run(base: str | None, rounds: int, sessions: int, rate: int, seconds: 
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| round | server | settled P50 ms | settled P99 ms | P99 / floor's | CPU ms per token | "
-             "Redis commands per token |", "|---" * 7 + "|"]
-    floors = {row["round"]: row for row in rows if row["server"] == "floor"}
+    lines = ["| round | server | settled P50 ms | settled P99 ms | P99 / floor's | P99 / floor through Redis | "
+             "CPU ms per token | Redis commands per token |", "|---" * 8 + "|"]
+
+    def ratio(row: dict, floor_name: str) -> float | None:
+        floor = next((r for r in rows if r["round"] == row["round"] and r["server"] == floor_name), None)
+        p99, floor_p99 = (row["settled"] or {}).get("p99"), ((floor or {}).get("settled") or {}).get("p99")
+        return round(p99 / floor_p99, 1) if p99 and floor_p99 else None
+
     for row in rows:
         settled = row["settled"] or {}
-        floor = (floors[row["round"]]["settled"] or {}).get("p99")
-        ratio = round(settled["p99"] / floor, 1) if floor and settled.get("p99") else None
         commands = sum(row.get("commands_per_token", {}).values()) or None
-        lines.append(f"| {row['round']} | {row['server']} | {settled.get('p50')} | {settled.get('p99')} | {ratio} "
+        lines.append(f"| {row['round']} | {row['server']} | {settled.get('p50')} | {settled.get('p99')} "
+                     f"| {ratio(row, 'floor')} | {ratio(row, 'floor through Redis')} "
                      f"| {row['gateway_cpu_ms_per_token']} | {round(commands, 2) if commands else '-'} |")
     return "\n".join(lines) + "\n"
 

@@ -15,7 +15,15 @@ the same client, with nothing between the clock and the socket (no Redis, no
 runner, no framework). What the gateway adds to a token's lag is its relay
 minus this.
 
-Run: ``python -m bench.servers stamp|bare|bare-relay --port N`` (the benchmark does).
+``redis-relay``: the relay's floor with the gateway's contract, that a token
+reaches a client only through Redis (so any replica can serve the stream and
+none is lost): ``bare-relay`` plus, per token, an XADD (one pipelined round
+trip for every session's token of a tick, whose reply the producer awaits,
+as the gateway's relay does) and one XREAD for every stream, handing each
+session its entries. No Lua, no lease, no frame beyond the text, no
+framework: what the contract alone costs on this machine.
+
+Run: ``python -m bench.servers stamp|bare|bare-relay|redis-relay --port N`` (the benchmark does).
 """
 
 from __future__ import annotations
@@ -151,10 +159,111 @@ class BareRelay:
         await input_ended.wait()
         del self._sessions[session_id]  # the input has ended: no more calls for this session
         async for text in stamped_tokens(count, self._interval_sec):
-            frame = {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": text}}]}
-            await send({"type": "http.response.body", "body": b"data: " + orjson.dumps(frame) + b"\n\n",
-                        "more_body": True})
+            await send(_chunk(text))
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+
+
+#: The last entry of a ``redis-relay`` stream (a stamped text holds digits and spaces, perhaps none).
+END = "[DONE]"
+
+
+class RedisRelay(BareRelay):
+    """``redis-relay``: ``BareRelay`` with every token written to Redis and read back from it."""
+
+    #: How long the one read blocks; a session joining meanwhile waits at most this (at its start).
+    BLOCK_MS = 100
+
+    def __init__(self, interval_sec: float, redis_url: str) -> None:
+        super().__init__(interval_sec)
+        import redis.asyncio as aioredis
+
+        self._redis = aioredis.Redis.from_url(redis_url)
+        #: XADDs made in this turn of the event loop, and where each one's reply goes.
+        self._writes: list[tuple[str, str, asyncio.Future[None]]] = []
+        self._flush: asyncio.Task[None] | None = None
+        #: Each followed stream: its reader's position and its session's queue.
+        self._followers: dict[str, tuple[list[str], asyncio.Queue[list[str]]]] = {}
+        self._joined = asyncio.Event()
+        self._reader: asyncio.Task[None] | None = None
+
+    async def _stream(self, session_id: str, send: Callable) -> None:
+        count, input_ended = self._sessions[session_id]
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]})
+        await input_ended.wait()
+        del self._sessions[session_id]
+        key = f"floor:{session_id}"
+        queue: asyncio.Queue[list[str]] = asyncio.Queue()
+        self._followers[key] = (["0-0"], queue)
+        self._joined.set()
+        if self._reader is None:
+            self._reader = asyncio.create_task(self._read())
+        producer = asyncio.create_task(self._produce(key, count))
+        try:
+            ended = False
+            while not ended:
+                for text in await queue.get():
+                    if text == END:
+                        ended = True
+                        break
+                    await send(_chunk(text))
+            await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+        finally:
+            del self._followers[key]
+            producer.cancel()
+
+    async def _produce(self, key: str, count: int) -> None:
+        async for text in stamped_tokens(count, self._interval_sec):
+            await self._write(key, text)
+        await self._write(key, END)
+
+    async def _write(self, key: str, text: str) -> None:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._writes.append((key, text, future))
+        if self._flush is None:
+            self._flush = asyncio.create_task(self._flush_writes())
+        await future
+
+    async def _flush_writes(self) -> None:
+        from gateway.store import raw_calls
+
+        try:
+            while self._writes:
+                batch, self._writes = self._writes, []
+                packed: list[str] = []
+                for key, text, _ in batch:
+                    packed += raw_calls.command(map(raw_calls.arg, ("XADD", key, "*", "d", text)))
+                await raw_calls.call(self._redis, packed, len(batch))
+                for *_, future in batch:
+                    future.set_result(None)
+        finally:
+            self._flush = None
+
+    async def _read(self) -> None:
+        from gateway.store import raw_calls
+
+        while True:
+            if not self._followers:
+                self._joined.clear()
+                await self._joined.wait()
+                continue
+            keys = list(self._followers)
+            positions = [self._followers[key][0][0] for key in keys]
+            command = raw_calls.command(map(raw_calls.arg, ("XREAD", "BLOCK", str(self.BLOCK_MS), "STREAMS",
+                                                            *keys, *positions)))
+            (reply,) = await raw_calls.call(self._redis, command, 1)
+            for raw_key, entries in (reply or {}).items():
+                follower = self._followers.get(raw_key.decode())
+                if follower is None or not entries:
+                    continue
+                follower[0][0] = entries[-1][0].decode()
+                follower[1].put_nowait([fields[1].decode() for _, fields in entries])
+
+
+def _chunk(text: str) -> dict:
+    """``text`` as the ASGI message of one chat-completion chunk's SSE event."""
+    frame = {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": text}}]}
+    return {"type": "http.response.body", "body": b"data: " + orjson.dumps(frame) + b"\n\n", "more_body": True}
 
 
 async def _body(receive: object) -> bytes:
@@ -174,7 +283,8 @@ async def _json(send: object, status: int, payload: dict) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("kind", choices=["stamp", "bare", "bare-relay"])
+    parser.add_argument("kind", choices=["stamp", "bare", "bare-relay", "redis-relay"])
+    parser.add_argument("--redis-url", default=None, help="redis-relay: the Redis its tokens go through")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--workers", type=int, default=0,
                         help="stamp: API worker processes beside the engine process (0: one process)")
@@ -182,8 +292,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--token-interval", type=float, default=TOKEN_INTERVAL_SEC,
                         help="stamp, bare-relay: seconds between a session's tokens")
     args = parser.parse_args(argv)
-    if args.kind in ("bare", "bare-relay"):
-        app = bare_app if args.kind == "bare" else BareRelay(args.token_interval)
+    if args.kind in ("bare", "bare-relay", "redis-relay"):
+        app = bare_app if args.kind == "bare" else BareRelay(args.token_interval) if args.kind == "bare-relay" \
+            else RedisRelay(args.token_interval, args.redis_url)
         uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")  # type: ignore[arg-type]
         return
     from gateway.runtime.processes import serve

@@ -134,6 +134,29 @@ async def test_overhead_benchmark_runs_end_to_end_in_quick_mode(tmp_path: Path) 
 
 
 @pytest.mark.redis
+async def test_the_floor_through_redis_streams_every_token_and_leaves_each_in_redis(tmp_path: Path) -> None:
+    """``redis-relay`` (relay_ab's second floor): each token goes through a stream in Redis."""
+    import redis.asyncio as aioredis
+
+    from bench.procs import server
+    from tests.redis_server import free_port
+
+    port = free_port()
+    with redis_server() as redis_url:
+        with server(["bench.servers", "redis-relay", "--port", str(port), "--redis-url", redis_url,
+                     "--token-interval", "0.01"], port=port, env={}, log=tmp_path / "floor.log",
+                    ready_path="/") as proc:
+            relayed = await overhead.relay_lags(f"http://127.0.0.1:{port}", proc.pid, 3, 20)
+        client = aioredis.Redis.from_url(redis_url)
+        try:
+            streams = [key async for key in client.scan_iter(match="floor:*")]
+            assert len(streams) >= 3 and all([await client.xlen(key) >= 2 for key in streams])  # tokens, the end
+        finally:
+            await client.aclose()
+    assert relayed["n"] == 3 * 20 and 0 < relayed["p50"] < 1000, relayed
+
+
+@pytest.mark.redis
 async def test_the_webrtc_voice_benchmark_times_a_turn_on_each_transport() -> None:
     """One turn per transport against the real Listener and Talker (the Thinker is scripted:
     ``echo: <what it heard>``), so the answer says the question back on both."""
