@@ -301,8 +301,8 @@ class EngineUnavailable(ServiceUnavailable):
 
 
 class AnswerNotResumable(ServiceUnavailable):
-    """A replica stopped mid-answer, and the answer, held to a grammar, came out differently
-    when another one made it again (``work/runner.py``, ``_Progress``): ask again."""
+    """A replica stopped mid-answer, and the answer (held to JSON, or calling a function) came out
+    differently when another one made it again (``work/said_again.py``): ask again."""
 
     code = "answer_not_resumable"
 

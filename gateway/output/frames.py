@@ -36,6 +36,14 @@ def content_of(data: str) -> str:
     return "".join(choice["delta"].get("content") or "" for choice in json.loads(data).get("choices", ()))
 
 
+def tool_call_deltas_of(data: str) -> list[ToolCallDelta]:
+    """The pieces of function calls a ``chat.completion.chunk`` frame adds ([] for others)."""
+    if data == DONE:
+        return []
+    return [ToolCallDelta(call["index"], call.get("id"), call["function"].get("name"), call["function"]["arguments"])
+            for choice in json.loads(data).get("choices", ()) for call in choice["delta"].get("tool_calls") or ()]
+
+
 def heard_of(transcript_frames: list[str]) -> HeardInput:
     """What the transcript frames say was heard: every piece, and how far the audio is heard."""
     pieces: list[tuple[int, str]] = []

@@ -360,9 +360,9 @@ class SessionService:
         sampling = SamplingOptions(
             max_tokens=body.max_completion_tokens or body.max_tokens, temperature=body.temperature,
             top_p=body.top_p, top_k=body.top_k, stop=tuple(stop),
-            # An answer held to JSON is made again from its start after a failover: with
-            # the same seed it comes out the same (work/runner.py, ``_Progress.replays``).
-            seed=body.seed if body.seed is not None or body.format_constraint() is None else secrets.randbelow(2**31),
+            # An answer held to JSON, or calling a function, is made again from its start
+            # after a hand-off: with the same seed it comes out the same (work/said_again.py).
+            seed=body.seed if body.seed is not None or not _made_again(body) else secrets.randbelow(2**31),
             presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
             repetition_penalty=body.repetition_penalty, min_p=body.min_p, logit_bias=body.logit_bias,
             response_format=body.format_constraint())
@@ -411,3 +411,8 @@ class SessionService:
         self._metrics.transition(before, outcome.state)
         if outcome.lease is not None:
             self._runners.start(session_id, outcome.lease)
+
+
+def _made_again(body: CreateSessionRequest) -> bool:
+    """Whether a hand-off mid-answer makes the answer again from its start (work/said_again.py)."""
+    return body.format_constraint() is not None or (bool(body.tools) and body.tool_choice != "none")

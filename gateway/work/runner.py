@@ -38,7 +38,7 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any, TypeVar
 
@@ -53,6 +53,7 @@ from gateway.output.frames import (
     ToolCalls,
     content_of,
     heard_of,
+    tool_call_deltas_of,
     unspoken_end,
 )
 from gateway.store.connection import retry_delay
@@ -62,6 +63,7 @@ from gateway.store.session_hash import SessionRecord
 from gateway.store.stream_reader import Subscription
 from gateway.work.batcher import OutputBatcher
 from gateway.work.engine_death import stop_if_dead
+from gateway.work.said_again import SaidAgain, nothing_new
 from omni_adapter.port import (
     AudioDelta,
     Engine,
@@ -118,43 +120,31 @@ class _Progress:
     transcript: str = ""
     #: What was heard of the audio input: a new owner feeds it without hearing that audio again.
     heard: HeardInput = HeardInput()
+    #: The pieces of function calls published so far.
+    calls: list[ToolCallDelta] = field(default_factory=list)
 
     @classmethod
     def of(cls, frames: list[Frame]) -> _Progress:
         data = [f.data for f in frames]
         told = [f.data for f in frames if f.event == TRANSCRIPT_EVENT]
-        return cls(data, "".join(content_of(f.data) for f in frames if not f.event),
-                   json.loads(told[-1])["input_transcript"] if told else "", heard_of(told))
+        answer = [f.data for f in frames if not f.event]
+        return cls(data, "".join(map(content_of, answer)), json.loads(told[-1])["input_transcript"] if told else "",
+                   heard_of(told), [delta for frame in answer for delta in tool_call_deltas_of(frame)])
 
     def replays(self, record: SessionRecord) -> bool:
-        """An answer held to JSON is made again from its start, not continued after its text.
+        """The answer is made again from its start, not continued after its text
+        (``work/said_again.py``): it is held to JSON, or a function call was published."""
+        return (bool(self.text) and record.request.sampling.response_format is not None) or bool(self.calls)
 
-        vLLM applies a grammar from the first token it generates: after the text so far as
-        an assistant prefix, it began a second JSON document (``{"name": "Al{"name": ...``).
-        Made again with the same seed (``create`` picks one when the client did not), the
-        answer comes out as it began; the relay checks that, and passes on only what is new.
-        """
-        return bool(self.text) and record.request.sampling.response_format is not None
+    def said_again(self, record: SessionRecord) -> SaidAgain:
+        """What a new answer says again before anything new: nothing, if it goes on after the text."""
+        return SaidAgain.of(self.text, self.calls) if self.replays(record) else SaidAgain()
 
     def engine_request(self, record: SessionRecord, request_id: str) -> EngineRequest:
         """The session's request for a new holder: it goes on after the text and the audio so far."""
         prefix = "" if self.replays(record) else self.text
         request = record.request.engine_request(request_id, record.model, prefix)
         return replace(request, heard=self.heard, unspoken_prefix=unspoken_end(prefix, self.frame_data))
-
-
-@dataclass
-class _SaidAgain:
-    """The answer so far, which an engine making it again says before anything new."""
-
-    left: str
-
-    def after(self, event: TextDelta | Finished) -> TextDelta | None:
-        """What of ``event`` is new (perhaps nothing); ``None`` if it is not what was said."""
-        if isinstance(event, Finished) or not self.left.startswith(said := event.text[:len(self.left)]):
-            return None
-        self.left = self.left[len(said):]
-        return TextDelta(event.text[len(said):])
 
 
 @dataclass
@@ -454,8 +444,10 @@ class SessionRunner:
         audio = AudioOutput(frames, ttl_sec=record.result_ttl_ms / 1000)
         audio.replay(progress.frame_data)
         pieces: list[str] = [progress.text] if progress.text else []
-        again = _SaidAgain(progress.text if progress.replays(record) else "")
+        again = progress.said_again(record)
         calls = ToolCalls()
+        for published in progress.calls:  # the completion lists each call whole, whoever made it
+            calls.add(published)
         written = emitted = len(progress.frame_data)
 
         async def publish(out: list[tuple[str, str, bool]], completion: dict[str, Any] | None = None) -> bool:
@@ -478,15 +470,15 @@ class SessionRunner:
         try:
             async for event in session.events():
                 timing.progress_at = time.monotonic()
-                if again.left and isinstance(event, TextDelta | Finished):
+                if again.checks(event):
                     new = again.after(event)
                     if new is None:
                         await batcher.close()
                         await self._fail(errors.AnswerNotResumable(
-                            "the replica making this answer stopped, and the answer, held to response_format, "
-                            "came out differently when made again; ask again"))
+                            "the replica making this answer stopped, and the answer (held to response_format, "
+                            "or calling a function) came out differently when made again; ask again"))
                         return
-                    if not new.text:
+                    if nothing_new(new):
                         continue
                     event = new
                 if isinstance(event, TextDelta):

@@ -28,6 +28,7 @@ from omni_adapter.port import (
     OutputEvent,
     SamplingOptions,
     TextDelta,
+    ToolCallDelta,
 )
 from omni_adapter.scripted import ScriptedEngine
 from omni_adapter.vllm_engine import load_tokenizer
@@ -79,7 +80,9 @@ class StopsMidAnswer:
     replica running them is about to stop. ``cut`` is set when they have been published."""
 
     def __init__(self, engine: Engine, deltas: int) -> None:
-        self.engine, self.deltas, self.said = engine, deltas, ""
+        self.engine, self.deltas = engine, deltas
+        #: The text and the function-call pieces said before the cut.
+        self.said, self.calls = "", list[ToolCallDelta]()
         self.cut = asyncio.Event()
 
     def __getattr__(self, name: str) -> Any:
@@ -108,9 +111,12 @@ class _Cut:
             if said == self.engine.deltas:
                 self.engine.cut.set()  # the relay asks for more: what came before is in Redis
                 await asyncio.Event().wait()
-            if isinstance(event, TextDelta):
+            if isinstance(event, TextDelta | ToolCallDelta):
                 said += 1
+            if isinstance(event, TextDelta):
                 self.engine.said += event.text
+            elif isinstance(event, ToolCallDelta):
+                self.engine.calls.append(event)
             yield event
 
 
@@ -198,16 +204,52 @@ async def test_an_answer_held_to_a_schema_that_a_stopping_replica_cut_is_made_ag
     assert content_of(parse_sse(stream)) == answer  # what each replica published, stitched: once each
 
 
+@pytest.mark.engine
+async def test_a_function_call_that_a_stopping_replica_cut_goes_on_under_its_first_id(
+        redis_url: str, vllm_engine: Engine) -> None:
+    """A call published in part cannot be an assistant prefix (calls are parsed from what the
+    engine generates): the new holder makes the answer again with the seed create chose, and the
+    stream and the completion hold each call once, whole, under the id its first piece had."""
+    weather = {"type": "function", "function": {
+        "name": "get_weather", "description": "The current weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+    settings = make_settings(redis_url=redis_url, tend_interval_sec=0.05)
+    stopping = StopsMidAnswer(vllm_engine, deltas=3)
+    async with app_client(settings, stopping) as a:  # type: ignore[arg-type]  # an engine by its methods
+        sid = await create_session(a, "What is the weather in Paris today?", max_tokens=48, temperature=1.0,
+                                   tools=[weather], tool_choice="required")
+        await asyncio.wait_for(stopping.cut.wait(), 60)
+    async with app_client(settings, vllm_engine) as b:
+        stream = (await b.get(f"{BASE}/{sid}/events")).text
+        result = (await b.get(f"{BASE}/{sid}/result", params={"wait": 30})).json()
+    assert result["state"] == "completed", result
+    assert stopping.calls and stopping.calls[0].id, stopping.calls  # the cut came inside a call
+    (call,) = result["completion"]["choices"][0]["message"]["tool_calls"]
+    assert call["id"] == stopping.calls[0].id and call["function"]["name"] == "get_weather"
+    assert isinstance(json.loads(call["function"]["arguments"])["city"], str)
+    pieces = [piece for event in parse_sse(stream) if event.event is None and event.data != "[DONE]"
+              for choice in event.json()["choices"] for piece in choice["delta"].get("tool_calls") or ()]
+    assert [piece["id"] for piece in pieces if "id" in piece] == [call["id"]]  # announced once
+    assert "".join(piece["function"]["arguments"] for piece in pieces) == call["function"]["arguments"]
+
+
 def test_an_answer_made_again_passes_on_only_what_is_new_and_stops_where_it_differs() -> None:
-    from gateway.work.runner import _SaidAgain
+    from gateway.work.said_again import SaidAgain
     from omni_adapter.port import Finished, Usage
 
-    again = _SaidAgain('{"name": "Al')
+    again = SaidAgain.of('{"name": "Al', [])
     assert [again.after(TextDelta(text)) for text in ('{"na', 'me": "', 'Alice"', ', "age"')] == [
         TextDelta(""), TextDelta(""), TextDelta('ice"'), TextDelta(', "age"')]
-    assert again.left == ""
-    assert _SaidAgain('{"name": "Al').after(TextDelta('{"name": "Bo')) is None  # sampled otherwise
-    assert _SaidAgain('{"name"').after(Finished("stop", Usage(1, 1))) is None  # ended before what was said
+    assert not again.left and not again.checks(TextDelta("more"))
+    assert SaidAgain.of('{"name": "Al', []).after(TextDelta('{"name": "Bo')) is None  # sampled otherwise
+    assert SaidAgain.of('{"name"', []).after(Finished("stop", Usage(1, 1))) is None  # ended before what was said
+    # A call published in part: made again under a new id, it goes on under the first one.
+    calls = SaidAgain.of("", [ToolCallDelta(0, "call_a", "get_weather", '{"ci'), ToolCallDelta(0, arguments='ty"')])
+    assert calls.after(ToolCallDelta(0, "call_b", "get_weather", "")) == ToolCallDelta(0)
+    assert calls.after(ToolCallDelta(0, arguments='{"city": "Paris"}')) == ToolCallDelta(0, arguments=': "Paris"}')
+    assert calls.checks(ToolCallDelta(0, arguments="}")) and not calls.checks(ToolCallDelta(1, "call_c", "f"))
+    assert SaidAgain.of("", [ToolCallDelta(0, "a", "get_weather", "{")]).after(ToolCallDelta(0, "b", "get_time")) \
+        is None
 
 
 @pytest.mark.engine
