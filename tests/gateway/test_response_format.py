@@ -216,17 +216,18 @@ async def test_a_function_call_that_a_stopping_replica_cut_goes_on_under_its_fir
     settings = make_settings(redis_url=redis_url, tend_interval_sec=0.05)
     stopping = StopsMidAnswer(vllm_engine, deltas=3)
     async with app_client(settings, stopping) as a:  # type: ignore[arg-type]  # an engine by its methods
-        sid = await create_session(a, "What is the weather in Paris today?", max_tokens=48, temperature=1.0,
-                                   tools=[weather], tool_choice="required")
+        sid = await create_session(a, "What is the weather in Paris today?", max_tokens=64, temperature=1.0,
+                                   tools=[weather], tool_choice="required", parallel_tool_calls=False)
         await asyncio.wait_for(stopping.cut.wait(), 60)
     async with app_client(settings, vllm_engine) as b:
         stream = (await b.get(f"{BASE}/{sid}/events")).text
         result = (await b.get(f"{BASE}/{sid}/result", params={"wait": 30})).json()
     assert result["state"] == "completed", result
     assert stopping.calls and stopping.calls[0].id, stopping.calls  # the cut came inside a call
-    (call,) = result["completion"]["choices"][0]["message"]["tool_calls"]
-    assert call["id"] == stopping.calls[0].id and call["function"]["name"] == "get_weather"
-    assert isinstance(json.loads(call["function"]["arguments"])["city"], str)
+    answer = result["completion"]["choices"][0]
+    (call,) = answer["message"]["tool_calls"]
+    assert call["id"] == stopping.calls[0].id and call["function"]["name"] == "get_weather", answer
+    assert isinstance(json.loads(call["function"]["arguments"])["city"], str), answer
     pieces = [piece for event in parse_sse(stream) if event.event is None and event.data != "[DONE]"
               for choice in event.json()["choices"] for piece in choice["delta"].get("tool_calls") or ()]
     assert [piece["id"] for piece in pieces if "id" in piece] == [call["id"]]  # announced once
