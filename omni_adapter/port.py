@@ -107,6 +107,10 @@ class EngineRequest:
     #: The end of ``assistant_prefix`` that no audio has spoken yet: a Talker
     #: speaks it first, so the answer's audio is complete after a hand-off.
     unspoken_prefix: str = ""
+    #: How many characters at the start of the answer were spoken already: the answer is
+    #: made again from its start after a hand-off (gateway/work/said_again.py), and a Talker
+    #: speaks only what comes after them.
+    spoken_chars: int = 0
     #: What earlier holders heard of the audio input (a Listener goes on from it).
     heard: HeardInput = HeardInput()
 

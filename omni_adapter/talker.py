@@ -251,10 +251,13 @@ class HibariTalker:
 class TalkingSession:
     """A Thinker session whose text is also spoken; see the module docstring."""
 
-    def __init__(self, thinker: EngineSession, talker: Talker, unspoken_prefix: str = "") -> None:
+    def __init__(self, thinker: EngineSession, talker: Talker, unspoken_prefix: str = "",
+                 spoken_chars: int = 0) -> None:
         self._thinker = thinker
         self._talker = talker
         self._unspoken_prefix = unspoken_prefix
+        #: The answer's first characters, spoken by an earlier holder: not spoken again.
+        self._spoken_chars = spoken_chars
         self._out: asyncio.Queue[OutputEvent] = asyncio.Queue()
         self._phrases: asyncio.Queue[str | None] = asyncio.Queue()
         self._tasks: list[asyncio.Task[None]] = []
@@ -296,10 +299,12 @@ class TalkingSession:
         splitter = PhraseSplitter()
         for phrase in splitter.push(self._unspoken_prefix):  # after a hand-off: spoken first
             self._phrases.put_nowait(phrase)
+        skip = self._spoken_chars
         async for event in self._thinker.events():
             if isinstance(event, TextDelta):
                 self._out.put_nowait(event)
-                for phrase in splitter.push(event.text):
+                unsaid, skip = event.text[skip:], max(0, skip - len(event.text))
+                for phrase in splitter.push(unsaid):
                     self._phrases.put_nowait(phrase)
             elif isinstance(event, Finished):
                 if event.finish_reason != "abort":
@@ -344,7 +349,8 @@ class TalkingEngine(EngineStage):
         if "audio" not in request.output_modalities:
             return self._thinker.open_session(request)
         text_only = replace(request, output_modalities=("text",))
-        return TalkingSession(self._thinker.open_session(text_only), self._talker, request.unspoken_prefix)
+        return TalkingSession(self._thinker.open_session(text_only), self._talker, request.unspoken_prefix,
+                              request.spoken_chars)
 
     async def aclose(self) -> None:
         self._talker.close()

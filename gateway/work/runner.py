@@ -141,10 +141,14 @@ class _Progress:
         return SaidAgain.of(self.text, self.calls) if self.replays(record) else SaidAgain()
 
     def engine_request(self, record: SessionRecord, request_id: str) -> EngineRequest:
-        """The session's request for a new holder: it goes on after the text and the audio so far."""
-        prefix = "" if self.replays(record) else self.text
-        request = record.request.engine_request(request_id, record.model, prefix)
-        return replace(request, heard=self.heard, unspoken_prefix=unspoken_end(prefix, self.frame_data))
+        """The session's request for a new holder: it goes on after the text and the audio so far
+        (made again, the answer's text is spoken from where the audio so far ended)."""
+        unspoken = unspoken_end(self.text, self.frame_data)
+        if self.replays(record):
+            request = record.request.engine_request(request_id, record.model)
+            return replace(request, heard=self.heard, spoken_chars=len(self.text) - len(unspoken))
+        request = record.request.engine_request(request_id, record.model, self.text)
+        return replace(request, heard=self.heard, unspoken_prefix=unspoken)
 
 
 @dataclass

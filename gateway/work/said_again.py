@@ -15,7 +15,9 @@ Those the engine makes again from the start, with the seed ``create`` stored
 ``SaidAgain`` holds what was published and checks each event of the new answer
 against it: what was said already is dropped, what goes beyond it is passed on,
 and a call keeps the id its first piece went out with. An answer that comes out
-differently is ``None``: the relay fails the session rather than send it.
+differently is ``None``: the relay fails the session rather than send it. A spoken
+answer's Talker skips what the earlier holder's audio said
+(``EngineRequest.spoken_chars``), so the audio is not said twice either.
 """
 
 from __future__ import annotations

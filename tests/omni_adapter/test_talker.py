@@ -153,6 +153,16 @@ async def test_after_a_hand_off_the_unspoken_end_of_the_text_so_far_is_spoken_fi
     assert "".join(e.text for e in events if isinstance(e, TextDelta)) == " it is Paris."  # text is not repeated
 
 
+async def test_an_answer_made_again_is_spoken_from_where_the_audio_so_far_ended() -> None:
+    """After a hand-off an answer held to JSON or calling a function is made again from its start
+    (gateway/work/said_again.py): what the earlier holder's audio said is not said twice."""
+    talker = FakeTalker()
+    again = fake_thinker(["The capital", " of France,", " it is Paris."])
+    events = await collect(TalkingSession(again, talker, spoken_chars=len("The capital")))
+    assert " ".join(talker.spoken) == "of France, it is Paris."  # in the phrases the splitter makes
+    assert "".join(e.text for e in events if isinstance(e, TextDelta)) == "The capital of France, it is Paris."
+
+
 async def test_finished_waits_for_the_last_sentence_to_be_spoken() -> None:
     events = await collect(TalkingSession(fake_thinker(["Hi there"]), FakeTalker(delay_sec=0.2)))
     assert [type(e).__name__ for e in events] == ["TextDelta", "AudioDelta", "Finished"]
