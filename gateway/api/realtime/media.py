@@ -136,6 +136,12 @@ class SpeakerTrack(MediaStreamTrack):
         if response_id != self._response:
             self._response, self._complete = response_id, False
         self._buffer += pcm
+        if pcm and not self._playing:
+            # It goes out with the next frame, within 20 ms. Said now, not at that frame: an
+            # answer whose audio comes at once (one short phrase) ended (``response.done``)
+            # before that frame, and OpenAI's server says the buffer started before the end.
+            self._playing = True
+            self._on_started(response_id)
 
     def spoken(self, response_id: str) -> None:
         """All of the response's audio is queued: playback stops when the buffer runs dry."""
@@ -161,9 +167,6 @@ class SpeakerTrack(MediaStreamTrack):
         return self._frame(self._next_pcm())
 
     def _next_pcm(self) -> bytes:
-        if self._buffer and not self._playing and self._response is not None:
-            self._playing = True
-            self._on_started(self._response)
         pcm = bytes(self._buffer[:FRAME_BYTES])
         del self._buffer[:FRAME_BYTES]
         # A Talker slower than real time leaves gaps: silence, still playing, until all has come.
