@@ -9,6 +9,7 @@ the stream as its own.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -152,8 +153,13 @@ class FrameBuilder:
 class ToolCalls:
     """An answer's function calls, put together from their deltas (for the completion)."""
 
-    def __init__(self) -> None:
+    def __init__(self, deltas: Iterable[ToolCallDelta] = ()) -> None:
         self._calls: dict[int, dict[str, Any]] = {}
+        for delta in deltas:
+            self.add(delta)
+
+    def __bool__(self) -> bool:
+        return bool(self._calls)
 
     def add(self, delta: ToolCallDelta) -> None:
         call = self._calls.setdefault(delta.index, {"id": "", "type": "function",
@@ -166,3 +172,7 @@ class ToolCalls:
 
     def listed(self) -> list[dict[str, Any]]:
         return [self._calls[i] for i in sorted(self._calls)]
+
+    def by_index(self) -> dict[int, tuple[str, str]]:
+        """Each call's name and arguments so far ("" for what has not come), by index."""
+        return {i: (call["function"]["name"], call["function"]["arguments"]) for i, call in self._calls.items()}

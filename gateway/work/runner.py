@@ -120,8 +120,8 @@ class _Progress:
     transcript: str = ""
     #: What was heard of the audio input: a new owner feeds it without hearing that audio again.
     heard: HeardInput = HeardInput()
-    #: The pieces of function calls published so far.
-    calls: list[ToolCallDelta] = field(default_factory=list)
+    #: The function calls published so far, in part or whole.
+    calls: ToolCalls = field(default_factory=ToolCalls)
 
     @classmethod
     def of(cls, frames: list[Frame]) -> _Progress:
@@ -129,7 +129,7 @@ class _Progress:
         told = [f.data for f in frames if f.event == TRANSCRIPT_EVENT]
         answer = [f.data for f in frames if not f.event]
         return cls(data, "".join(map(content_of, answer)), json.loads(told[-1])["input_transcript"] if told else "",
-                   heard_of(told), [delta for frame in answer for delta in tool_call_deltas_of(frame)])
+                   heard_of(told), ToolCalls(delta for frame in answer for delta in tool_call_deltas_of(frame)))
 
     def replays(self, record: SessionRecord) -> bool:
         """The answer is made again from its start, not continued after its text
@@ -138,7 +138,7 @@ class _Progress:
 
     def said_again(self, record: SessionRecord) -> SaidAgain:
         """What a new answer says again before anything new: nothing, if it goes on after the text."""
-        return SaidAgain.of(self.text, self.calls) if self.replays(record) else SaidAgain()
+        return SaidAgain(self.text, self.calls.by_index()) if self.replays(record) else SaidAgain()
 
     def engine_request(self, record: SessionRecord, request_id: str) -> EngineRequest:
         """The session's request for a new holder: it goes on after the text and the audio so far
@@ -449,9 +449,7 @@ class SessionRunner:
         audio.replay(progress.frame_data)
         pieces: list[str] = [progress.text] if progress.text else []
         again = progress.said_again(record)
-        calls = ToolCalls()
-        for published in progress.calls:  # the completion lists each call whole, whoever made it
-            calls.add(published)
+        calls = progress.calls  # the completion lists each call whole, whoever made which part
         written = emitted = len(progress.frame_data)
 
         async def publish(out: list[tuple[str, str, bool]], completion: dict[str, Any] | None = None) -> bool:

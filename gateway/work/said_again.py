@@ -31,16 +31,9 @@ from omni_adapter.port import Finished, OutputEvent, TextDelta, ToolCallDelta
 class SaidAgain:
     #: The published text not yet said again.
     text: str = ""
-    #: Each published call, by index: its name, and its published arguments not yet said again.
-    calls: dict[int, tuple[str | None, str]] = field(default_factory=dict)
-
-    @classmethod
-    def of(cls, text: str, calls: list[ToolCallDelta]) -> SaidAgain:
-        said = cls(text)
-        for delta in calls:
-            name, arguments = said.calls.get(delta.index, (None, ""))
-            said.calls[delta.index] = (delta.name if delta.name is not None else name, arguments + delta.arguments)
-        return said
+    #: Each published call, by index: its name ("" if not published), and its published
+    #: arguments not yet said again.
+    calls: dict[int, tuple[str, str]] = field(default_factory=dict)
 
     def checks(self, event: OutputEvent) -> bool:
         """Whether ``event`` is to be held against what was published."""
@@ -65,7 +58,7 @@ class SaidAgain:
         if isinstance(event, ToolCallDelta):
             name, left = self.calls[event.index]
             said = event.arguments[:len(left)]
-            if (event.name is not None and name is not None and event.name != name) or not left.startswith(said):
+            if (event.name is not None and name and event.name != name) or not left.startswith(said):
                 return None
             self.calls[event.index] = (name, left[len(said):])
             return ToolCallDelta(event.index, arguments=event.arguments[len(said):])  # its id went out before

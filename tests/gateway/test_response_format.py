@@ -235,22 +235,23 @@ async def test_a_function_call_that_a_stopping_replica_cut_goes_on_under_its_fir
 
 
 def test_an_answer_made_again_passes_on_only_what_is_new_and_stops_where_it_differs() -> None:
+    from gateway.output.frames import ToolCalls
     from gateway.work.said_again import SaidAgain
     from omni_adapter.port import Finished, Usage
 
-    again = SaidAgain.of('{"name": "Al', [])
+    again = SaidAgain('{"name": "Al')
     assert [again.after(TextDelta(text)) for text in ('{"na', 'me": "', 'Alice"', ', "age"')] == [
         TextDelta(""), TextDelta(""), TextDelta('ice"'), TextDelta(', "age"')]
     assert not again.left and not again.checks(TextDelta("more"))
-    assert SaidAgain.of('{"name": "Al', []).after(TextDelta('{"name": "Bo')) is None  # sampled otherwise
-    assert SaidAgain.of('{"name"', []).after(Finished("stop", Usage(1, 1))) is None  # ended before what was said
+    assert SaidAgain('{"name": "Al').after(TextDelta('{"name": "Bo')) is None  # sampled otherwise
+    assert SaidAgain('{"name"').after(Finished("stop", Usage(1, 1))) is None  # ended before what was said
     # A call published in part: made again under a new id, it goes on under the first one.
-    calls = SaidAgain.of("", [ToolCallDelta(0, "call_a", "get_weather", '{"ci'), ToolCallDelta(0, arguments='ty"')])
+    published = ToolCalls([ToolCallDelta(0, "call_a", "get_weather", '{"ci'), ToolCallDelta(0, arguments='ty"')])
+    calls = SaidAgain("", published.by_index())
     assert calls.after(ToolCallDelta(0, "call_b", "get_weather", "")) == ToolCallDelta(0)
     assert calls.after(ToolCallDelta(0, arguments='{"city": "Paris"}')) == ToolCallDelta(0, arguments=': "Paris"}')
     assert calls.checks(ToolCallDelta(0, arguments="}")) and not calls.checks(ToolCallDelta(1, "call_c", "f"))
-    assert SaidAgain.of("", [ToolCallDelta(0, "a", "get_weather", "{")]).after(ToolCallDelta(0, "b", "get_time")) \
-        is None
+    assert SaidAgain("", {0: ("get_weather", "{")}).after(ToolCallDelta(0, "b", "get_time")) is None
 
 
 @pytest.mark.engine
