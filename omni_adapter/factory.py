@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from omni_adapter.port import Capabilities, Engine, RequestChecks, SamplingOptions
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from omni_adapter.listener import RecognizerName
@@ -102,7 +105,10 @@ async def preload_tokenizer(choice: EngineChoice) -> Any:
     from omni_adapter.vllm_engine import load_tokenizer
 
     model = choice.model or converted_default_model()
-    return None if model is None else await asyncio.to_thread(load_tokenizer, str(model))
+    if model is None:
+        return None
+    logger.info("loading the tokenizer of %s for request checks, while the engine process starts", model)
+    return await asyncio.to_thread(load_tokenizer, str(model))
 
 
 async def _model(choice: EngineChoice) -> tuple[str, str]:

@@ -53,11 +53,14 @@ Role = Literal["all", "engine", "api"]
 
 
 def create_app(settings: Settings | None = None, *, engine: Engine | None = None,
-               draining: Draining | None = None, role: Role = "all") -> FastAPI:
+               draining: Draining | None = None, role: Role = "all", preload: bool = True) -> FastAPI:
     """Build the app.
 
     Pass ``engine`` to share one already open (tests); it is then not closed
     here. ``draining`` is flipped by whoever handles SIGTERM (the CLI).
+    ``preload``: an API worker loads the configured model's tokenizer
+    while it waits for its engine process; false when that process runs an
+    engine given in code (tests, benchmarks), whose card alone says what it checks.
     """
     settings = settings or Settings()
     draining = draining or Draining(settings.shutdown_grace_sec)
@@ -84,14 +87,14 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
     async def open_checks(active: Engine, preloading: asyncio.Task[Any] | None) -> RequestChecks | None:
         if isinstance(active, RequestChecks):
             return active
-        if preloading is None:  # not an API worker
-            return None
-        if not isinstance(active, FrontEngine) or not active.checks_requests:
-            preloading.cancel()  # its engine checks nothing ahead: no tokenizer needed after all
+        if not isinstance(active, FrontEngine) or not active.checks_requests:  # not an API worker, or
+            if preloading is not None:  # its engine checks nothing ahead: no tokenizer needed after all
+                preloading.cancel()
             return None
         # An API worker checks what the engine process would, from the same tokenizer.
         try:
-            return await open_request_checks(choice, active.capabilities, await preloading)
+            return await open_request_checks(choice, active.capabilities,
+                                             None if preloading is None else await preloading)
         except Exception as exc:
             logger.warning("API worker: no tokenizer (%s); requests are checked when the engine runs them", exc)
             return None
@@ -106,8 +109,12 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
             if settings.redis_url is not None:
                 await store.check_durability(settings.redis_durability)
             own_engine = engine is None and role != "api"
-            # An API worker loads its tokenizer while it waits for its engine process.
-            preloading = asyncio.create_task(preload_tokenizer(choice), name="tokenizer") if role == "api" else None
+            # An API worker loads its tokenizer while it waits for its engine process. Not when
+            # that process runs an engine given in code: cancelling cannot stop the load's thread,
+            # which imported torch into the worker after its heap was frozen, and every full
+            # collection then walked those 430,000 objects (210 ms: bench/README.md, issue 31).
+            preloading = asyncio.create_task(preload_tokenizer(choice), name="tokenizer") \
+                if role == "api" and preload else None
             try:
                 active = await open_active(store)
             except BaseException:

@@ -41,6 +41,9 @@ def main(argv: list[str] | None = None) -> None:
     worker = commands.add_parser("api-worker", help="one API worker (started by serve, not by hand)")
     worker.add_argument("--fd", type=int, required=True, help="the listening socket serve bound")
     worker.add_argument("--log-level", default="INFO")
+    worker.add_argument("--no-tokenizer-preload", action="store_true",
+                        help="do not load the configured model's tokenizer while waiting for the engine "
+                             "process (serve passes it when that process runs an engine given in code)")
     from omni_client.cli import add_commands
 
     add_commands(commands)
@@ -53,7 +56,7 @@ def main(argv: list[str] | None = None) -> None:
     configure_logging(args.log_level)
     settings = Settings()
     if args.command == "api-worker":
-        serve_api_worker(settings, args.fd)
+        serve_api_worker(settings, args.fd, preload_tokenizer=not args.no_tokenizer_preload)
         return
     if args.workers is not None:
         settings = settings.model_copy(update={"api_workers": args.workers})

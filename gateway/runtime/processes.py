@@ -193,7 +193,9 @@ def serve(settings: Settings, host: str, port: int, log_level: str, *, engine_po
         folder.remove()
         raise
     share_metrics(folder.metrics)
-    pool = WorkerPool(listener, workers, settings.replica_id, log_level, str(folder.metrics))
+    # An engine given here is not the configured one: the workers learn what it checks from its card.
+    pool = WorkerPool(listener, workers, settings.replica_id, log_level, str(folder.metrics),
+                      preload_tokenizer=engine is None)
     pool.start()
     logger.info("replica %s: %d API workers on %s:%d, the engine process on %s", settings.replica_id,
                 workers, host, port, engine_listener.getsockname())
@@ -230,12 +232,12 @@ def share_metrics(folder: Path) -> None:
         values.ValueClass = values.get_value_class()  # type: ignore[attr-defined]
 
 
-def serve_api_worker(settings: Settings, fd: int) -> None:
+def serve_api_worker(settings: Settings, fd: int, *, preload_tokenizer: bool = True) -> None:
     """``omni-gateway api-worker --fd N``: serve the socket the engine process bound."""
     from gateway.runtime.app import create_app
 
     draining = Draining(settings.shutdown_grace_sec)
-    app = create_app(settings, draining=draining, role="api")
+    app = create_app(settings, draining=draining, role="api", preload=preload_tokenizer)
     DrainingServer(uvicorn_config(app, settings), draining, settings.drain_sec).run(sockets=[socket.socket(fileno=fd)])
 
 
@@ -243,8 +245,9 @@ class WorkerPool:
     """The API workers: started, restarted when one dies alone, stopped with the replica."""
 
     def __init__(self, listener: socket.socket, count: int, replica_id: str, log_level: str,
-                 shared_metrics: str) -> None:
+                 shared_metrics: str, *, preload_tokenizer: bool = True) -> None:
         self._listener = listener
+        self._options = [] if preload_tokenizer else ["--no-tokenizer-preload"]
         self._shared_metrics = shared_metrics
         self._count = count
         self._replica_id = replica_id
@@ -261,7 +264,8 @@ class WorkerPool:
         program = [str(launcher)] if launcher.exists() else [sys.executable]
         fd = self._listener.fileno()
         return subprocess.Popen(
-            [*program, "-m", "gateway.runtime.cli", "api-worker", "--fd", str(fd), "--log-level", self._log_level],
+            [*program, "-m", "gateway.runtime.cli", "api-worker", "--fd", str(fd), "--log-level", self._log_level,
+             *self._options],
             pass_fds=(fd,), stdin=subprocess.DEVNULL,
             # The workers are this replica: the engine card they read is under its id.
             env=os.environ | {"OMNI_GATEWAY_REPLICA_ID": self._replica_id})

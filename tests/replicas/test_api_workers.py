@@ -131,6 +131,10 @@ def test_api_workers_hand_started_work_to_the_engine_process_at_once(replica: Re
         # Each metric once: Prometheus refuses a scrape that describes a metric twice.
         described = [line for line in scraped.splitlines() if line.startswith("# TYPE ")]
         assert len(described) == len(set(described)), scraped
+    # Its engine is the scripted one, given in code: no worker loads the configured model's
+    # tokenizer for checks that engine does not make. The load imported torch into each worker
+    # after its heap was frozen, and every full collection then stalled its streams for 210 ms.
+    assert "loading the tokenizer" not in replica.log.read_text(errors="replace")
 
 
 def test_the_workers_check_requests_only_as_their_engine_does(replica: Replica) -> None:
