@@ -88,7 +88,12 @@ async def open_request_checks(choice: EngineChoice, capabilities: Capabilities,
     if tokenizer is None:
         model, _ = await _model(choice)
         tokenizer = await asyncio.to_thread(load_tokenizer, model)
-    return tokenizer_checks(tokenizer, choice.max_model_len, capabilities)
+    checks = tokenizer_checks(tokenizer, choice.max_model_len, capabilities)
+    try:  # before the worker serves and freezes its heap (TokenizerChecks.warm says why)
+        await asyncio.to_thread(checks.warm)
+    except Exception as exc:  # a template that cannot render a function, say: the checks still work
+        logger.warning("request checks: the warm-up check failed (%s); the first request loads what it needs", exc)
+    return checks
 
 
 async def preload_tokenizer(choice: EngineChoice) -> Any:

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
+import textwrap
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -239,3 +243,34 @@ async def test_the_suite_s_engine_runs_eager(vllm_engine: VllmEngine) -> None:
     assert config.model_config.enforce_eager
     assert config.compilation_config.mode == CompilationMode.NONE
     assert not vllm_engine.compiled and vllm_engine.compile_warmup is None
+
+
+def test_an_api_workers_checks_have_loaded_what_they_import_before_its_first_request() -> None:
+    """An API worker freezes its heap once it serves: what its first check imported (vLLM, its
+    chat parsers, the grammar compiler: ~1,650 modules) came after, and every full collection
+    walked it while the worker's streams waited. Its checks load it all before it serves."""
+    script = textwrap.dedent("""
+        import asyncio, sys
+        from omni_adapter.factory import EngineChoice, open_request_checks
+        from omni_adapter.model_bootstrap import ensure_default_model
+        from omni_adapter.port import Capabilities, EngineRequest, SamplingOptions
+
+        caps = Capabilities(input_modalities=frozenset({"text"}), output_modalities=frozenset({"text"}), incremental=True,
+                            model_names=("m",), tools=True, structured_outputs=True)
+        checks = asyncio.run(open_request_checks(EngineChoice(kind="vllm", model=str(ensure_default_model())), caps))
+        before = set(sys.modules)
+        tool = {"type": "function", "function": {"name": "weather", "parameters": {
+            "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+        schema = {"type": "json_schema", "json_schema": {"name": "city", "schema": {
+            "type": "object", "properties": {"name": {"type": "string"}}}}}
+        for sampling, tools in ((SamplingOptions(max_tokens=5, temperature=0.3), ()),
+                                (SamplingOptions(max_tokens=9, response_format=schema), ()),
+                                (SamplingOptions(), (tool,))):
+            checks.check_request(EngineRequest("r", "m", ({"role": "system", "content": "Be brief."},),
+                                               sampling, tools=tools, tool_choice="auto" if tools else None))
+        print(sorted(set(sys.modules) - before))
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).parents[2])
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout
