@@ -16,6 +16,7 @@ from gateway.api.ops import router as ops_router
 from gateway.api.realtime.calls import router as calls_router
 from gateway.api.realtime.client_secrets import router as client_secrets_router
 from gateway.api.realtime.router import router as realtime_router
+from gateway.api.realtime.sideband import serve_attaches
 from gateway.api.realtime.webrtc import CALLS, Calls
 from gateway.api.sessions import hot_routes
 from gateway.api.sessions.router import router as sessions_router
@@ -146,6 +147,7 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
                                  checks_requests=isinstance(active, RequestChecks)), name="engine-card"))
             calls = Calls(settings.webrtc_ice_servers)
             background.append(asyncio.create_task(calls.serve_hang_ups(store), name="call-hang-ups"))
+            background.append(asyncio.create_task(serve_attaches(calls, store), name="call-control-sockets"))
             identity = IdentityResolver(settings.api_keys, settings.identity_header, settings.trusted_proxies)
             log_identity = logger.warning if identity.mode == "open" else logger.info
             log_identity("identity: %s", identity.describe())

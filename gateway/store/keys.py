@@ -42,9 +42,20 @@ WORK_WAITING = f"{PREFIX}:work-waiting"
 CALL_HANG_UPS = f"{PREFIX}:call-hang-ups"
 
 
+#: Pub/sub channel: a backend's control socket (``?call_id=``) reached a process not
+#: holding the call; the holder relays the call through ``call_sideband`` channels.
+CALL_ATTACHES = f"{PREFIX}:call-attaches"
+
+
 def call_hang_up_reply(nonce: str) -> str:
-    """List (short-lived): where the process that held a call says it hung it up."""
+    """List (short-lived): where the process that held a call says it did what was asked."""
     return f"{PREFIX}:call-hang-up:{{{nonce}}}"
+
+
+def call_sideband(attachment: str, direction: str) -> str:
+    """Pub/sub channel of one control socket on another process's call: ``out`` carries the
+    call's events to the socket, ``in`` the socket's client events to the call."""
+    return f"{PREFIX}:call-sideband:{attachment}:{direction}"
 
 
 def engine_card(replica: str) -> str:

@@ -32,6 +32,7 @@ from gateway.store.connection import translate_redis_errors
 from gateway.store.durability import ACKNOWLEDGED, Durability, run_replicated
 from gateway.store.durability import check as check_durability
 from gateway.store.keys import (
+    CALL_ATTACHES,
     CALL_HANG_UPS,
     DEAD_LETTERS,
     OPEN_SESSIONS,
@@ -40,6 +41,7 @@ from gateway.store.keys import (
     WORK_WAITING,
     SessionKeys,
     call_hang_up_reply,
+    call_sideband,
     client_secret,
     engine_card,
     idempotency,
@@ -483,17 +485,25 @@ class SessionStore:
     async def load_client_secret(self, digest: str) -> str | None:
         return await self._get_text(client_secret(digest))
 
-    # --- WebRTC calls: a hang-up for the process that holds the call --------
+    # --- WebRTC calls: what other processes ask of the one holding a call --------
 
     async def ask_hang_up(self, call_id: str, identity: str, wait_sec: float) -> bool:
         """Ask whichever process holds the call (another replica, another API worker) to end
-        it, if it is ``identity``'s; whether one did within ``wait_sec``.
+        it, if it is ``identity``'s; whether one did within ``wait_sec``."""
+        return await self._ask_holder(CALL_HANG_UPS, [call_id, identity], wait_sec)
 
-        Every process that hears the ask answers, holder or not: an unknown call is a "no"
+    async def ask_attach(self, call_id: str, identity: str, attachment: str, wait_sec: float) -> bool:
+        """Ask whichever process holds the call to relay it to a control socket here, through the
+        ``attachment``'s channels (``call_sideband``), if it is ``identity``'s; whether one does."""
+        return await self._ask_holder(CALL_ATTACHES, [call_id, identity, attachment], wait_sec)
+
+    async def _ask_holder(self, channel: str, ask: list[str], wait_sec: float) -> bool:
+        """Every process that hears the ask answers, holder or not: an unknown call is a "no"
         as soon as all have answered (milliseconds), not after ``wait_sec``."""
+        call_id, identity, *rest = ask
         reply = call_hang_up_reply(secrets.token_hex(8))
         async with self._call():
-            listeners = await self._redis.publish(CALL_HANG_UPS, json.dumps([call_id, identity, reply]))
+            listeners = await self._redis.publish(channel, json.dumps([call_id, identity, reply, *rest]))
         deadline = asyncio.get_running_loop().time() + wait_sec
         for _ in range(listeners):
             left = deadline - asyncio.get_running_loop().time()
@@ -514,13 +524,31 @@ class SessionStore:
             call_id, identity, reply = json.loads(message)
             yield str(call_id), str(identity), str(reply)
 
+    async def attach_requests(self) -> AsyncIterator[tuple[str, str, str, str]]:
+        """(call id, identity, reply key, attachment) of each control socket asking for a call."""
+        async for message in self._messages(CALL_ATTACHES):
+            call_id, identity, reply, attachment = json.loads(message)
+            yield str(call_id), str(identity), str(reply), str(attachment)
+
     async def answer_hang_up(self, reply: str, *, hung_up: bool) -> None:
-        """Tell the one who asked whether this process held the call and ended it."""
+        """Tell the one who asked whether this process held the call and did what was asked."""
         async with self._call():
             pipe = self._redis.pipeline(transaction=False)
             pipe.rpush(reply, int(hung_up))
             pipe.expire(reply, 10)
             await pipe.execute()
+
+    async def tell_sideband(self, attachment: str, direction: str, message: str) -> None:
+        """One message on a control socket's channel (``call_sideband``)."""
+        async with self._call():
+            await self._redis.publish(call_sideband(attachment, direction), message)
+
+    @asynccontextmanager
+    async def sideband(self, attachment: str, direction: str) -> AsyncIterator[AsyncIterator[str]]:
+        """The messages on a control socket's channel, subscribed before the block starts (so
+        nothing told after it is missed), until it ends."""
+        async with self._subscribed(call_sideband(attachment, direction)) as messages:
+            yield messages
 
     # --- a replica's processes ---------------------------------------------
 
@@ -551,13 +579,25 @@ class SessionStore:
 
     async def _messages(self, channel: str) -> AsyncIterator[str]:
         """What is published on ``channel`` from now on, for as long as the caller listens."""
+        async with self._subscribed(channel) as messages:
+            async for message in messages:
+                yield message
+
+    @asynccontextmanager
+    async def _subscribed(self, channel: str) -> AsyncIterator[AsyncIterator[str]]:
+        """Subscribed to ``channel`` for the block: what is published on it from the block's start."""
         with translate_redis_errors():
             pubsub = self._redis.pubsub()
             try:
                 await pubsub.subscribe(channel)
-                async for message in pubsub.listen():
-                    if message["type"] == "message":
-                        yield str(decoded(message["data"]))
+
+                async def messages() -> AsyncIterator[str]:
+                    with translate_redis_errors():
+                        async for message in pubsub.listen():
+                            if message["type"] == "message":
+                                yield str(decoded(message["data"]))
+
+                yield messages()
             finally:
                 await pubsub.aclose()  # type: ignore[no-untyped-call]
 

@@ -10,6 +10,7 @@ the answer's track and recognizes. The Thinker is the scripted engine
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import AsyncIterator
@@ -140,27 +141,83 @@ async def test_a_form_offer_with_a_session_and_hang_up(voice: str, monkeypatch: 
         await peer.__aexit__(None, None, None)
 
 
+async def refused_status(url: str) -> int:
+    """The HTTP status a control socket's handshake is refused with."""
+    with pytest.raises(websockets.InvalidStatus) as refused:
+        async with websockets.connect(url, additional_headers={"Authorization": f"Bearer {KEY}"}):
+            pass
+    return refused.value.response.status_code
+
+
+async def next_of(control: Any, kind: str) -> dict[str, Any]:
+    """The next event of this type on a control socket (others, such as rate limits, may come first)."""
+    while (event := json.loads(await asyncio.wait_for(control.recv(), 10)))["type"] != kind:
+        pass
+    return event  # type: ignore[no-any-return]
+
+
+async def asked_through(control: Any, peer: Peer, text: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """A question and a response asked on a backend's control socket: the events of the answer on
+    the browser's channel, and on the control socket."""
+    await control.send(json.dumps({"type": "conversation.item.create", "item": {
+        "type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}}))
+    await control.send(json.dumps({"type": "response.create"}))
+    on_channel = await peer.until("response.done")
+    assert on_channel[-1]["response"]["status"] == "completed"
+    assert f"echo: {text}" in json.dumps(on_channel)
+    seen: list[dict[str, Any]] = []
+    while not seen or seen[-1]["type"] != "response.done":
+        seen.append(json.loads(await asyncio.wait_for(control.recv(), 10)))
+    return on_channel, seen
+
+
 async def test_a_backend_attaches_to_the_call_with_call_id(voice: str) -> None:
     ws_url = voice.replace("http", "ws") + "/v1/realtime"
     auth = {"Authorization": f"Bearer {KEY}"}
-    with pytest.raises(websockets.InvalidStatus) as refused:
-        async with websockets.connect(ws_url + "?call_id=rtc_nope", additional_headers=auth):
-            pass
-    assert refused.value.response.status_code == 404
+    assert await refused_status(ws_url + "?call_id=rtc_nope") == 404
     async with Peer(voice, await secret(voice, output_modalities=["text"])) as peer:
         await peer.until("session.created")
         call_id = peer.location.rsplit("/", 1)[1]
         async with websockets.connect(f"{ws_url}?call_id={call_id}", additional_headers=auth) as control:
-            await control.send(json.dumps({"type": "conversation.item.create", "item": {
-                "type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi there"}]}}))
-            await control.send(json.dumps({"type": "response.create"}))
-            on_channel = await peer.until("response.done")
-            assert on_channel[-1]["response"]["status"] == "completed"
-            assert "echo: hi there" in json.dumps(on_channel)
-            seen = []
-            while not seen or seen[-1]["type"] != "response.done":
-                seen.append(json.loads(await asyncio.wait_for(control.recv(), 10)))
+            on_channel, seen = await asked_through(control, peer, "hi there")
             assert "response.created" in types(seen) and "echo: hi there" in json.dumps(seen)
+
+
+async def test_a_backend_socket_that_reaches_another_process_is_relayed_the_call(redis_url: str) -> None:
+    """A call lives in the process that answered its offer; a backend's ``?call_id=`` socket reaches
+    any process (the edge round robins, a replica runs API workers). That one relays the call."""
+    settings = make_settings(redis_url=redis_url, api_keys=KEY)
+    engine = ScriptedEngine()
+    auth = {"Authorization": f"Bearer {KEY}"}
+    async with live_app(settings, engine) as holder, live_app(settings, engine) as other:
+        elsewhere = other.replace("http", "ws") + "/v1/realtime"
+        assert await refused_status(elsewhere + "?call_id=rtc_nope") == 404  # every process said no: at once
+        async with Peer(holder, await secret(holder, output_modalities=["text"])) as peer:
+            await peer.until("session.created")
+            call_id = peer.location.rsplit("/", 1)[1]
+            async with websockets.connect(f"{elsewhere}?call_id={call_id}", additional_headers=auth) as control:
+                on_channel, seen = await asked_through(control, peer, "hi there")
+                # The same events, in the same order, as the browser's channel.
+                assert "response.output_text.delta" in types(seen)
+                assert [e["event_id"] for e in seen] == [e["event_id"] for e in on_channel]
+                await control.send("{not json")  # the socket's own mistake: said on it, the call goes on
+                error = await next_of(control, "error")
+                assert error["error"]["code"] == "invalid_json", error
+                peer.send({"type": "conversation.item.create", "item": {  # the browser's turn: the socket sees it
+                    "type": "message", "role": "user", "content": [{"type": "input_text", "text": "and you"}]}})
+                peer.send({"type": "response.create"})
+                assert "echo: and you" in json.dumps(await next_of(control, "response.done"))
+                await peer.until("response.done")
+                await peer.__aexit__(None, None, None)  # the browser hangs up: the call ends
+                async with asyncio.timeout(15):
+                    while True:  # the socket closes at its next event once the holder said the call ended
+                        try:
+                            await control.send(json.dumps({"type": "input_audio_buffer.clear"}))
+                            with contextlib.suppress(TimeoutError):
+                                await asyncio.wait_for(control.recv(), 0.5)
+                        except websockets.ConnectionClosedOK as closed:
+                            assert closed.rcvd is not None and closed.rcvd.reason == "the call ended"
+                            break
 
 
 async def test_a_call_ends_when_the_browser_closes_its_peer_connection(voice: str) -> None:

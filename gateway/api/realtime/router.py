@@ -19,14 +19,16 @@ the same session, then exactly the events after that one (see
 ``connection.py``).
 
 A backend attaches to a WebRTC call it (or its browser) opened with
-``?call_id=`` on the replica that answered it, as OpenAI's server-side
-controls do: it gets the call's events (but the audio, which is the track's)
-and its events go into the call, to run tools server side.
+``?call_id=``, as OpenAI's server-side controls do: it gets the call's events
+(but the audio, which is the track's) and its events go into the call, to run
+tools server side. Any process takes the socket: the call's own, or another
+(another replica, another API worker), which relays it (``sideband.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -38,6 +40,7 @@ from fastapi.responses import JSONResponse
 
 from gateway import errors
 from gateway.api.realtime import events as ev
+from gateway.api.realtime import sideband
 from gateway.api.realtime.audio_formats import Transcoder
 from gateway.api.realtime.client_secrets import session_config
 from gateway.api.realtime.config import RealtimeConfig
@@ -72,19 +75,13 @@ async def realtime(websocket: WebSocket, model: str | None = None, session_id: s
         if caller.session:  # checked when the secret was minted
             config.update(caller.session)
         resources.service.check_enabled()
-        call = _call_of(websocket, caller.identity, call_id) if call_id is not None else None
     except errors.GatewayError as exc:
-        # Refused before the upgrade: an HTTP answer with the envelope where the
-        # server can send one, else the close that makes the handshake fail (403).
-        try:
-            await websocket.send_denial_response(JSONResponse(exc.envelope(), status_code=int(exc.status_code)))
-        except RuntimeError:
-            await websocket.close(POLICY_VIOLATION, exc.message[:120])
+        await _refuse(websocket, exc)
+        return
+    if call_id is not None:
+        await _attach(websocket, resources, caller.identity, call_id, protocols)
         return
     await websocket.accept(subprotocol="realtime" if "realtime" in protocols else None)
-    if call is not None:
-        await _control(websocket, call, resources.settings)
-        return
     identity, settings, metrics = caller.identity, resources.settings, resources.metrics
     lock = asyncio.Lock()
     audio = Transcoder()  # the session's audio formats on this socket (G.711 for telephony)
@@ -137,17 +134,33 @@ def new_connection(resources: Resources, identity: str, config: RealtimeConfig,
                               settings, budget), budget
 
 
-def _call_of(websocket: WebSocket, identity: str, call_id: str) -> Call:
-    """The caller's call held by this process (the one that answered its offer), or 404."""
+async def _refuse(websocket: WebSocket, exc: errors.GatewayError) -> None:
+    """Refused before the upgrade: an HTTP answer with the envelope where the server can
+    send one, else the close that makes the handshake fail (403)."""
+    try:
+        await websocket.send_denial_response(JSONResponse(exc.envelope(), status_code=int(exc.status_code)))
+    except RuntimeError:
+        await websocket.close(POLICY_VIOLATION, exc.message[:120])
+
+
+async def _attach(websocket: WebSocket, resources: Resources, identity: str, call_id: str,
+                  protocols: list[str]) -> None:
+    """A backend's socket on the caller's call: held by this process (the one that answered its
+    offer), else relayed from the process that holds it (``sideband.py``); 404 when none does."""
     calls: Calls = websocket.scope["state"][CALLS]
-    call = calls.get(call_id)
-    if call is None or call.identity != identity:
-        raise errors.SessionNotFound(f"no call {call_id!r} on this replica (a call lives where it was answered)",
-                                     param="call_id")
-    return call
+    here = calls.get(call_id)
+    async with contextlib.AsyncExitStack() as elsewhere:
+        try:
+            call = here if here is not None and here.identity == identity else \
+                await elsewhere.enter_async_context(sideband.attached(resources.store, call_id, identity))
+        except errors.GatewayError as exc:
+            await _refuse(websocket, exc)
+            return
+        await websocket.accept(subprotocol="realtime" if "realtime" in protocols else None)
+        await _control(websocket, call, resources.settings)
 
 
-async def _control(websocket: WebSocket, call: Call, settings: Settings) -> None:
+async def _control(websocket: WebSocket, call: Call | sideband.Attachment, settings: Settings) -> None:
     """A backend's socket on a call (OpenAI's sideband control): the call's events out, client events in."""
     lock = asyncio.Lock()
 
@@ -156,20 +169,18 @@ async def _control(websocket: WebSocket, call: Call, settings: Settings) -> None
             await websocket.send_text(ev.encoded(event))
 
     budget = EventBudget(settings.realtime_events_per_sec, max(1, int(2 * settings.realtime_events_per_sec)))
-    call.watch(send)
-    try:
-        while not call.ended:
-            try:
-                async with asyncio.timeout(settings.session_timeout_sec):
-                    raw = await websocket.receive_text()
-            except TimeoutError:
-                break
-            await receive_event(raw, call.handle, send, settings, budget)
-        await websocket.close(NORMAL, "the call ended" if call.ended else "idle for longer than the session timeout")
-    except WebSocketDisconnect:
-        pass
-    finally:
-        call.unwatch(send)
+    async with call.watching(send):
+        try:
+            while not call.ended:
+                try:
+                    async with asyncio.timeout(settings.session_timeout_sec):
+                        raw = await websocket.receive_text()
+                except TimeoutError:
+                    break
+                await receive_event(raw, call.handle, send, settings, budget)
+            await websocket.close(NORMAL, "the call ended" if call.ended else "idle for longer than the session timeout")
+        except WebSocketDisconnect:
+            pass
 
 
 #: Events from this size on (a long stretch of audio) are parsed in a worker thread.

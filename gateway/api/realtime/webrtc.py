@@ -28,7 +28,7 @@ import asyncio
 import base64
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSessionDescription
@@ -122,12 +122,19 @@ class Call:
         for watcher in self._watchers:  # a control socket that failed only logs: the call goes on
             spawn(self._tasks, watcher(event), f"call {self.id}: control socket")
 
-    def watch(self, send: Callable[[dict[str, Any]], Awaitable[None]]) -> None:
+    @contextlib.asynccontextmanager
+    async def watching(self, send: Callable[[dict[str, Any]], Awaitable[None]]) -> AsyncIterator[None]:
+        """The call's events (but the audio, which is the track's) also go to ``send`` during the block."""
         self._watchers.append(send)
+        try:
+            yield
+        finally:
+            with contextlib.suppress(ValueError):
+                self._watchers.remove(send)
 
-    def unwatch(self, send: Callable[[dict[str, Any]], Awaitable[None]]) -> None:
-        with contextlib.suppress(ValueError):
-            self._watchers.remove(send)
+    def keep(self, work: Awaitable[None], what: str) -> None:
+        """Run ``work`` for the call's life (cancelled when it ends); its failure is logged, the call goes on."""
+        spawn(self._tasks, work, f"call {self.id}: {what}")
 
     def _started(self, response_id: str) -> None:
         self._tell(ev.event("output_audio_buffer.started", response_id=response_id))
@@ -247,22 +254,29 @@ class Calls:
         return await store.ask_hang_up(call_id, identity, HANG_UP_WAIT_SEC)
 
     async def serve_hang_ups(self, store: SessionStore) -> None:
-        """Hang-ups of this process's calls that reached another process; runs for the process's
-        life, and a failure (Redis away) is logged and retried."""
-        while True:
-            try:
-                async for call_id, identity, reply in store.hang_up_requests():
-                    call = self.get(call_id)
-                    if call is not None and call.identity == identity:
-                        await call.close()
-                        await store.answer_hang_up(reply, hung_up=True)
-                    else:  # every process answers, so the asker need not wait out a call nobody holds
-                        await store.answer_hang_up(reply, hung_up=False)
-            except errors.StoreUnavailable as exc:
-                logger.warning("calls: hang-ups from other processes not heard (%s); listening again", exc.message)
-            except Exception:
-                logger.exception("calls: hang-ups from other processes not heard; listening again")
-            await asyncio.sleep(1)
+        """Hang-ups of this process's calls that reached another process (for the process's life)."""
+        async def hear() -> None:
+            async for call_id, identity, reply in store.hang_up_requests():
+                call = self.get(call_id)
+                if call is not None and call.identity == identity:
+                    await call.close()
+                    await store.answer_hang_up(reply, hung_up=True)
+                else:  # every process answers, so the asker need not wait out a call nobody holds
+                    await store.answer_hang_up(reply, hung_up=False)
+
+        await keep_hearing(hear, "hang-ups from other processes")
 
     async def aclose(self) -> None:
         await asyncio.gather(*(call.close() for call in list(self._calls.values())), return_exceptions=True)
+
+
+async def keep_hearing(hear: Callable[[], Awaitable[None]], what: str) -> None:
+    """Run ``hear`` for the process's life: a failure (Redis away) is logged and it runs again."""
+    while True:
+        try:
+            await hear()
+        except errors.StoreUnavailable as exc:
+            logger.warning("calls: %s not heard (%s); listening again", what, exc.message)
+        except Exception:
+            logger.exception("calls: %s not heard; listening again", what)
+        await asyncio.sleep(1)

@@ -1,0 +1,136 @@
+"""A backend's control socket (``?call_id=``) on a call another process holds.
+
+A call's media cannot move: the call lives in the process that answered its
+offer. Behind an edge that round robins, or beside the replica's other API
+workers, the backend's socket reaches any process. That process asks every
+process for the call (``SessionStore.ask_attach``), and the holder relays the
+call through the attachment's two pub/sub channels::
+
+    backend ─ws─► this process ──── in ───► holder ─► Call.handle (as a local control socket's events)
+    backend ◄─ws─ this process ◄─── out ─── holder ◄─ the call's events (Call.watch)
+
+The socket subscribes to ``out`` before it asks, and the holder to ``in``
+before it answers, so nothing told is missed. The holder tells the call's
+events in order, from one task. When the call ends the holder says so on
+``out`` (the socket then closes as a local one does: at its next event, or
+idle); when the socket closes it says so on ``in`` and the holder stops relaying.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import secrets
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from gateway import errors
+from gateway.api.realtime import events as ev
+from gateway.api.realtime.webrtc import Call, Calls, keep_hearing
+from gateway.store.redis_store import SessionStore
+
+logger = logging.getLogger(__name__)
+
+#: How long a control socket waits for the processes that heard its ask (each answers, so an
+#: unknown call is a 404 as soon as all have).
+ASK_WAIT_SEC = 1.0
+#: Said on ``out`` when the call ended, on ``in`` when the socket closed (events are JSON
+#: objects, so neither is ever an event).
+ENDED, DETACHED = "ended", "detached"
+
+
+# --- the holder's half ------------------------------------------------------------
+
+async def serve_attaches(calls: Calls, store: SessionStore) -> None:
+    """Control sockets on this process's calls that reached another process (for the process's life)."""
+    async def hear() -> None:
+        async for call_id, identity, reply, attachment in store.attach_requests():
+            call = calls.get(call_id)
+            if call is not None and call.identity == identity:
+                call.keep(_relay(call, store, attachment, reply), f"control socket {attachment}")
+            else:  # every process answers, so the asker need not wait out a call nobody holds
+                await store.answer_hang_up(reply, hung_up=False)
+
+    await keep_hearing(hear, "control sockets on other processes")
+
+
+async def _relay(call: Call, store: SessionStore, attachment: str, reply: str) -> None:
+    """The call's events out and the socket's events in, until the socket leaves or the call ends."""
+    outbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+
+    async def watcher(event: dict[str, Any]) -> None:
+        outbox.put_nowait(event)  # told in the order the call made them (one task tells them)
+
+    async def tell_events() -> None:
+        while True:
+            event = await outbox.get()
+            await store.tell_sideband(attachment, "out", ev.encoded(event))
+
+    async with store.sideband(attachment, "in") as incoming, call.watching(watcher):
+        telling = asyncio.create_task(tell_events(), name=f"call {call.id}: to control socket {attachment}")
+        try:
+            await store.answer_hang_up(reply, hung_up=True)
+            async for message in incoming:
+                if message == DETACHED:
+                    return
+                await call.handle(json.loads(message))  # checked by the socket's process (receive_event)
+        finally:
+            telling.cancel()
+            await asyncio.gather(telling, return_exceptions=True)
+            if call.ended:  # the call's last events, then the end, so the socket closes
+                with contextlib.suppress(Exception):
+                    while not outbox.empty():
+                        await store.tell_sideband(attachment, "out", ev.encoded(outbox.get_nowait()))
+                    await store.tell_sideband(attachment, "out", ENDED)
+
+
+# --- the socket's half ------------------------------------------------------------
+
+@contextlib.asynccontextmanager
+async def attached(store: SessionStore, call_id: str, identity: str) -> AsyncIterator[Attachment]:
+    """The call held by another process, relayed here for the block; 404 when no process holds
+    the caller's call."""
+    attachment = secrets.token_hex(8)
+    async with store.sideband(attachment, "out") as events:
+        try:
+            if not await store.ask_attach(call_id, identity, attachment, ASK_WAIT_SEC):
+                raise errors.SessionNotFound(f"no call {call_id!r}: no process holds it (it ended, or "
+                                             "was never answered)", param="call_id")
+            yield Attachment(store, attachment, events)
+        finally:  # also when the ask timed out after the holder said yes: it stops relaying
+            with contextlib.suppress(Exception):
+                await store.tell_sideband(attachment, "in", DETACHED)
+
+
+class Attachment:
+    """A call another process holds, as a control socket here sees it (``router._control``)."""
+
+    def __init__(self, store: SessionStore, attachment: str, events: AsyncIterator[str]) -> None:
+        self._store = store
+        self._attachment = attachment
+        self._events = events
+        #: The holder said the call ended.
+        self.ended = False
+
+    async def handle(self, message: dict[str, Any]) -> None:
+        """A client event for the call (``receive_event`` checked it)."""
+        await self._store.tell_sideband(self._attachment, "in", json.dumps(message))
+
+    @contextlib.asynccontextmanager
+    async def watching(self, send: Callable[[dict[str, Any]], Awaitable[None]]) -> AsyncIterator[None]:
+        """The call's events go to ``send`` during the block."""
+        async def forward() -> None:
+            async for text in self._events:
+                if text == ENDED:
+                    self.ended = True
+                    return
+                await send(json.loads(text))
+
+        forwarding = asyncio.create_task(forward(), name=f"control socket {self._attachment}: the call's events")
+        try:
+            yield
+        finally:
+            forwarding.cancel()
+            await asyncio.gather(forwarding, return_exceptions=True)
