@@ -161,26 +161,37 @@ async def _attach(websocket: WebSocket, resources: Resources, identity: str, cal
 
 
 async def _control(websocket: WebSocket, call: Call | sideband.Attachment, settings: Settings) -> None:
-    """A backend's socket on a call (OpenAI's sideband control): the call's events out, client events in."""
+    """A backend's socket on a call (OpenAI's sideband control): the call's events out, client events
+    in; closed when the call ends (the backend need not send anything to learn it)."""
     lock = asyncio.Lock()
 
     async def send(event: dict[str, Any]) -> None:
         async with lock:
             await websocket.send_text(ev.encoded(event))
 
-    budget = EventBudget(settings.realtime_events_per_sec, max(1, int(2 * settings.realtime_events_per_sec)))
+    async def read() -> None:
+        budget = EventBudget(settings.realtime_events_per_sec, max(1, int(2 * settings.realtime_events_per_sec)))
+        while True:
+            async with asyncio.timeout(settings.session_timeout_sec):
+                raw = await websocket.receive_text()
+            await receive_event(raw, call.handle, send, settings, budget)
+
     async with call.watching(send):
+        reading = asyncio.create_task(read(), name="control socket: client events")
+        ending = asyncio.create_task(call.wait_ended(), name="control socket: the call's end")
         try:
-            while not call.ended:
-                try:
-                    async with asyncio.timeout(settings.session_timeout_sec):
-                        raw = await websocket.receive_text()
-                except TimeoutError:
-                    break
-                await receive_event(raw, call.handle, send, settings, budget)
-            await websocket.close(NORMAL, "the call ended" if call.ended else "idle for longer than the session timeout")
-        except WebSocketDisconnect:
-            pass
+            await asyncio.wait([reading, ending], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (reading, ending):
+                task.cancel()
+            await asyncio.gather(reading, ending, return_exceptions=True)
+    failure = reading.exception() if reading.done() and not reading.cancelled() else None
+    if isinstance(failure, WebSocketDisconnect):
+        return  # the backend closed it
+    if failure is not None and not isinstance(failure, TimeoutError):
+        raise failure  # a bug or the store: the server's error, as when it fails on any socket
+    with contextlib.suppress(RuntimeError, WebSocketDisconnect):  # closed by the backend meanwhile
+        await websocket.close(NORMAL, "the call ended" if call.ended else "idle for longer than the session timeout")
 
 
 #: Events from this size on (a long stretch of audio) are parsed in a worker thread.

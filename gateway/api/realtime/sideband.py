@@ -12,8 +12,8 @@ call through the attachment's two pub/sub channels::
 The socket subscribes to ``out`` before it asks, and the holder to ``in``
 before it answers, so nothing told is missed. The holder tells the call's
 events in order, from one task. When the call ends the holder says so on
-``out`` (the socket then closes as a local one does: at its next event, or
-idle); when the socket closes it says so on ``in`` and the holder stops relaying.
+``out`` and the socket closes; when the socket closes it says so on ``in``
+and the holder stops relaying.
 """
 
 from __future__ import annotations
@@ -111,8 +111,15 @@ class Attachment:
         self._store = store
         self._attachment = attachment
         self._events = events
-        #: The holder said the call ended.
-        self.ended = False
+        #: Set when the holder says the call ended.
+        self._over = asyncio.Event()
+
+    @property
+    def ended(self) -> bool:
+        return self._over.is_set()
+
+    async def wait_ended(self) -> None:
+        await self._over.wait()
 
     async def handle(self, message: dict[str, Any]) -> None:
         """A client event for the call (``receive_event`` checked it)."""
@@ -124,7 +131,7 @@ class Attachment:
         async def forward() -> None:
             async for text in self._events:
                 if text == ENDED:
-                    self.ended = True
+                    self._over.set()
                     return
                 await send(json.loads(text))
 

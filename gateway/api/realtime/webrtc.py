@@ -75,7 +75,7 @@ class Call:
         self._inbox: asyncio.Queue[str] = asyncio.Queue()
         self._tasks: set[asyncio.Task[None]] = set()
         self._on_end = on_end
-        self.ended = False
+        self._over = asyncio.Event()
         #: Backends' control sockets on the call (``?call_id=``): they get its events too.
         self._watchers: list[Callable[[dict[str, Any]], Awaitable[None]]] = []
 
@@ -121,6 +121,13 @@ class Call:
             channel.send(ev.encoded(event))
         for watcher in self._watchers:  # a control socket that failed only logs: the call goes on
             spawn(self._tasks, watcher(event), f"call {self.id}: control socket")
+
+    @property
+    def ended(self) -> bool:
+        return self._over.is_set()
+
+    async def wait_ended(self) -> None:
+        await self._over.wait()
 
     @contextlib.asynccontextmanager
     async def watching(self, send: Callable[[dict[str, Any]], Awaitable[None]]) -> AsyncIterator[None]:
@@ -208,7 +215,7 @@ class Call:
         """Hang up: the connection ends as a closed WebSocket's does; the peer connection closes."""
         if self.ended:
             return
-        self.ended = True
+        self._over.set()
         self._on_end(self)
         current = asyncio.current_task()
         tasks = [t for t in self._tasks if t is not current]
