@@ -59,7 +59,9 @@ class ToolCall(StrictModel):
 class ChatMessage(StrictModel):
     """A turn of the history placed before the streamed input."""
 
-    role: Literal["system", "user", "assistant", "tool"]
+    #: ``developer`` is OpenAI's newer name for ``system``, kept as ``system`` (the role
+    #: chat templates know), as chat completions do.
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     #: ``None`` only for an assistant message that only calls functions.
     content: str | None
     name: str | None = None
@@ -67,6 +69,11 @@ class ChatMessage(StrictModel):
     tool_calls: list[ToolCall] | None = None
     #: A ``tool`` message: the call whose result it is.
     tool_call_id: str | None = None
+
+    @field_validator("role")
+    @classmethod
+    def _system(cls, role: str) -> str:
+        return "system" if role == "developer" else role
 
     @model_validator(mode="after")
     def _roles(self) -> ChatMessage:

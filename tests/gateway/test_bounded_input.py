@@ -86,6 +86,21 @@ async def test_messages_take_only_chat_turns(redis_url: str) -> None:
         assert ok.status_code == 201
 
 
+async def test_a_developer_message_is_the_system_prompt(redis_url: str) -> None:
+    """OpenAI's newer name for the system role, as chat completions take it."""
+    engine = ScriptedEngine()
+    async with app_client(make_settings(redis_url=redis_url), engine) as client:
+        created = await client.post(BASE, json={"start_policy": "on_first_chunk", "messages": [
+            {"role": "developer", "content": "be brief"}, {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "hello"}]})
+        assert created.status_code == 201, created.text
+        sid = created.json()["session_id"]
+        await client.post(f"{BASE}/{sid}/chunks", json={"sequence_id": 0, "text": "bye", "end_of_input": True})
+        result = (await client.get(f"{BASE}/{sid}/result", params={"wait": 10})).json()
+        assert result["state"] == "completed", result
+    assert engine.sessions[-1].request.messages[0] == {"role": "system", "content": "be brief"}
+
+
 
 
 async def test_oversized_headers_are_refused(redis_url: str) -> None:
