@@ -9,6 +9,7 @@ for the tenders, never the truth (the truth is ``expires_at``, ``owner`` and
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 PREFIX = "sis"
@@ -116,6 +117,7 @@ class SessionKeys(NamedTuple):
     output: str
 
 
+@functools.lru_cache(maxsize=4096)  # every store call of a session names them: a publish per token
 def session_keys(session_id: str) -> SessionKeys:
     base = f"{PREFIX}:{{{session_id}}}"
     return SessionKeys(

@@ -796,7 +796,7 @@ class SessionStore:
         taken over, so the caller can stop its engine work.
         """
         args: list[Any] = [now_ms(), lease.replica, lease.epoch, first,
-                           "completed" if completion else "", json.dumps(completion or "")]
+                           "completed" if completion else "", json.dumps(completion) if completion else '""']
         for event, data, last in frames:
             args += [event, data, int(last)]
         reply = await self._run("publish", session_keys(session_id), args, piped=True)
