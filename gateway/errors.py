@@ -185,6 +185,13 @@ class SessionNotFound(GatewayError):
     type = "invalid_request_error"
 
 
+class CallNotFound(SessionNotFound):
+    """No process holds the caller's WebRTC call (OpenAI's code for a hang-up or a control
+    socket naming a call it does not know)."""
+
+    code = "call_id_not_found"
+
+
 class ModelNotFound(GatewayError):
     status_code = HTTPStatus.NOT_FOUND
     code = "model_not_found"

@@ -22,7 +22,8 @@ import websockets
 from openai.types.realtime.realtime_server_event import RealtimeServerEvent
 from pydantic import TypeAdapter
 
-from gateway.api.realtime import webrtc
+from gateway.api.realtime import sideband, webrtc
+from gateway.store.redis_store import SessionStore
 from omni_adapter.listener import with_listener
 from omni_adapter.scripted import Script, ScriptedEngine
 from omni_adapter.talker import with_talker
@@ -135,17 +136,21 @@ async def test_a_form_offer_with_a_session_and_hang_up(voice: str, monkeypatch: 
             assert (await client.post(peer.location + "/hangup")).status_code == 200
             async with asyncio.timeout(10):
                 assert (await client.post(peer.location + "/hangup")).status_code == 404
-                assert (await client.post("/v1/realtime/calls/rtc_unknown/hangup")).status_code == 404
+                unknown = await client.post("/v1/realtime/calls/rtc_unknown/hangup")
+                assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "call_id_not_found"
     finally:
         await peer.__aexit__(None, None, None)
 
 
 async def refused_status(url: str) -> int:
-    """The HTTP status a control socket's handshake is refused with."""
+    """The HTTP status a control socket's handshake is refused with (a 404 with OpenAI's code)."""
     with pytest.raises(websockets.InvalidStatus) as refused:
         async with websockets.connect(url, additional_headers={"Authorization": f"Bearer {KEY}"}):
             pass
-    return refused.value.response.status_code
+    response = refused.value.response
+    if response.status_code == 404:
+        assert json.loads(response.body)["error"]["code"] == "call_id_not_found", response.body
+    return response.status_code
 
 
 async def next_of(control: Any, kind: str) -> dict[str, Any]:
@@ -220,6 +225,32 @@ async def test_a_backend_socket_that_reaches_another_process_is_relayed_the_call
                 await peer.until("response.done")
                 await peer.__aexit__(None, None, None)  # the browser hangs up: the call ends
                 await closed_as_the_call_ended(control)
+
+
+async def test_a_relayed_control_socket_closes_when_the_calls_process_goes_silent(
+        redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A quiet call's holder says it is alive; when it says nothing (its process died, and the call's
+    media with it), the socket on the other process takes the call for over and closes."""
+    monkeypatch.setattr(sideband, "ALIVE_EVERY_SEC", 0.2)
+    silent = asyncio.Event()
+    tell = SessionStore.tell_sideband
+
+    async def holder_dies(store: SessionStore, attachment: str, direction: str, message: str) -> None:
+        if not (direction == "out" and silent.is_set()):  # what a dead process no longer says
+            await tell(store, attachment, direction, message)
+
+    monkeypatch.setattr(SessionStore, "tell_sideband", holder_dies)
+    settings = make_settings(redis_url=redis_url, api_keys=KEY)
+    async with live_app(settings, ScriptedEngine()) as holder, live_app(settings, ScriptedEngine()) as other, \
+            Peer(holder, await secret(holder, output_modalities=["text"])) as peer:
+        await peer.until("session.created")
+        call_id = peer.location.rsplit("/", 1)[1]
+        url = f"{other.replace('http', 'ws')}/v1/realtime?call_id={call_id}"
+        async with websockets.connect(url, additional_headers={"Authorization": f"Bearer {KEY}"}) as control:
+            await asyncio.sleep(1.5)  # quiet for longer than a silent holder is given
+            await asked_through(control, peer, "still there")  # kept open by the holder's word
+            silent.set()
+            await closed_as_the_call_ended(control)
 
 
 async def test_a_call_ends_when_the_browser_closes_its_peer_connection(voice: str) -> None:

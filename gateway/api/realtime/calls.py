@@ -127,10 +127,10 @@ async def create_call(request: Request, identity: Annotated[str, Depends(get_ide
 
 
 @router.post("/calls/{call_id}/hangup", status_code=200, response_class=Response,
-             responses=errors.error_responses(errors.SessionNotFound, errors.Unauthorized, errors.TooManyRequests,
+             responses=errors.error_responses(errors.CallNotFound, errors.Unauthorized, errors.TooManyRequests,
                                                  errors.StoreUnavailable))
 async def hang_up(call_id: str, request: Request, identity: Annotated[str, Depends(get_identity)]) -> Response:
     """Any replica answers: the process that holds the call ends it (through Redis when it is another)."""
     if not await get_calls(request).hang_up(get_resources(request).store, call_id, identity):
-        raise errors.SessionNotFound(f"no call {call_id!r}", param="call_id")
+        raise errors.CallNotFound(f"no call {call_id!r}", param="call_id")
     return Response(status_code=200)

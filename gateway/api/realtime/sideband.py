@@ -13,7 +13,9 @@ The socket subscribes to ``out`` before it asks, and the holder to ``in``
 before it answers, so nothing told is missed. The holder tells the call's
 events in order, from one task. When the call ends the holder says so on
 ``out`` and the socket closes; when the socket closes it says so on ``in``
-and the holder stops relaying.
+and the holder stops relaying. A quiet call's holder says it is alive every few
+seconds: a socket that hears nothing for longer takes the holder's process, and
+so the call, for dead, and closes.
 """
 
 from __future__ import annotations
@@ -36,9 +38,12 @@ logger = logging.getLogger(__name__)
 #: How long a control socket waits for the processes that heard its ask (each answers, so an
 #: unknown call is a 404 as soon as all have).
 ASK_WAIT_SEC = 1.0
-#: Said on ``out`` when the call ended, on ``in`` when the socket closed (events are JSON
-#: objects, so neither is ever an event).
-ENDED, DETACHED = "ended", "detached"
+#: Said on ``out`` when the call ended, on ``in`` when the socket closed, and on ``out`` while
+#: the call is quiet (events are JSON objects, so none of them is ever an event).
+ENDED, DETACHED, ALIVE = "ended", "detached", "alive"
+#: The holder says it is alive after this long without an event; a socket that hears nothing
+#: for three times as long takes its process (and so the call, whose media it held) for dead.
+ALIVE_EVERY_SEC = 5.0
 
 
 # --- the holder's half ------------------------------------------------------------
@@ -65,7 +70,11 @@ async def _relay(call: Call, store: SessionStore, attachment: str, reply: str) -
 
     async def tell_events() -> None:
         while True:
-            event = await outbox.get()
+            try:
+                event = await asyncio.wait_for(outbox.get(), ALIVE_EVERY_SEC)
+            except TimeoutError:
+                await store.tell_sideband(attachment, "out", ALIVE)
+                continue
             await store.tell_sideband(attachment, "out", ev.encoded(event))
 
     async with store.sideband(attachment, "in") as incoming, call.watching(watcher):
@@ -96,7 +105,7 @@ async def attached(store: SessionStore, call_id: str, identity: str) -> AsyncIte
     async with store.sideband(attachment, "out") as events:
         try:
             if not await store.ask_attach(call_id, identity, attachment, ASK_WAIT_SEC):
-                raise errors.SessionNotFound(f"no call {call_id!r}: no process holds it (it ended, or "
+                raise errors.CallNotFound(f"no call {call_id!r}: no process holds it (it ended, or "
                                              "was never answered)", param="call_id")
             yield Attachment(store, attachment, events)
         finally:  # also when the ask timed out after the holder said yes: it stops relaying
@@ -129,11 +138,20 @@ class Attachment:
     async def watching(self, send: Callable[[dict[str, Any]], Awaitable[None]]) -> AsyncIterator[None]:
         """The call's events go to ``send`` during the block."""
         async def forward() -> None:
-            async for text in self._events:
+            while True:
+                try:
+                    async with asyncio.timeout(3 * ALIVE_EVERY_SEC):
+                        text = await anext(self._events)
+                except (TimeoutError, StopAsyncIteration, errors.StoreUnavailable) as exc:
+                    # Its process died (its media with it), or Redis is away: the call is not heard any more.
+                    logger.warning("control socket %s: the call is not heard any more (%s); closing it",
+                                   self._attachment, type(exc).__name__)
+                    text = ENDED
                 if text == ENDED:
                     self._over.set()
                     return
-                await send(json.loads(text))
+                if text != ALIVE:
+                    await send(json.loads(text))
 
         forwarding = asyncio.create_task(forward(), name=f"control socket {self._attachment}: the call's events")
         try:
