@@ -41,6 +41,18 @@ ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--
         "--disable-background-networking", "--disable-component-update", "--disable-sync",
         "--use-fake-device-for-media-stream", "--autoplay-policy=no-user-gesture-required"]
 
+#: Silence before the question in the microphone's file. The file plays from when the page opens
+#: the microphone, and the page listens once connected (a WebRTC call: offer, answer, ICE); the
+#: question must not start before. With 0.3 s, a loaded CI machine connected later, and the
+#: Listener heard "The Battle of France." for the question's end.
+LEAD_SEC = 1.5
+
+
+def held_ms() -> float:
+    """How long to hold the button once the page listens: until the file's question has ended."""
+    return (LEAD_SEC + len(speech(QUESTION)) / 2 / SPEECH_RATE) * 1000 + 800
+
+
 def spoken_question(path: Path, before_sec: float, after_sec: float) -> Path:
     """The question as the microphone hears it: silence, hibari speaking, silence; 48 kHz pcm16 WAV."""
     pcm = bytes(2 * int(SPEECH_RATE * before_sec)) + speech(QUESTION) + bytes(2 * int(SPEECH_RATE * after_sec))
@@ -153,7 +165,7 @@ async def test_push_to_talk_shows_the_transcript_the_answer_and_plays_it(
     """Hold the button while the fake microphone speaks, release: the question is
     heard (real Listener), answered (scripted Thinker: it echoes) and spoken (real Talker).
     Over WebRTC on a gateway that requires API keys, with none typed: the page's secret is enough."""
-    wav = spoken_question(tmp_path / "question.wav", before_sec=0.3, after_sec=0.3)
+    wav = spoken_question(tmp_path / "question.wav", before_sec=LEAD_SEC, after_sec=0.3)
     engine = with_talker(with_listener(ScriptedEngine()))
     errors: list[str] = []
     keys = "sk-right" if transport == "webrtc" else None
@@ -167,7 +179,7 @@ async def test_push_to_talk_shows_the_transcript_the_answer_and_plays_it(
         await page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
         await page.mouse.down()  # opens the microphone: the file starts playing now
         await page.wait_for_selector("body[data-state=listening]", timeout=15_000)
-        await page.wait_for_timeout(len(speech(QUESTION)) / 2 / SPEECH_RATE * 1000 + 800)
+        await page.wait_for_timeout(held_ms())
         await page.mouse.up()
         await page.wait_for_selector("#turns .turn[data-audio-started]", timeout=60_000)
         await page.wait_for_selector("#turns .turn[data-status]", timeout=60_000)
@@ -196,7 +208,7 @@ async def test_a_call_that_breaks_off_mid_answer_resumes_and_the_answer_complete
         redis_url: str, tmp_path: Path, breaks: str) -> None:
     """The call's server side ends mid-answer (hung up), or goes silent as a replica that dies
     does: the page offers again with the conversation and its last event, and the answer goes on."""
-    wav = spoken_question(tmp_path / "question.wav", before_sec=0.3, after_sec=0.3)
+    wav = spoken_question(tmp_path / "question.wav", before_sec=LEAD_SEC, after_sec=0.3)
     engine = with_talker(with_listener(ScriptedEngine(Script(word_delay_sec=0.4))))
     errors: list[str] = []
     async with live_app(make_settings(redis_url=redis_url, demo=True), engine) as url, \
@@ -205,7 +217,7 @@ async def test_a_call_that_breaks_off_mid_answer_resumes_and_the_answer_complete
         talk = page.locator("#talk")
         await talk.dispatch_event("pointerdown")
         await page.wait_for_selector("body[data-state=listening]", timeout=15_000)
-        await page.wait_for_timeout(len(speech(QUESTION)) / 2 / SPEECH_RATE * 1000 + 800)
+        await page.wait_for_timeout(held_ms())
         await talk.dispatch_event("pointerup")
         await page.wait_for_function("() => document.querySelector('#turns .assistant')?.textContent.length > 0",
                                      timeout=60_000)
