@@ -530,11 +530,12 @@ class SessionStore:
             call_id, identity, reply, attachment = json.loads(message)
             yield str(call_id), str(identity), str(reply), str(attachment)
 
-    async def answer_hang_up(self, reply: str, *, hung_up: bool) -> None:
-        """Tell the one who asked whether this process held the call and did what was asked."""
+    async def answer_ask(self, reply: str, *, held: bool) -> None:
+        """Tell the one who asked (a hang-up, a control socket) whether this process holds the
+        call and does what was asked."""
         async with self._call():
             pipe = self._redis.pipeline(transaction=False)
-            pipe.rpush(reply, int(hung_up))
+            pipe.rpush(reply, int(held))
             pipe.expire(reply, 10)
             await pipe.execute()
 

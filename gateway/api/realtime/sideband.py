@@ -7,7 +7,7 @@ process for the call (``SessionStore.ask_attach``), and the holder relays the
 call through the attachment's two pub/sub channels::
 
     backend ─ws─► this process ──── in ───► holder ─► Call.handle (as a local control socket's events)
-    backend ◄─ws─ this process ◄─── out ─── holder ◄─ the call's events (Call.watch)
+    backend ◄─ws─ this process ◄─── out ─── holder ◄─ the call's events (Call.watching)
 
 The socket subscribes to ``out`` before it asks, and the holder to ``in``
 before it answers, so nothing told is missed. The holder tells the call's
@@ -56,7 +56,7 @@ async def serve_attaches(calls: Calls, store: SessionStore) -> None:
             if call is not None and call.identity == identity:
                 call.keep(_relay(call, store, attachment, reply), f"control socket {attachment}")
             else:  # every process answers, so the asker need not wait out a call nobody holds
-                await store.answer_hang_up(reply, hung_up=False)
+                await store.answer_ask(reply, held=False)
 
     await keep_hearing(hear, "control sockets on other processes")
 
@@ -80,7 +80,7 @@ async def _relay(call: Call, store: SessionStore, attachment: str, reply: str) -
     async with store.sideband(attachment, "in") as incoming, call.watching(watcher):
         telling = asyncio.create_task(tell_events(), name=f"call {call.id}: to control socket {attachment}")
         try:
-            await store.answer_hang_up(reply, hung_up=True)
+            await store.answer_ask(reply, held=True)
             async for message in incoming:
                 if message == DETACHED:
                     return

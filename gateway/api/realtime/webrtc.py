@@ -267,9 +267,9 @@ class Calls:
                 call = self.get(call_id)
                 if call is not None and call.identity == identity:
                     await call.close()
-                    await store.answer_hang_up(reply, hung_up=True)
+                    await store.answer_ask(reply, held=True)
                 else:  # every process answers, so the asker need not wait out a call nobody holds
-                    await store.answer_hang_up(reply, hung_up=False)
+                    await store.answer_ask(reply, held=False)
 
         await keep_hearing(hear, "hang-ups from other processes")
 
