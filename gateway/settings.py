@@ -262,7 +262,20 @@ class Settings(BaseSettings):
     engine_audio: bool = False
     #: A local model folder; empty means the embedded default (SmolLM2-135M).
     model: str | None = None
-    served_model_name: str | None = None
+    #: The names the in-process model is served under, comma-separated, as vLLM's
+    #: ``--served-model-name`` takes several: requests may name any (a framework that
+    #: asks for ``gpt-realtime`` by default, say), ``/v1/models`` lists them all, and the
+    #: first is the engine's own. Unset: the model folder's name (the embedded default:
+    #: ``SmolLM2-135M-Instruct``). ``openai-http``: the sidecar's own names, then these
+    #: (a request naming one of these reaches the sidecar under its first name).
+    served_model_name: Annotated[tuple[str, ...], NoDecode] = ()
+
+    @field_validator("served_model_name", mode="before")
+    @classmethod
+    def _names_from_text(cls, value: object) -> object:
+        if not isinstance(value, str):
+            return value
+        return tuple(dict.fromkeys(name.strip() for name in value.split(",") if name.strip()))
     dtype: str = "float32"
     max_model_len: int = Field(4096, ge=16)
     kv_cache_space_gib: int = Field(2, ge=1)

@@ -169,9 +169,11 @@ def _take_lock(path: Path) -> IO[bytes] | None:
 
 
 def warmup_config(config: Any) -> dict[str, Any]:
-    """The fields of a ``VllmEngineConfig`` the warm-up starts the engine with (sampling is not one)."""
+    """The fields of a ``VllmEngineConfig`` the warm-up starts the engine with (neither sampling nor the
+    names requests may use are: it answers none)."""
     fields = asdict(config)
     fields.pop("sampling_overrides", None)
+    fields.pop("aliases", None)
     return fields
 
 

@@ -24,7 +24,8 @@ class EngineChoice:
     kind: str = "vllm"
     #: A local model folder; ``None`` means the embedded default.
     model: str | None = None
-    served_model_name: str | None = None
+    #: The names it is served under (the first is vLLM's); none: the folder's name.
+    served_model_name: tuple[str, ...] = ()
     dtype: str = "float32"
     max_model_len: int = 4096
     kv_cache_space_gib: int = 2
@@ -49,15 +50,15 @@ async def open_engine(choice: EngineChoice) -> Engine:
         return await _open_http(choice)
     if choice.kind not in ("vllm", "omni"):
         raise ValueError(f"unknown engine {choice.kind!r}")
-    model, name = await _model(choice)
+    model, (name, *aliases) = await _model(choice)
     if choice.kind == "omni":
         from omni_adapter.omni_engine import OmniEngineConfig, open_omni_engine
 
-        return await open_omni_engine(OmniEngineConfig(model=model, served_model_name=name))
+        return await open_omni_engine(OmniEngineConfig(model=model, served_model_name=name, aliases=tuple(aliases)))
     from omni_adapter.vllm_engine import VllmEngineConfig, open_vllm_engine
 
     thinker = await open_vllm_engine(VllmEngineConfig(
-        model=model, served_model_name=name, dtype=choice.dtype,
+        model=model, served_model_name=name, aliases=tuple(aliases), dtype=choice.dtype,
         max_model_len=choice.max_model_len, kv_cache_space_gib=choice.kv_cache_space_gib,
         max_num_seqs=choice.max_num_seqs, compile=choice.compile,
         sampling_overrides=choice.sampling_defaults, tool_call_parser=choice.tool_call_parser))
@@ -116,15 +117,15 @@ async def preload_tokenizer(choice: EngineChoice) -> Any:
     return await asyncio.to_thread(load_tokenizer, str(model))
 
 
-async def _model(choice: EngineChoice) -> tuple[str, str]:
-    """The model folder and the name it is served under."""
+async def _model(choice: EngineChoice) -> tuple[str, tuple[str, ...]]:
+    """The model folder and the names it is served under (at least one)."""
     if choice.model:
-        return choice.model, choice.served_model_name or Path(choice.model).name
+        return choice.model, choice.served_model_name or (Path(choice.model).name,)
     from omni_adapter.model_bootstrap import ensure_default_model
 
     # Downloading and converting the default takes a while the first time;
     # keep the event loop free meanwhile.
-    return str(await asyncio.to_thread(ensure_default_model)), choice.served_model_name or DEFAULT_SERVED_NAME
+    return str(await asyncio.to_thread(ensure_default_model)), choice.served_model_name or (DEFAULT_SERVED_NAME,)
 
 
 async def _open_http(choice: EngineChoice) -> Engine:
@@ -135,6 +136,6 @@ async def _open_http(choice: EngineChoice) -> Engine:
     sidecar = await open_http_engine(HttpEngineConfig(
         base_url=choice.engine_url, timeout_sec=choice.engine_timeout_sec,
         start_timeout_sec=choice.engine_start_timeout_sec, audio=choice.engine_audio,
-        sampling_overrides=choice.sampling_defaults))
+        sampling_overrides=choice.sampling_defaults, aliases=choice.served_model_name))
     # A Realtime voice call works on either engine.
     return await _with_cpu_voice(sidecar, choice.recognizer)

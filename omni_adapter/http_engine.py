@@ -80,6 +80,8 @@ class HttpEngineConfig:
     #: Sampling for what a request leaves unset, over the served model's defaults
     #: (which the engine applies to whatever is still unset).
     sampling_overrides: SamplingOptions = field(default_factory=SamplingOptions)
+    #: Further names requests may use for the engine's first model (it gets that one's name).
+    aliases: tuple[str, ...] = ()
 
 
 async def open_http_engine(
@@ -142,12 +144,14 @@ class HttpEngine:
         self._own_client = own_client
         self._sessions: weakref.WeakSet[HttpSession] = weakref.WeakSet()
         self._closed = False
+        #: The engine's own names: an alias is sent as the first of them.
+        self._served = tuple(model_names)
         modalities = frozenset({"text", "audio"} if config.audio else {"text"})
         self.capabilities = Capabilities(
             input_modalities=modalities,
             output_modalities=modalities,
             incremental=False,
-            model_names=tuple(model_names),
+            model_names=tuple(dict.fromkeys([*model_names, *config.aliases])),
             structured_outputs=True,  # vLLM's server takes response_format
         )
 
@@ -155,7 +159,8 @@ class HttpEngine:
         if self._closed:
             raise EngineUnavailableError("the engine is closed")
         check_servable(self.capabilities, request)
-        request = replace(request, sampling=request.sampling.or_defaults(self._config.sampling_overrides))
+        request = replace(request, model=request.model if request.model in self._served else self._served[0],
+                          sampling=request.sampling.or_defaults(self._config.sampling_overrides))
         session = HttpSession(self._client, request, self.capabilities.input_modalities,
                               warmup=self._config.warmup)
         self._sessions.add(session)

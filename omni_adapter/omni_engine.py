@@ -83,6 +83,8 @@ class AudioPrompting:
 class OmniEngineConfig:
     model: str
     served_model_name: str
+    #: Further names requests may use for it.
+    aliases: tuple[str, ...] = ()
     #: Further ``AsyncOmni`` arguments (``deploy_config``, ``stage_init_timeout``, ...).
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
 
@@ -102,7 +104,7 @@ async def open_omni_engine(config: OmniEngineConfig) -> OmniEngine:
     except BaseException:
         omni.shutdown()
         raise
-    return OmniEngine(omni, streaming, config.served_model_name, outputs, audio)
+    return OmniEngine(omni, streaming, (config.served_model_name, *config.aliases), outputs, audio)
 
 
 def audio_prompting_for(model_config: Any, streaming: StreamingTokenizer) -> AudioPrompting | None:
@@ -138,17 +140,17 @@ class OmniEngine(VllmEngine):
         self,
         omni: EngineClient,
         streaming: StreamingTokenizer,
-        model_name: str,
+        model_names: tuple[str, ...],
         output_modalities: frozenset[str],
         audio: AudioPrompting | None,
     ) -> None:
-        super().__init__(omni, streaming, model_name)
+        super().__init__(omni, streaming, model_names)
         self._audio = audio
         self.capabilities = Capabilities(
             input_modalities=frozenset({"text", "audio"} if audio else {"text"}),
             output_modalities=output_modalities,
             incremental=streaming.incremental,
-            model_names=(model_name,),
+            model_names=model_names,
         )
 
     def _new_session(self, request: EngineRequest, tokens: IncrementalTokenizer, emitted: int,

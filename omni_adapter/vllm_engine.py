@@ -97,7 +97,10 @@ class VllmEngineConfig:
     """What the in-process engine is started with."""
 
     model: str
+    #: The name vLLM serves the model under (its ``served_model_name``, part of the compile key).
     served_model_name: str
+    #: Further names requests may use for it (``--served-model-name``'s others; not vLLM's concern).
+    aliases: tuple[str, ...] = ()
     dtype: str = "float32"
     max_model_len: int = 4096
     #: CPU KV cache size; exported as ``VLLM_CPU_KVCACHE_SPACE`` unless set.
@@ -152,7 +155,7 @@ async def open_vllm_engine(config: VllmEngineConfig) -> VllmEngine:
         lifetime.shutdown(wait=False)
         raise
     model_defaults = SamplingOptions.known(llm.model_config.get_diff_sampling_param())
-    engine = VllmEngine(llm, started.streaming, config.served_model_name, started.tool_parser_cls,
+    engine = VllmEngine(llm, started.streaming, (config.served_model_name, *config.aliases), started.tool_parser_cls,
                         config.sampling_overrides.or_defaults(model_defaults), lifetime=lifetime)
     engine.compiled = started.compiled
     if started.to_warm is not None:
@@ -365,7 +368,7 @@ def tokenizer_checks(tokenizer: Any, max_model_len: int, capabilities: Capabilit
 class VllmEngine:
     """One ``AsyncLLM`` shared by every session of the process."""
 
-    def __init__(self, llm: EngineClient, streaming: StreamingTokenizer, model_name: str,
+    def __init__(self, llm: EngineClient, streaming: StreamingTokenizer, model_names: tuple[str, ...],
                  tool_parser_cls: Any = None, sampling_defaults: SamplingOptions | None = None,
                  lifetime: ThreadPoolExecutor | None = None) -> None:
         self._llm = llm
@@ -387,7 +390,7 @@ class VllmEngine:
             input_modalities=TEXT_ONLY,
             output_modalities=TEXT_ONLY,
             incremental=streaming.incremental,
-            model_names=(model_name,),
+            model_names=model_names,
             tools=tool_parser_cls is not None,
             structured_outputs=True,
         )

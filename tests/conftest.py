@@ -15,6 +15,7 @@ from omni_adapter.port import Engine
 from omni_adapter.vllm_engine import VllmEngine, VllmEngineConfig, open_vllm_engine
 from tests.deploy.local_cluster import LocalCluster
 from tests.loop_lag import LoopLagMonitor
+from tests.omni_adapter.sessions import ALIAS, MODEL
 from tests.stall_watch import StallWatch
 from tests.vllm_sidecar import VllmSidecar
 
@@ -131,7 +132,8 @@ class StartedEngine:
 async def started_vllm_engine() -> AsyncIterator[StartedEngine]:
     config = VllmEngineConfig(
         # 1 GiB of KV cache holds ~20K tokens of this model: the tests' prompts are short.
-        model=str(ensure_default_model()), served_model_name="SmolLM2-135M-Instruct", kv_cache_space_gib=1,
+        model=str(ensure_default_model()), served_model_name=MODEL, kv_cache_space_gib=1,
+        aliases=(ALIAS,),  # served under a second name too, as a deployment may (OMNI_GATEWAY_SERVED_MODEL_NAME)
         compile=False,  # no background compile in the suite (pytest_configure)
     )
     async with LoopLagMonitor(interval=0.05) as lag:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import base64
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import httpx
 import openai
@@ -16,7 +17,7 @@ import pytest
 
 from gateway.runtime.app import create_app
 from omni_adapter.port import Capabilities
-from omni_adapter.scripted import Script, ScriptedEngine
+from omni_adapter.scripted import Script, ScriptedEngine, text_capabilities
 from tests.gateway.client import BASE, app_client, live_server, make_settings, openai_client
 from tests.gateway.test_api import assert_error
 
@@ -100,6 +101,21 @@ async def test_models_lists_what_the_engine_serves(client: httpx.AsyncClient) ->
     models = await openai_client(client).models.list()
     assert [m.id for m in models.data] == ["scripted"]
     assert models.data[0].object == "model"
+
+
+async def test_a_model_served_under_several_names_answers_to_each(redis_url: str) -> None:
+    # As vLLM's --served-model-name a b: a framework that asks for its own default finds it.
+    names = ("scripted", "gpt-4o-mini")
+    engine = ScriptedEngine(capabilities=replace(text_capabilities(), model_names=names))
+    async with app_client(make_settings(redis_url=redis_url), engine) as client:
+        oai = openai_client(client)
+        assert [m.id for m in (await oai.models.list()).data] == list(names)
+        assert (await oai.models.retrieve("gpt-4o-mini")).id == "gpt-4o-mini"
+        completion = await oai.chat.completions.create(model="gpt-4o-mini", messages=USER)
+        assert completion.model == "gpt-4o-mini" and completion.choices[0].message.content == "echo: hello world"
+        with pytest.raises(openai.NotFoundError) as raised:
+            await oai.chat.completions.create(model="gpt-4o", messages=USER)
+        assert "scripted, gpt-4o-mini" in raised.value.message
 
 
 async def test_bad_requests_get_the_envelope_and_open_no_session(

@@ -27,6 +27,7 @@ from tests.gateway.client import (
     parse_sse,
 )
 from tests.gateway.test_api import assert_error
+from tests.omni_adapter.sessions import ALIAS
 
 pytestmark = pytest.mark.engine
 
@@ -59,7 +60,10 @@ async def test_openai_client_streamed_text_equals_non_streamed(client: httpx.Asy
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
     assert chunks[-1].usage == completion.usage
     assert completion.usage is not None and 0 < completion.usage.completion_tokens <= 10
-    assert [m.id for m in (await oai.models.list()).data] == [MODEL]
+    assert [m.id for m in (await oai.models.list()).data] == [MODEL, ALIAS]
+    # A client that names the alias (a framework's default model) is answered by the same model.
+    aliased = await oai.chat.completions.create(**{**sampling, "model": ALIAS})
+    assert aliased.model == ALIAS and aliased.choices[0].message.content == text
 
 
 async def test_a_named_function_call_streamed_and_not_then_its_result_answered(client: httpx.AsyncClient) -> None:

@@ -69,3 +69,9 @@ def test_a_calls_peer_connection_gets_the_turn_credentials() -> None:
     assert connection_kwargs(configuration.iceServers) == {
         "turn_server": ("turn.example.com", 3478), "turn_ssl": False, "turn_transport": "udp",
         "turn_username": "omni", "turn_password": "s3cret"}
+
+
+def test_served_model_names_read_as_vllm_takes_several(monkeypatch) -> None:
+    assert Settings().served_model_name == ()
+    monkeypatch.setenv("OMNI_GATEWAY_SERVED_MODEL_NAME", "my-model, gpt-realtime,,my-model")
+    assert Settings().served_model_name == ("my-model", "gpt-realtime")

@@ -16,6 +16,8 @@ from omni_adapter.port import (
 )
 
 MODEL = "SmolLM2-135M-Instruct"
+#: The second name the tests' real engine is served under, as a deployment may serve one.
+ALIAS = "gpt-4o-mini"
 HISTORY = ({"role": "system", "content": "You answer in one short sentence."},)
 _ids = itertools.count()
 

@@ -83,6 +83,7 @@ def test_the_key_ignores_what_does_not_change_the_compiled_model(model: Path, mo
     # The compiled form is the key whatever the config asks for: auto looks it up eager.
     assert _key(model, compile=False) == _key(model, compile=True) == base
     assert _key(model, kv_cache_space_gib=7) == base
+    assert _key(model, aliases=("gpt-realtime",)) == base  # a further name is the gateway's, not vLLM's
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "7")  # not a compile factor of vLLM's
     monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "elsewhere"))
     monkeypatch.setenv("OMNI_GATEWAY_SOMETHING", "1")
@@ -280,3 +281,22 @@ async def test_the_warm_up_dies_with_the_process_that_launched_it(tmp_path: Path
     else:
         os.kill(pid, 9)
         raise AssertionError("the warm-up outlived the process that launched it")
+
+
+async def test_the_factory_gives_vllm_the_first_served_name_and_keeps_the_rest_as_aliases(
+        monkeypatch: pytest.MonkeyPatch, model: Path) -> None:
+    from omni_adapter import vllm_engine
+    from omni_adapter.factory import EngineChoice, open_engine
+
+    configs: list[VllmEngineConfig] = []
+
+    async def opened(config: VllmEngineConfig) -> None:
+        configs.append(config)
+        raise RuntimeError("not started here")
+
+    monkeypatch.setattr(vllm_engine, "open_vllm_engine", opened)
+    for names in (("mine", "gpt-realtime", "gpt-4o-mini"), ()):
+        with pytest.raises(RuntimeError, match="not started here"):
+            await open_engine(EngineChoice(model=str(model), served_model_name=names))
+    assert [(c.served_model_name, c.aliases) for c in configs] == [
+        ("mine", ("gpt-realtime", "gpt-4o-mini")), (model.name, ())]

@@ -13,6 +13,7 @@ import base64
 import json
 import uuid
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 
 import httpx
 import pytest
@@ -141,12 +142,16 @@ async def test_capabilities_and_health(http_engine: HttpEngine) -> None:
 @pytest.mark.engine
 async def test_factory_opens_the_sidecar_from_settings(vllm_sidecar: VllmSidecar) -> None:
     vllm_sidecar.ensure_running()
-    settings = Settings(engine="openai-http", engine_url=vllm_sidecar.url)
+    settings = Settings(engine="openai-http", engine_url=vllm_sidecar.url, served_model_name="gpt-4o-mini")
     engine = await open_engine(EngineChoice(kind=settings.engine, engine_url=settings.engine_url,
+                                            served_model_name=settings.served_model_name,
                                             engine_start_timeout_sec=0))
     try:
+        # The sidecar's own name, then the gateway's alias, which reaches the sidecar under its name.
+        assert engine.capabilities.model_names == (MODEL, "gpt-4o-mini")
+        text, done = await one_shot(engine, replace(request(max_tokens=4), model="gpt-4o-mini"), "Say hi.")
+        assert text and isinstance(done, Finished)
         # A text model: the CPU Listener and Talker give it voice, as the in-process engine has.
-        assert engine.capabilities.model_names == (MODEL,)
         assert engine.capabilities.input_modalities == engine.capabilities.output_modalities == {"text", "audio"}
         assert isinstance(engine._thinker._thinker, HttpEngine)  # type: ignore[attr-defined]
     finally:

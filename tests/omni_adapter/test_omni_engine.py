@@ -132,7 +132,7 @@ def streaming() -> StreamingTokenizer:
 def omni_engine(fake: FakeAsyncOmni, streaming: StreamingTokenizer, *, audio: bool = True) -> OmniEngine:
     prompting = audio_prompting(
         lambda i: Qwen2AudioForConditionalGeneration.get_placeholder_str("audio", i), "<|AUDIO|>", streaming)
-    return OmniEngine(fake, streaming, MODEL, frozenset({"text", "audio"}), prompting if audio else None)
+    return OmniEngine(fake, streaming, (MODEL,), frozenset({"text", "audio"}), prompting if audio else None)
 
 
 def talker_audio(samples: list[float], sr: Any = None) -> RequestOutput:

@@ -25,7 +25,15 @@ from omni_adapter.port import (
 )
 from omni_adapter.vllm_engine import Step, StopStrings, VllmEngine
 from tests.loop_lag import assert_loop_keeps_up
-from tests.omni_adapter.sessions import HISTORY, MODEL, collect, one_shot, request, text_chunks
+from tests.omni_adapter.sessions import (
+    ALIAS,
+    HISTORY,
+    MODEL,
+    collect,
+    one_shot,
+    request,
+    text_chunks,
+)
 
 if TYPE_CHECKING:
     from tests.conftest import StartedEngine
@@ -180,7 +188,7 @@ async def test_open_session_rejects_invalid_sampling(vllm_engine: VllmEngine) ->
 @pytest.mark.engine
 async def test_capabilities_and_health(vllm_engine: VllmEngine) -> None:
     caps = vllm_engine.capabilities
-    assert caps.incremental and caps.model_names == (MODEL,)
+    assert caps.incremental and caps.model_names == (MODEL, ALIAS)
     assert caps.input_modalities == caps.output_modalities == frozenset({"text"})
     await vllm_engine.check_health()
 
