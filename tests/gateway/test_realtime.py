@@ -14,6 +14,7 @@ import base64
 import json
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -25,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from pydantic import TypeAdapter
 
 from omni_adapter.listener import with_listener
-from omni_adapter.scripted import Script, ScriptedEngine
+from omni_adapter.scripted import Script, ScriptedEngine, text_capabilities
 from tests.gateway.client import live_app, make_settings
 from tests.voice import SPEECH_RATE, pieces, speech
 
@@ -153,6 +154,26 @@ async def test_bad_events_get_an_error_event_and_the_connection_goes_on(
         assert json.loads(await ws.recv())["error"]["event_id"] == "evt_9"
         await ws.send(json.dumps({"type": "session.update", "session": TEXT_ONLY}))
         assert json.loads(await ws.recv())["type"] == "session.updated"
+
+
+async def test_a_model_not_served_is_said_in_an_error_event_and_an_alias_is_served(redis_url: str) -> None:
+    # A framework's default model name: the socket is taken and the reason said in an event
+    # (a refused handshake would reach its log as "HTTP 404"), then closed.
+    engine = ScriptedEngine(capabilities=replace(text_capabilities(), model_names=("scripted", "gpt-realtime")))
+    async with live_app(make_settings(redis_url=redis_url), engine) as url:
+        async with sdk(url).realtime.connect(model="gpt-4o-realtime-preview") as connection:
+            error = conforming(await connection.recv())
+            assert error["type"] == "error" and error["error"]["code"] == "model_not_found"
+            assert "scripted, gpt-realtime" in error["error"]["message"]
+            with pytest.raises(websockets.ConnectionClosed) as closed:
+                await connection.recv()
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
+        assert not engine.sessions
+        async with sdk(url).realtime.connect(model="gpt-realtime") as connection:
+            created = await until(connection, "session.created")
+            assert created[0]["session"]["model"] == "gpt-realtime"
+            await connection.session.update(session=TEXT_ONLY)
+            assert answer_text(await text_turn(connection, "hello")) == "echo: hello"
 
 
 async def test_cancel_mid_answer_ends_the_response_as_cancelled(redis_url: str) -> None:

@@ -52,7 +52,8 @@ def session_config(resources: Resources, model: str | None) -> RealtimeConfig:
     """A connection's starting configuration, for ``model`` (404 if it is not served; ``None``: the first)."""
     served = resources.engine.capabilities.model_names
     if model is not None and model not in served:
-        raise errors.ModelNotFound(f"model {model!r} is not served here", param="model")
+        raise errors.ModelNotFound(f"model {model!r} is not served here (served: {', '.join(served)})",
+                                   param="model")
     return RealtimeConfig(model=model or served[0],
                           can_speak="audio" in resources.engine.capabilities.output_modalities)
 

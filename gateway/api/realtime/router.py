@@ -71,17 +71,24 @@ async def realtime(websocket: WebSocket, model: str | None = None, session_id: s
     try:
         caller = await resolve_caller(resources, headers, websocket.client.host if websocket.client else None,
                                       client_secret_ok=True)
-        config = session_config(resources, model or (caller.session or {}).get("model"))
-        if caller.session:  # checked when the secret was minted
-            config.update(caller.session)
         resources.service.check_enabled()
     except errors.GatewayError as exc:
         await _refuse(websocket, exc)
         return
-    if call_id is not None:
+    if call_id is not None:  # the call has its model: one named here is not checked (OpenAI's need none)
         await _attach(websocket, resources, caller.identity, call_id, protocols)
         return
     await websocket.accept(subprotocol="realtime" if "realtime" in protocols else None)
+    try:
+        config = session_config(resources, model or (caller.session or {}).get("model"))
+    except errors.ModelNotFound as exc:
+        # Said in an event, as OpenAI does, then closed: a refused handshake reaches a
+        # framework's log as "HTTP 404" at best, without the names that are served.
+        await websocket.send_text(ev.encoded(ev.error(exc)))
+        await websocket.close(POLICY_VIOLATION, exc.message[:120])
+        return
+    if caller.session:  # checked when the secret was minted
+        config.update(caller.session)
     identity, settings, metrics = caller.identity, resources.settings, resources.metrics
     lock = asyncio.Lock()
     audio = Transcoder()  # the session's audio formats on this socket (G.711 for telephony)
