@@ -56,29 +56,89 @@ class ToolCall(StrictModel):
     function: FunctionCall
 
 
+class TextPart(StrictModel):
+    type: Literal["text"]
+    text: str
+
+
+class RefusalPart(StrictModel):
+    """An assistant's refusal, as a part of its content."""
+
+    type: Literal["refusal"]
+    refusal: str
+
+
+class EarlierAudio(StrictModel):
+    """An earlier spoken answer: OpenAI's request names it by its id (OpenAI keeps the audio; this
+    server does not); the SDK's dump of an answer also holds its audio, expiry and transcript."""
+
+    id: str
+    transcript: str | None = None
+    data: str | None = None
+    expires_at: int | None = None
+
+
 class ChatMessage(StrictModel):
-    """A turn of the history placed before the streamed input."""
+    """A turn of the history placed before the streamed input, as chat completions take it.
+
+    History is text (and function calls): a message's text parts are joined, and what
+    an answer carries when a client sends it back as the openai SDK dumps it
+    (``completion.choices[0].message.model_dump()``) is taken: all null, or a refusal or
+    an audio transcript, which is what the assistant said.
+    """
 
     #: ``developer`` is OpenAI's newer name for ``system``, kept as ``system`` (the role
     #: chat templates know), as chat completions do.
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    #: ``None`` only for an assistant message that only calls functions.
-    content: str | None
+    #: ``None`` only for an assistant message that only calls functions (or refused).
+    content: str | list[Annotated[TextPart | RefusalPart, Field(discriminator="type")]] | None = None
     name: str | None = None
     #: The assistant's function calls.
     tool_calls: list[ToolCall] | None = None
     #: A ``tool`` message: the call whose result it is.
     tool_call_id: str | None = None
+    refusal: str | None = None
+    annotations: list[dict[str, Any]] | None = None
+    audio: EarlierAudio | None = None
+    #: The legacy form of ``tool_calls``: null only.
+    function_call: dict[str, Any] | None = None
 
     @field_validator("role")
     @classmethod
     def _system(cls, role: str) -> str:
         return "system" if role == "developer" else role
 
+    @field_validator("function_call")
+    @classmethod
+    def _legacy_call(cls, value: dict[str, Any] | None) -> None:
+        if value is not None:
+            raise ValueError("function_call is the legacy form of a call: send it in tool_calls")
+
+    @property
+    def said(self) -> Any:
+        """What the message says: its content; an assistant's refusal, or its audio's transcript."""
+        transcript = self.audio.transcript if self.audio is not None else None
+        return next((words for words in (self.content, self.refusal, transcript) if words is not None), None)
+
     @model_validator(mode="after")
     def _roles(self) -> ChatMessage:
-        check_message_fields(self.role, self.content, self.tool_calls, self.tool_call_id)
+        said = self.said
+        if self.role != "assistant" and (self.refusal is not None or self.audio is not None or (
+                isinstance(self.content, list) and any(isinstance(p, RefusalPart) for p in self.content))):
+            raise ValueError("only assistant messages have a refusal or audio")
+        if said is None and self.audio is not None and not self.tool_calls:
+            raise ValueError("an earlier spoken answer is not kept here by its audio id: send its transcript "
+                             "as the message's content")
+        check_message_fields(self.role, said, self.tool_calls, self.tool_call_id)
         return self
+
+    def as_history(self) -> dict[str, Any]:
+        """The message as the engine's chat template takes it: its text, joined from its parts."""
+        said = self.said
+        if isinstance(said, list):
+            said = "\n".join(part.text if isinstance(part, TextPart) else part.refusal for part in said)
+        fields = self.model_dump(include={"name", "tool_calls", "tool_call_id"}, exclude_none=True)
+        return {"role": self.role, **({} if said is None else {"content": said}), **fields}
 
 
 def check_message_fields(role: str, content: object, tool_calls: list[ToolCall] | None,

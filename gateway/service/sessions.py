@@ -123,7 +123,7 @@ class SessionService:
         if self._checks is None:
             return 0
         request = EngineRequest("count", self._capabilities.model_names[0],
-                                tuple(m.model_dump(exclude_none=True) for m in messages), SamplingOptions(),
+                                tuple(m.as_history() for m in messages), SamplingOptions(),
                                 tools=tuple(tools))
         try:
             return await asyncio.to_thread(self._checks.check_request, request)
@@ -367,7 +367,7 @@ class SessionService:
             repetition_penalty=body.repetition_penalty, min_p=body.min_p, logit_bias=body.logit_bias,
             response_format=body.format_constraint())
         request = StoredRequest(
-            messages=tuple(m.model_dump(exclude_none=True) for m in body.messages),
+            messages=tuple(m.as_history() for m in body.messages),
             modalities=tuple(body.modalities), sampling=sampling,
             include_usage=bool(body.stream_options and body.stream_options.include_usage),
             metadata=body.metadata or {},

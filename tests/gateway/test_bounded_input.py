@@ -6,6 +6,8 @@ import asyncio
 import tracemalloc
 from collections.abc import AsyncIterator
 
+from openai.types.chat import ChatCompletionMessage
+
 from omni_adapter.scripted import ScriptedEngine
 from tests.gateway.client import BASE, app_client, make_settings
 
@@ -86,19 +88,32 @@ async def test_messages_take_only_chat_turns(redis_url: str) -> None:
         assert ok.status_code == 201
 
 
-async def test_a_developer_message_is_the_system_prompt(redis_url: str) -> None:
-    """OpenAI's newer name for the system role, as chat completions take it."""
+async def test_history_is_taken_as_chat_completions_take_it(redis_url: str) -> None:
+    """A developer message (OpenAI's newer name for system), text parts, and answers sent back
+    as the openai SDK dumps them: the engine gets the same text history."""
+    answer = ChatCompletionMessage(role="assistant", content="hello").model_dump()
+    refused = ChatCompletionMessage(role="assistant", content=None, refusal="I can't.").model_dump()
     engine = ScriptedEngine()
     async with app_client(make_settings(redis_url=redis_url), engine) as client:
         created = await client.post(BASE, json={"start_policy": "on_first_chunk", "messages": [
-            {"role": "developer", "content": "be brief"}, {"role": "user", "content": "hi"},
-            {"role": "assistant", "content": "hello"}]})
+            {"role": "developer", "content": "be brief"},
+            {"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "text", "text": "there"}]},
+            answer, {"role": "user", "content": "something rude"}, refused]})
         assert created.status_code == 201, created.text
         sid = created.json()["session_id"]
         await client.post(f"{BASE}/{sid}/chunks", json={"sequence_id": 0, "text": "bye", "end_of_input": True})
         result = (await client.get(f"{BASE}/{sid}/result", params={"wait": 10})).json()
         assert result["state"] == "completed", result
-    assert engine.sessions[-1].request.messages[0] == {"role": "system", "content": "be brief"}
+        image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+        refusal_of_user = {"role": "user", "content": "x", "refusal": "no"}
+        for bad in ({"role": "user", "content": [image]}, refusal_of_user, {**answer, "function_call": {"name": "f"}}):
+            refused_create = await client.post(BASE, json={"messages": [bad]})
+            assert refused_create.status_code == 422, bad
+            assert refused_create.json()["error"]["param"].startswith("messages.0"), bad
+    assert engine.sessions[-1].request.messages == (
+        {"role": "system", "content": "be brief"}, {"role": "user", "content": "hi\nthere"},
+        {"role": "assistant", "content": "hello"}, {"role": "user", "content": "something rude"},
+        {"role": "assistant", "content": "I can't."})
 
 
 

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, field_validator
 
-from gateway.service.models import GenerationOptions, StrictModel, ToolCall, check_message_fields
-
-
-class TextPart(StrictModel):
-    type: Literal["text"]
-    text: str
+from gateway.service.models import (
+    ChatMessage,
+    GenerationOptions,
+    RefusalPart,
+    StrictModel,
+    TextPart,
+    ToolCall,
+)
 
 
 class InputAudio(StrictModel):
@@ -34,65 +36,14 @@ class ImagePart(StrictModel):
     image_url: ImageUrl
 
 
-class RefusalPart(StrictModel):
-    """An assistant's refusal, as a part of its content."""
-
-    type: Literal["refusal"]
-    refusal: str
-
-
 ContentPart = Annotated[TextPart | AudioPart | ImagePart | RefusalPart, Field(discriminator="type")]
 
 
-class EarlierAudio(StrictModel):
-    """An earlier spoken answer: OpenAI's request names it by its id (OpenAI keeps the audio; this
-    server does not); the SDK's dump of an answer also holds its audio, expiry and transcript."""
+class ChatCompletionMessage(ChatMessage):
+    """A message as chat completions take it: the last one (the input) may carry audio and images."""
 
-    id: str
-    transcript: str | None = None
-    data: str | None = None
-    expires_at: int | None = None
-
-
-class ChatCompletionMessage(StrictModel):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    #: ``None`` only for an assistant message that only calls functions (or refused).
-    content: str | list[ContentPart] | None = None
-    name: str | None = None
-    tool_calls: list[ToolCall] | None = None
-    #: A ``tool`` message: the call whose result it is.
-    tool_call_id: str | None = None
-    # What an answer carries when a client sends it back as history, as the openai SDK
-    # dumps it (``completion.choices[0].message.model_dump()``): all null, or a refusal,
-    # which is what the assistant said. ``function_call`` is the legacy form of tool_calls.
-    refusal: str | None = None
-    annotations: list[dict[str, Any]] | None = None
-    audio: EarlierAudio | None = None
-    function_call: dict[str, Any] | None = None
-
-    @field_validator("function_call")
-    @classmethod
-    def _legacy_call(cls, value: dict[str, Any] | None) -> None:
-        if value is not None:
-            raise ValueError("function_call is the legacy form of a call: send it in tool_calls")
-
-    @property
-    def said(self) -> str | list[ContentPart] | None:
-        """What the message says: its content; an assistant's refusal, or its audio's transcript."""
-        transcript = self.audio.transcript if self.audio is not None else None
-        return next((words for words in (self.content, self.refusal, transcript) if words is not None), None)
-
-    @model_validator(mode="after")
-    def _roles(self) -> ChatCompletionMessage:
-        said = self.said
-        if self.role != "assistant" and (self.refusal is not None or self.audio is not None or (
-                isinstance(self.content, list) and any(isinstance(p, RefusalPart) for p in self.content))):
-            raise ValueError("only assistant messages have a refusal or audio")
-        if said is None and self.audio is not None and not self.tool_calls:
-            raise ValueError("an earlier spoken answer is not kept here by its audio id: send its transcript "
-                             "as the message's content")
-        check_message_fields(self.role, said, self.tool_calls, self.tool_call_id)
-        return self
+    #: Wider than the history's (hence the ignore): the input may carry audio and images.
+    content: str | list[ContentPart] | None = None  # type: ignore[assignment]
 
 
 class ChatCompletionRequest(GenerationOptions):

@@ -24,13 +24,18 @@ from gateway.api.chat.models import (
     ChatCompletionMessage,
     ChatCompletionRequest,
     ImagePart,
-    RefusalPart,
-    TextPart,
 )
 from gateway.api.chunks import record_from_json
 from gateway.domain.policies import StartPolicy
 from gateway.domain.states import SessionState
-from gateway.service.models import ChatMessage, ChunkIn, CreateSessionRequest, GenerationOptions
+from gateway.service.models import (
+    ChatMessage,
+    ChunkIn,
+    CreateSessionRequest,
+    GenerationOptions,
+    RefusalPart,
+    TextPart,
+)
 from gateway.service.sessions import MAX_RESULT_WAIT_SEC, SessionService
 from gateway.store.records import ChunkRecord
 from gateway.work.draining import Draining
@@ -162,16 +167,8 @@ class ChatService:
 
 def _history_message(message: ChatCompletionMessage, where: str) -> ChatMessage:
     """An earlier turn as session history, which is text (and function calls)."""
-    said = message.said
-    if said is None or isinstance(said, str):
-        content = said
-    elif len(texts := [part.text if isinstance(part, TextPart) else part.refusal for part in said
-                       if isinstance(part, TextPart | RefusalPart)]) == len(said):
-        content = "\n".join(texts)
-    else:
+    if isinstance(message.content, list) and not all(isinstance(p, TextPart | RefusalPart) for p in message.content):
         raise errors.ValidationFailed("only the last message may carry audio or images", param=where)
-    role = "system" if message.role == "developer" else message.role
-    return ChatMessage(role=role, content=content, name=message.name, tool_calls=message.tool_calls,
-                       tool_call_id=message.tool_call_id)
+    return message
 
 
