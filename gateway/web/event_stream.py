@@ -7,8 +7,13 @@ some 12% of a replica's CPU relaying 20,000 tokens/s (bench/README.md,
 section 2). Here a send is just a send, and one watchdog per stream does the
 rest:
 
-- **keep-alive**: a comment (``: ping - <time>``) every ``ping_sec``, so
-  proxies keep an idle stream open;
+- **keep-alive**: a comment line (``: ping - <time>``) every ``ping_sec``, so
+  proxies keep an idle stream open. A line, with no blank line after it: the
+  openai SDK's decoder keeps the last ``id:`` it saw and takes any blank line
+  after one for an event, so a ping's blank line became an event with no data,
+  which it failed to parse (JSONDecodeError) in every chat stream past the first
+  ping. Comment lines are ignored by every SSE parser (and by that one, once
+  the next frame's blank line ends them);
 - **a client that stopped reading** (a send blocked ``send_timeout_sec`` on
   a full socket buffer) is dropped;
 - **the client left** (``http.disconnect``): the stream ends;
@@ -158,7 +163,7 @@ class EventStream(Response):
                 continue  # frames are going out, or trying to: no ping needed
             if now - last_ping >= self._ping_sec:
                 last_ping = now
-                ping = ServerSentEvent(comment=f"ping - {datetime.now(UTC)}").encode()
+                ping = f": ping - {datetime.now(UTC)}\r\n".encode()
                 with anyio.move_on_after(self._send_timeout_sec) as bounded:
                     await send({"type": "http.response.body", "body": ping, "more_body": True})
                 if bounded.cancel_called:

@@ -8,17 +8,26 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
 import httpx
 import openai
 import pytest
+from openai import AsyncOpenAI
 
 from gateway.runtime.app import create_app
 from omni_adapter.port import Capabilities
 from omni_adapter.scripted import Script, ScriptedEngine, text_capabilities
-from tests.gateway.client import BASE, app_client, live_server, make_settings, openai_client
+from tests.gateway.client import (
+    BASE,
+    app_client,
+    live_app,
+    live_server,
+    make_settings,
+    openai_client,
+)
 from tests.gateway.test_api import assert_error
 
 CHAT = "/v1/chat/completions"
@@ -116,6 +125,20 @@ async def test_a_model_served_under_several_names_answers_to_each(redis_url: str
         with pytest.raises(openai.NotFoundError) as raised:
             await oai.chat.completions.create(model="gpt-4o", messages=USER)
         assert "scripted, gpt-4o-mini" in raised.value.message
+
+
+async def test_the_openai_sdk_reads_a_stream_that_outlasts_a_keep_alive_ping(redis_url: str) -> None:
+    # The SDK takes a blank line after an id: for an event; a ping's must not be one.
+    words = "one two three four five six seven eight nine ten eleven twelve"
+    engine = ScriptedEngine(Script(word_delay_sec=0.25))
+    async with live_app(make_settings(redis_url=redis_url, sse_ping_sec=1), engine) as url:
+        oai = AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        stream = await oai.chat.completions.create(model="scripted", messages=[{"role": "user", "content": words}],
+                                                   stream=True)
+        started = time.monotonic()
+        text = "".join([chunk.choices[0].delta.content or "" async for chunk in stream if chunk.choices])
+        assert time.monotonic() - started > 2, "the stream lasted past a ping"
+    assert text == f"echo: {words}"
 
 
 async def test_bad_requests_get_the_envelope_and_open_no_session(
