@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from fastapi import FastAPI
 
+from gateway.api.chat.responses import router as responses_router
 from gateway.api.chat.router import router as chat_router
 from gateway.api.demo.router import router as demo_router
 from gateway.api.ops import router as ops_router
@@ -190,6 +191,7 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
     app.include_router(sessions_router)
     app.include_router(upload_router)
     app.include_router(chat_router)
+    app.include_router(responses_router)
     app.include_router(realtime_router)
     app.include_router(client_secrets_router)
     app.include_router(calls_router)

@@ -134,3 +134,39 @@ async def test_realtime_runner_text_tool_spoken_interrupt_and_next_turn(gateway:
             conforming(raw)
     spoken = [e for e in events.raw("conversation.item.input_audio_transcription.completed")]
     assert spoken and "capital" in spoken[0]["transcript"]
+
+
+async def test_a_text_agent_calls_its_tool_through_the_responses_api(gateway: Gateway) -> None:
+    """The SDK's text agents speak the Responses API by default: unchanged but for the client's URL."""
+    from agents import Agent, ModelSettings, OpenAIResponsesModel, RunConfig, Runner
+    from openai import AsyncOpenAI
+
+    asked: list[str] = []
+
+    @function_tool
+    def get_weather(city: str) -> str:
+        """The weather in a city."""
+        asked.append(city)
+        return f"It is sunny and 21 degrees in {city}."
+
+    client = AsyncOpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0)
+    agent = Agent(name="weather", instructions="Answer with the tool's result in one sentence.",
+                  tools=[get_weather], model=OpenAIResponsesModel(gateway.model, client),
+                  # The 135M model calls a tool reliably only when it must; the SDK then resets
+                  # the choice, so the second turn answers in words from the tool's output.
+                  model_settings=ModelSettings(tool_choice="required", max_tokens=48, temperature=0))
+    result = await Runner.run(agent, "What is the weather in Paris?", max_turns=3,
+                              run_config=RunConfig(tracing_disabled=True))
+    assert asked and asked[0].strip()
+    assert isinstance(result.final_output, str) and result.final_output.strip()
+    # Both turns went to the engine: the second with the call and its output as history.
+    last = gateway.engine.requests[-1]
+    assert last.input_role == "tool"
+    calls = [call for message in last.messages for call in message.get("tool_calls") or ()]
+    assert calls and {call["function"]["name"] for call in calls} == {"get_weather"}
+    streamed = Runner.run_streamed(Agent(name="plain", instructions="Answer in one short sentence.",
+                                         model=OpenAIResponsesModel(gateway.model, client),
+                                         model_settings=ModelSettings(max_tokens=16, temperature=0)),
+                                   "What is the capital of France?", run_config=RunConfig(tracing_disabled=True))
+    kinds = {event.type async for event in streamed.stream_events()}
+    assert "raw_response_event" in kinds and isinstance(streamed.final_output, str) and streamed.final_output

@@ -14,6 +14,7 @@ import httpx
 import numpy as np
 import openai
 import pytest
+from pydantic import BaseModel
 
 from omni_adapter.audio import OPENAI_PCM16_RATE, parse_wav
 from omni_adapter.port import Engine
@@ -64,6 +65,25 @@ async def test_openai_client_streamed_text_equals_non_streamed(client: httpx.Asy
     # A client that names the alias (a framework's default model) is answered by the same model.
     aliased = await oai.chat.completions.create(**{**sampling, "model": ALIAS})
     assert aliased.model == ALIAS and aliased.choices[0].message.content == text
+
+
+async def test_the_responses_api_answers_as_chat_completions_do(client: httpx.AsyncClient) -> None:
+    oai = openai_client(client)
+    chat = await oai.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0, max_tokens=10)
+    response = await oai.responses.create(model=MODEL, input=QUESTION[0]["content"], temperature=0,
+                                          max_output_tokens=10)
+    assert response.output_text == chat.choices[0].message.content
+    assert response.usage is not None and chat.usage is not None
+    assert response.usage.input_tokens == chat.usage.prompt_tokens
+    assert response.status == ("incomplete" if chat.choices[0].finish_reason == "length" else "completed")
+
+    class City(BaseModel):
+        name: str
+        country: str
+
+    parsed = await oai.responses.parse(model=MODEL, input="Name a city in France.", text_format=City,
+                                       temperature=0, max_output_tokens=60)
+    assert isinstance(parsed.output_parsed, City) and parsed.output_parsed.name
 
 
 async def test_a_named_function_call_streamed_and_not_then_its_result_answered(client: httpx.AsyncClient) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable
-from typing import Annotated, TypeVar
+from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
@@ -36,16 +36,18 @@ _ANSWER = {
 }
 
 
-@router.post("/chat/completions", response_model=None,
-             responses={200: _ANSWER,
-                        **errors.error_responses(errors.InvalidJson, errors.InvalidRequest, errors.ValidationFailed,
-                                                 errors.InvalidPayload, errors.UnsupportedModality,
-                                                 errors.EmptyInput, errors.ModelNotFound, errors.ChunkTooLarge,
-                                                 errors.Unauthorized, errors.TooManyRequests,
-                                                 errors.TooManySessions, errors.SessionExpired,
-                                                 errors.SessionCancelled, errors.StoreUnavailable, errors.Overloaded,
-                                                 errors.StreamingInputDisabled, errors.CapacityExhausted,
-                                                 errors.EngineUnavailable, errors.IdempotencyKeyReused)})
+#: What a chat's answer may fail with: chat completions and responses alike.
+ANSWER_ERRORS = errors.error_responses(
+    errors.InvalidJson, errors.InvalidRequest, errors.ValidationFailed, errors.InvalidPayload,
+    errors.UnsupportedModality, errors.EmptyInput, errors.ModelNotFound, errors.ChunkTooLarge, errors.Unauthorized,
+    errors.TooManyRequests, errors.TooManySessions, errors.SessionExpired, errors.SessionCancelled,
+    errors.StoreUnavailable, errors.Overloaded, errors.StreamingInputDisabled, errors.CapacityExhausted,
+    errors.EngineUnavailable, errors.IdempotencyKeyReused)
+#: nginx's "client closed request": the answer of a client that hung up, which no one reads.
+CLIENT_LEFT = 499
+
+
+@router.post("/chat/completions", response_model=None, responses={200: _ANSWER, **ANSWER_ERRORS})
 async def create_chat_completion(body: ChatCompletionRequest, request: Request, identity: Identity,
                                  chat: Annotated[ChatService, Depends(get_chat)],
                                  idempotency_key: IdempotencyKey = None) -> JSONResponse | EventStream:
@@ -55,12 +57,20 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request, 
     if body.stream:
         return EventStream(chat.stream(identity, session_id), ping_sec=resources.settings.sse_ping_sec,
                            draining=resources.draining, headers=headers)
-    answer = await _unless_client_leaves(
-        request, chat.completion(identity, session_id, resources.settings.chat_queue_timeout_sec))
+    answer = await completion_unless_client_leaves(request, chat, identity, session_id)
+    if answer is None:
+        return JSONResponse({}, status_code=CLIENT_LEFT)
+    return JSONResponse(answer, headers=headers)
+
+
+async def completion_unless_client_leaves(request: Request, chat: ChatService, identity: str,
+                                          session_id: str) -> dict[str, Any] | None:
+    """The session's ``chat.completion``; ``None`` once the client hung up, and its work is stopped."""
+    timeout_sec = get_resources(request).settings.chat_queue_timeout_sec
+    answer = await _unless_client_leaves(request, chat.completion(identity, session_id, timeout_sec))
     if answer is None:  # nobody waits for it any more: stop the engine work
         await chat.cancel(identity, session_id)
-        return JSONResponse({}, status_code=499)  # nginx's "client closed request"; no one reads it
-    return JSONResponse(answer, headers=headers)
+    return answer
 
 
 async def _unless_client_leaves(request: Request, answer: Awaitable[T]) -> T | None:

@@ -1,0 +1,142 @@
+"""``POST /v1/responses``: OpenAI's Responses API as a chat completion in another shape.
+
+The request is translated into a chat completion request (``chat_request``) and runs
+as one: the same session, checks, limits and errors. Its answer is translated back
+(``responses_out.py``): the stored ``chat.completion`` into a ``response`` object, or the
+session's ``chat.completion.chunk`` frames into Responses stream events. Nothing is
+stored to continue from: a client sends the conversation so far in ``input``, as
+agent frameworks do by default.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+
+from gateway import errors
+from gateway.api.chat.models import ChatCompletionRequest
+from gateway.api.chat.responses_models import (
+    FunctionCallItem,
+    FunctionCallOutputItem,
+    InputImage,
+    InputItem,
+    InputText,
+    MessageItem,
+    OutputText,
+    Refusal,
+    ResponseObject,
+    ResponsesRequest,
+)
+from gateway.api.chat.responses_out import ResponseShape, response_events, response_of
+from gateway.api.chat.router import (
+    ANSWER_ERRORS,
+    CLIENT_LEFT,
+    Identity,
+    completion_unless_client_leaves,
+    get_chat,
+)
+from gateway.api.chat.service import ChatService
+from gateway.web.event_stream import EVENT_STREAM_CONTENT, EventStream
+from gateway.web.resources import get_resources
+from gateway.web.validation import IdempotencyKey
+
+router = APIRouter(prefix="/v1", tags=["openai"])
+
+
+@router.post("/responses", response_model=None,
+             responses={200: {"model": ResponseObject,
+                              "description": "a response object; with stream: true, Responses stream events "
+                                             "(response.created ... response.completed, each named by its type)",
+                              "content": EVENT_STREAM_CONTENT},
+                        **ANSWER_ERRORS})
+async def create_response(body: ResponsesRequest, request: Request, identity: Identity,
+                          chat: Annotated[ChatService, Depends(get_chat)],
+                          idempotency_key: IdempotencyKey = None) -> JSONResponse | EventStream:
+    resources = get_resources(request)
+    shape = ResponseShape.of(body, body.model or resources.engine.capabilities.model_names[0])
+    session_id = await chat.start(identity, chat_request(body), idempotency_key)
+    headers = {"X-Session-Id": session_id}
+    if body.stream:
+        return EventStream(response_events(chat.stream(identity, session_id), shape, session_id),
+                           ping_sec=resources.settings.sse_ping_sec, draining=resources.draining, headers=headers)
+    completion = await completion_unless_client_leaves(request, chat, identity, session_id)
+    if completion is None:
+        return JSONResponse({}, status_code=CLIENT_LEFT)
+    return JSONResponse(response_of(completion, shape), headers=headers)
+
+
+def chat_request(body: ResponsesRequest) -> ChatCompletionRequest:
+    """The chat completion request that makes ``body``'s answer."""
+    if body.previous_response_id is not None or body.conversation is not None:
+        raise errors.InvalidRequest(
+            "responses are not kept here to continue from: send the conversation so far in input",
+            param="previous_response_id" if body.previous_response_id is not None else "conversation")
+    items = body.input
+    if not items:
+        raise errors.EmptyInput("input has no items", param="input")
+    last = items[-1]
+    if not (isinstance(last, FunctionCallOutputItem) or (isinstance(last, MessageItem) and last.role == "user")):
+        raise errors.ValidationFailed("the last input item must be the user's message or a function_call_output",
+                                      param=f"input.{len(items) - 1}")
+    system = [{"role": "system", "content": body.instructions}] if body.instructions else []
+    chat: dict[str, Any] = {
+        "model": body.model, "messages": system + _messages(items), "stream": body.stream,
+        "max_completion_tokens": body.max_output_tokens, "temperature": body.temperature, "top_p": body.top_p,
+        "metadata": body.metadata, "parallel_tool_calls": body.parallel_tool_calls,
+    }
+    if body.stream:  # response.completed carries the usage
+        chat["stream_options"] = {"include_usage": True}
+    if body.tools:
+        chat["tools"] = [{"type": "function", "function": tool.model_dump(exclude={"type"}, exclude_none=True)}
+                         for tool in body.tools]
+    if body.tool_choice is not None:
+        choice = body.tool_choice
+        chat["tool_choice"] = choice if isinstance(choice, str) else \
+            {"type": "function", "function": {"name": choice.name}}
+    text_format = body.text.format if body.text is not None else None
+    if text_format is not None and text_format.type == "json_schema":
+        chat["response_format"] = {"type": "json_schema", "json_schema": text_format.model_dump(
+            exclude={"type"}, exclude_none=True, by_alias=True)}
+    elif text_format is not None:
+        chat["response_format"] = {"type": text_format.type}
+    try:
+        return ChatCompletionRequest.model_validate({k: v for k, v in chat.items() if v is not None})
+    except ValidationError as exc:  # a rule of chat's: across fields (tool_choice among the tools), or of a message
+        first = exc.errors()[0]
+        raise errors.ValidationFailed(str(first["msg"]).removeprefix("Value error, "),
+                                      param="input" if first["loc"][:1] == ("messages",) else None) from None
+
+
+def _messages(items: list[InputItem]) -> list[dict[str, Any]]:
+    """Input items as chat messages: a function call goes into the assistant message before it."""
+    messages: list[dict[str, Any]] = []
+    for index, item in enumerate(items):
+        if isinstance(item, FunctionCallItem):
+            call = {"id": item.call_id, "type": "function",
+                    "function": {"name": item.name, "arguments": item.arguments}}
+            if messages and messages[-1]["role"] == "assistant":
+                messages[-1].setdefault("tool_calls", []).append(call)
+            else:
+                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif isinstance(item, FunctionCallOutputItem):
+            output = item.output if isinstance(item.output, str) else "\n".join(part.text for part in item.output)
+            messages.append({"role": "tool", "tool_call_id": item.call_id, "content": output})
+        else:
+            messages.append({"role": item.role, "content": item.content if isinstance(item.content, str)
+                             else [_part(part, f"input.{index}.content.{i}") for i, part in enumerate(item.content)]})
+    return messages
+
+
+def _part(part: InputText | OutputText | Refusal | InputImage, where: str) -> dict[str, Any]:
+    if isinstance(part, InputText | OutputText):
+        return {"type": "text", "text": part.text}
+    if isinstance(part, Refusal):
+        return {"type": "refusal", "refusal": part.refusal}
+    if part.image_url is None:
+        raise errors.ValidationFailed("an image is sent as a data: URL in image_url (no files are kept here)",
+                                      param=where)
+    return {"type": "image_url", "image_url": {"url": part.image_url, **({"detail": part.detail} if part.detail
+                                                                          else {})}}

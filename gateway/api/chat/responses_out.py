@@ -1,0 +1,217 @@
+"""A chat answer as a Responses API answer: the ``response`` object, and its stream events.
+
+The session's answer is a ``chat.completion`` (stored) or ``chat.completion.chunk``
+frames (streamed); this only reshapes them. Text becomes one ``message`` output item
+with one ``output_text`` part, each function call a ``function_call`` item, in the
+order the answer made them; a stream says each item's start, pieces and end:
+
+    response.created, response.in_progress
+    response.output_item.added (message) ─ content_part.added ─ output_text.delta ... ─
+        output_text.done ─ content_part.done ─ output_item.done
+    response.output_item.added (function_call) ─ function_call_arguments.delta ... ─
+        function_call_arguments.done ─ output_item.done
+    response.completed (response.incomplete at max_output_tokens; response.failed)
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from sse_starlette import ServerSentEvent
+
+from gateway.api.chat.responses_models import ResponsesRequest
+from gateway.output.frames import DONE
+
+
+@dataclass(frozen=True)
+class ResponseShape:
+    """What a response object repeats of its request."""
+
+    model: str
+    created_at: int
+    fields: dict[str, Any]
+
+    @staticmethod
+    def of(body: ResponsesRequest, model: str) -> ResponseShape:
+        text_format = body.text.format if body.text is not None and body.text.format is not None else None
+        choice = body.tool_choice
+        return ResponseShape(model, int(time.time()), {
+            "instructions": body.instructions,
+            "max_output_tokens": body.max_output_tokens,
+            "metadata": body.metadata or {},
+            "parallel_tool_calls": body.parallel_tool_calls is not False,
+            "previous_response_id": None,
+            "reasoning": {"effort": None, "summary": None},
+            "service_tier": "default",
+            "store": False,  # nothing is kept to retrieve later
+            "temperature": body.temperature,
+            "text": {"format": text_format.model_dump(by_alias=True, exclude_none=True) if text_format
+                     else {"type": "text"}},
+            "tool_choice": choice.model_dump() if choice is not None and not isinstance(choice, str)
+            else choice or "auto",
+            "tools": [tool.model_dump(exclude_none=True) for tool in body.tools or ()],
+            "top_p": body.top_p,
+            "truncation": body.truncation or "disabled",
+            "user": body.user,
+        })
+
+    def response(self, response_id: str, status: str, output: list[dict[str, Any]],
+                 usage: dict[str, Any] | None, error: dict[str, Any] | None = None) -> dict[str, Any]:
+        return {
+            "id": response_id, "object": "response", "created_at": self.created_at, "model": self.model,
+            "status": status, "error": error,
+            "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+            "output": output, "usage": _usage(usage) if usage else None, **self.fields,
+        }
+
+
+def response_of(completion: dict[str, Any], shape: ResponseShape) -> dict[str, Any]:
+    """The ``response`` object of a finished ``chat.completion``."""
+    choice = completion["choices"][0]
+    message = choice["message"]
+    output = []
+    if message.get("content"):
+        output.append(_message_item(f"{completion['id']}_0", message["content"], "completed"))
+    output += [_call_item(call["id"], call["function"]["name"], call["function"]["arguments"], "completed")
+               for call in message.get("tool_calls") or ()]
+    shape = ResponseShape(completion["model"], completion["created"], shape.fields)
+    return shape.response(completion["id"], _status(choice["finish_reason"]), output, completion.get("usage"))
+
+
+async def response_events(frames: AsyncIterator[ServerSentEvent], shape: ResponseShape,
+                          response_id: str) -> AsyncIterator[ServerSentEvent]:
+    """The session's ``chat.completion.chunk`` frames as Responses stream events."""
+    stream = _EventStream(shape, response_id)
+    yield stream.event("response.created", response=stream.snapshot("in_progress"))
+    yield stream.event("response.in_progress", response=stream.snapshot("in_progress"))
+    async for frame in frames:
+        if frame.event == "error":  # the session failed, or this replica stops: the answer ends here
+            envelope = json.loads(str(frame.data)).get("error") or {}
+            for event in stream.close_items():
+                yield event
+            error = {"code": envelope.get("code") or "server_error", "message": envelope.get("message", "")}
+            yield stream.event("response.failed", response=stream.snapshot("failed", error))
+            return
+        if frame.event or frame.data == DONE:  # another kind of frame (the input's transcript); the end
+            continue
+        for event in stream.chunk(json.loads(str(frame.data))):
+            yield event
+    for event in stream.close_items():
+        yield event
+    status = _status(stream.finish_reason)
+    yield stream.event(f"response.{status}", response=stream.snapshot(status))
+
+
+class _EventStream:
+    """The events of one response, numbered, and the output items they have built so far."""
+
+    def __init__(self, shape: ResponseShape, response_id: str) -> None:
+        self._shape = shape
+        self._id = response_id
+        self._sequence = 0
+        self._output: list[dict[str, Any]] = []
+        #: The item the next pieces go to: a message's text, or a call's arguments (by call index).
+        self._open: dict[str, Any] | None = None
+        self._open_call: int | None = None
+        self.finish_reason: str | None = None
+        self._usage: dict[str, Any] | None = None
+
+    def event(self, kind: str, **fields: Any) -> ServerSentEvent:
+        event = {"type": kind, "sequence_number": self._sequence, **fields}
+        self._sequence += 1
+        return ServerSentEvent(data=json.dumps(event, ensure_ascii=False), event=kind)
+
+    def snapshot(self, status: str, error: dict[str, Any] | None = None) -> dict[str, Any]:
+        return self._shape.response(self._id, status, list(self._output), self._usage, error)
+
+    def chunk(self, chunk: dict[str, Any]) -> list[ServerSentEvent]:
+        if chunk.get("usage"):
+            self._usage = chunk["usage"]
+        events: list[ServerSentEvent] = []
+        for choice in chunk.get("choices") or ():
+            delta = choice.get("delta") or {}
+            if delta.get("content"):
+                events += self._text(delta["content"])
+            for call in delta.get("tool_calls") or ():
+                events += self._call_piece(call)
+            self.finish_reason = choice.get("finish_reason") or self.finish_reason
+        return events
+
+    def close_items(self) -> list[ServerSentEvent]:
+        """The end of the open item, if any."""
+        item, self._open, self._open_call = self._open, None, None
+        if item is None:
+            return []
+        at = {"item_id": item["id"], "output_index": len(self._output) - 1}
+        item["status"] = "completed"
+        if item["type"] == "function_call":
+            return [self.event("response.function_call_arguments.done", **at, name=item["name"],
+                               arguments=item["arguments"]),
+                    self.event("response.output_item.done", output_index=at["output_index"], item=item)]
+        part = item["content"][0]
+        return [self.event("response.output_text.done", **at, content_index=0, text=part["text"], logprobs=[]),
+                self.event("response.content_part.done", **at, content_index=0, part=part),
+                self.event("response.output_item.done", output_index=at["output_index"], item=item)]
+
+    def _text(self, text: str) -> list[ServerSentEvent]:
+        events = []
+        if self._open is None or self._open["type"] != "message":
+            events += self.close_items()
+            item = _message_item(f"{self._id}_{len(self._output)}", "", "in_progress")
+            item["content"] = []
+            self._output.append(item)
+            self._open = item
+            at = {"output_index": len(self._output) - 1}
+            events.append(self.event("response.output_item.added", **at, item=item))  # encoded now: no part yet
+            item["content"].append({"type": "output_text", "text": "", "annotations": [], "logprobs": []})
+            events.append(self.event("response.content_part.added", item_id=item["id"], **at, content_index=0,
+                                     part=item["content"][0]))
+        item = self._open
+        item["content"][0]["text"] += text
+        events.append(self.event("response.output_text.delta", item_id=item["id"], output_index=len(self._output) - 1,
+                                 content_index=0, delta=text, logprobs=[]))
+        return events
+
+    def _call_piece(self, call: dict[str, Any]) -> list[ServerSentEvent]:
+        events = []
+        function = call.get("function") or {}
+        if self._open_call != call["index"]:
+            events += self.close_items()
+            item = _call_item(call.get("id") or f"call_{call['index']}", function.get("name") or "", "",
+                              "in_progress")
+            self._output.append(item)
+            self._open, self._open_call = item, call["index"]
+            events.append(self.event("response.output_item.added", output_index=len(self._output) - 1, item=item))
+        opened = self._open
+        assert opened is not None
+        if pieces := function.get("arguments"):
+            opened["arguments"] += pieces
+            events.append(self.event("response.function_call_arguments.delta", item_id=opened["id"],
+                                     output_index=len(self._output) - 1, delta=pieces))
+        return events
+
+
+def _message_item(response_id: str, text: str, status: str) -> dict[str, Any]:
+    return {"id": f"msg_{response_id}", "type": "message", "role": "assistant", "status": status,
+            "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]}
+
+
+def _call_item(call_id: str, name: str, arguments: str, status: str) -> dict[str, Any]:
+    return {"id": f"fc_{call_id}", "type": "function_call", "call_id": call_id, "name": name,
+            "arguments": arguments, "status": status}
+
+
+def _status(finish_reason: str | None) -> str:
+    return "incomplete" if finish_reason == "length" else "completed"
+
+
+def _usage(usage: dict[str, Any]) -> dict[str, Any]:
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+    return {"input_tokens": usage["prompt_tokens"],
+            "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
+            "output_tokens": usage["completion_tokens"], "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": usage["total_tokens"]}

@@ -1,0 +1,112 @@
+"""OpenAI's Responses API with the official ``openai`` client, real Redis, the scripted engine.
+
+A response is a chat completion in another shape: these check the shapes (every
+stream event is validated against the SDK's own models of them), the translation
+of the input items, and the errors. The real engine and an agent framework use it in
+test_real_frontdoor.py and tests/frameworks/test_openai_agents.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import openai
+import pytest
+from openai import AsyncOpenAI
+from openai.types.responses import ResponseStreamEvent
+from pydantic import TypeAdapter
+
+from omni_adapter.scripted import Script, ScriptedEngine
+from tests.gateway.client import live_app, make_settings
+
+STREAM_EVENT: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
+WEATHER = {"type": "function", "name": "get_weather", "description": "The weather in a city",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+
+
+@pytest.fixture
+def engine() -> ScriptedEngine:
+    return ScriptedEngine(Script(calls=lambda request, text: [("get_weather", '{"city": "Paris"}')]
+                                 if request.tools and "weather" in text else []))
+
+
+@pytest.fixture
+async def sdk(redis_url: str, engine: ScriptedEngine) -> AsyncIterator[AsyncOpenAI]:
+    async with live_app(make_settings(redis_url=redis_url), engine) as url:
+        yield AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+
+
+async def streamed(sdk: AsyncOpenAI, **request: Any) -> list[dict[str, Any]]:
+    """Every event of a streamed response, each checked against the SDK's model of its type."""
+    events = []
+    async for event in await sdk.responses.create(stream=True, **request):
+        events.append(event.to_dict())
+        STREAM_EVENT.validate_python(events[-1])
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    return events
+
+
+async def test_a_text_answer_streamed_and_not(sdk: AsyncOpenAI, engine: ScriptedEngine) -> None:
+    response = await sdk.responses.create(model="scripted", input="hello world", instructions="Be brief.")
+    assert response.status == "completed" and response.output_text == "echo: hello world"
+    assert response.usage is not None and response.usage.output_tokens > 0
+    [message] = response.output
+    assert message.type == "message" and message.role == "assistant"
+    assert engine.sessions[-1].request.messages == ({"role": "system", "content": "Be brief."},)
+
+    events = await streamed(sdk, model="scripted", input="hello world", instructions="Be brief.")
+    kinds = [e["type"] for e in events]
+    assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added",
+                         "response.content_part.added"]
+    assert kinds[-4:] == ["response.output_text.done", "response.content_part.done", "response.output_item.done",
+                          "response.completed"]
+    assert "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta") == "echo: hello world"
+    done = events[-1]["response"]
+    assert done["output"][0]["content"][0]["text"] == "echo: hello world"
+    assert done["usage"]["output_tokens"] == response.usage.output_tokens
+    # The SDK's stream helper builds the same response from the events.
+    async with sdk.responses.stream(model="scripted", input="hello world") as stream:
+        final = await stream.get_final_response()
+    assert final.output_text == "echo: hello world"
+
+
+async def test_a_function_call_and_its_output_streamed_and_not(sdk: AsyncOpenAI, engine: ScriptedEngine) -> None:
+    asked = [{"role": "user", "content": [{"type": "input_text", "text": "the weather in Paris?"}]}]
+    response = await sdk.responses.create(model="scripted", input=asked, tools=[WEATHER])
+    calls = [item for item in response.output if item.type == "function_call"]
+    assert [(c.name, c.arguments) for c in calls] == [("get_weather", '{"city": "Paris"}')]
+
+    events = await streamed(sdk, model="scripted", input=asked, tools=[WEATHER], tool_choice="required")
+    arguments = "".join(e["delta"] for e in events if e["type"] == "response.function_call_arguments.delta")
+    assert arguments == '{"city": "Paris"}'
+    [added] = [e["item"] for e in events if e["type"] == "response.output_item.added"
+               and e["item"]["type"] == "function_call"]
+    assert added["name"] == "get_weather" and added["call_id"] == calls[0].call_id or added["call_id"]
+
+    # The call and its output go back as input, as an agent framework sends them.
+    answered = await sdk.responses.create(model="scripted", tools=[WEATHER], input=[
+        *asked, calls[0].model_dump(exclude_none=True),
+        {"type": "function_call_output", "call_id": calls[0].call_id, "output": "sunny, 21 C"}])
+    assert answered.output_text == "echo: sunny, 21 C"
+    history = engine.sessions[-1].request.messages
+    assert history[-1]["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+    assert engine.sessions[-1].request.input_role == "tool"
+
+
+async def test_what_is_not_served_here_is_said(sdk: AsyncOpenAI, engine: ScriptedEngine) -> None:
+    cases: list[tuple[dict[str, Any], type[Exception], str]] = [
+        ({"previous_response_id": "resp_1"}, openai.BadRequestError, "previous_response_id"),
+        ({"model": "gpt-9"}, openai.NotFoundError, "model"),
+        ({"tools": [{"type": "web_search"}]}, openai.UnprocessableEntityError, "tools.0"),
+        ({"input": [{"type": "item_reference", "id": "msg_1"}]}, openai.UnprocessableEntityError, "input.0"),
+        ({"input": [{"role": "assistant", "content": "hi"}]}, openai.UnprocessableEntityError, "input.0"),
+        ({"background": True}, openai.UnprocessableEntityError, "background"),
+        ({"tool_choice": {"type": "function", "name": "nope"}, "tools": [WEATHER]},
+         openai.UnprocessableEntityError, "None"),
+    ]
+    for extra, error, param in cases:
+        with pytest.raises(error) as raised:
+            await sdk.responses.create(**{"model": "scripted", "input": "hi", **extra})
+        assert isinstance(raised.value.body, dict) and str(raised.value.body.get("param")).startswith(param), extra
+    assert not engine.sessions, "nothing ran"
