@@ -61,12 +61,16 @@ EVENT_STREAM_CONTENT: dict[str, Any] = {"text/event-stream": {"schema": {
 SEND_TIMEOUT_SEC = 30.0
 #: A generator's clean-up (its ``finally``) gets this long once the stream has ended.
 CLEANUP_TIMEOUT_SEC = 5.0
+#: What a stream still open when its replica stops is told to do: read on from another replica.
+RESUME_ELSEWHERE = ("the session goes on: resume its stream (GET /v1/streaming_input/sessions/{id}/events, "
+                    "the id in X-Session-Id) with Last-Event-ID")
 
 
 class EventStream(Response):
     def __init__(self, events: AsyncIterator[ServerSentEvent], *, ping_sec: float, draining: Draining,
                  headers: Mapping[str, str] | None = None, send_timeout_sec: float = SEND_TIMEOUT_SEC,
-                 status_code: int = 200) -> None:  # FastAPI's docs read the status from this signature
+                 status_code: int = 200,  # FastAPI's docs read the status from this signature
+                 when_stopped: str = RESUME_ELSEWHERE) -> None:
         self.status_code = status_code
         # Set here, not on the class: the API document takes a response class's
         # media type for its error answers too, and those are JSON.
@@ -77,6 +81,7 @@ class EventStream(Response):
         self._events = events
         self._ping_sec = ping_sec
         self._draining = draining
+        self._when_stopped = when_stopped
         self._send_timeout_sec = send_timeout_sec
         #: When the frame being sent started to be (``time.monotonic``); None between frames.
         self._sending_since: float | None = None
@@ -110,9 +115,7 @@ class EventStream(Response):
         if not self._finished and self._draining.closing.is_set():
             # The server is stopping before the answer ended: say so, then end. A bare end
             # would read as a complete answer (OpenAI's SDKs take it so).
-            stopping = errors.ReplicaStopping(
-                "this replica is stopping before the answer ended; the session goes on: resume its stream "
-                "(GET /v1/streaming_input/sessions/{id}/events, the id in X-Session-Id) with Last-Event-ID")
+            stopping = errors.ReplicaStopping(f"this replica is stopping before the answer ended; {self._when_stopped}")
             with anyio.move_on_after(1):
                 await send({"type": "http.response.body", "more_body": True,
                             "body": ServerSentEvent(data=stopping.envelope_json(), event="error").encode()})

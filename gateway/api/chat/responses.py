@@ -44,6 +44,9 @@ from gateway.web.resources import get_resources
 from gateway.web.validation import IdempotencyKey
 
 router = APIRouter(prefix="/v1", tags=["openai"])
+#: A Responses stream cannot be resumed (its events are not stored; the chat frames are).
+WHEN_STOPPED = ("ask again; the answer goes on elsewhere, as a chat.completion at "
+                "GET /v1/streaming_input/sessions/{id}/result (the id in X-Session-Id)")
 
 
 @router.post("/responses", response_model=None,
@@ -61,11 +64,17 @@ async def create_response(body: ResponsesRequest, request: Request, identity: Id
     headers = {"X-Session-Id": session_id}
     if body.stream:
         return EventStream(response_events(chat.stream(identity, session_id), shape, session_id),
-                           ping_sec=resources.settings.sse_ping_sec, draining=resources.draining, headers=headers)
+                           ping_sec=resources.settings.sse_ping_sec, draining=resources.draining, headers=headers,
+                           when_stopped=WHEN_STOPPED)
     completion = await completion_unless_client_leaves(request, chat, identity, session_id)
     if completion is None:
         return JSONResponse({}, status_code=CLIENT_LEFT)
     return JSONResponse(response_of(completion, shape), headers=headers)
+
+
+#: Fields that mean the same in both requests, checked by the chat request's rules.
+_SAMPLING = {"top_k", "seed", "stop", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p",
+             "logit_bias"}
 
 
 def chat_request(body: ResponsesRequest) -> ChatCompletionRequest:
@@ -85,7 +94,9 @@ def chat_request(body: ResponsesRequest) -> ChatCompletionRequest:
     chat: dict[str, Any] = {
         "model": body.model, "messages": system + _messages(items), "stream": body.stream,
         "max_completion_tokens": body.max_output_tokens, "temperature": body.temperature, "top_p": body.top_p,
-        "metadata": body.metadata, "parallel_tool_calls": body.parallel_tool_calls,
+        "metadata": body.metadata,
+        "parallel_tool_calls": False if body.max_tool_calls == 1 else body.parallel_tool_calls,
+        **body.model_dump(include=_SAMPLING, exclude_none=True),
     }
     if body.stream:  # response.completed carries the usage
         chat["stream_options"] = {"include_usage": True}
@@ -122,7 +133,10 @@ def _messages(items: list[InputItem]) -> list[dict[str, Any]]:
             else:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
         elif isinstance(item, FunctionCallOutputItem):
-            output = item.output if isinstance(item.output, str) else "\n".join(part.text for part in item.output)
+            if not isinstance(item.output, str) and not all(isinstance(p, InputText) for p in item.output):
+                raise errors.ValidationFailed("a function's result is text here", param=f"input.{index}.output")
+            output = item.output if isinstance(item.output, str) else \
+                "\n".join(part.text for part in item.output if isinstance(part, InputText))
             messages.append({"role": "tool", "tool_call_id": item.call_id, "content": output})
         else:
             messages.append({"role": item.role, "content": item.content if isinstance(item.content, str)

@@ -46,12 +46,17 @@ class InputImage(StrictModel):
 ContentItem = Annotated[InputText | OutputText | Refusal | InputImage, Field(discriminator="type")]
 
 
+#: What an item sent back as OpenAI made it may carry, which changes nothing here.
+ItemStatus = Literal["in_progress", "completed", "incomplete"] | None
+
+
 class MessageItem(StrictModel):
     type: Literal["message"] = "message"
     role: Literal["user", "assistant", "system", "developer"]
     content: str | list[ContentItem]
     id: str | None = None
-    status: Literal["in_progress", "completed", "incomplete"] | None = None
+    status: ItemStatus = None
+    phase: str | None = None
 
 
 class FunctionCallItem(StrictModel):
@@ -62,15 +67,29 @@ class FunctionCallItem(StrictModel):
     name: str
     arguments: str
     id: str | None = None
-    status: Literal["in_progress", "completed", "incomplete"] | None = None
+    status: ItemStatus = None
+    namespace: str | None = None
+    caller: dict[str, Any] | None = None
+
+
+class InputFile(StrictModel):
+    type: Literal["input_file"]
+    file_id: str | None = None
+    file_data: str | None = None
+    file_url: str | None = None
+    filename: str | None = None
 
 
 class FunctionCallOutputItem(StrictModel):
     type: Literal["function_call_output"]
     call_id: str
-    output: str | list[InputText]
+    #: Text here (a function's image or file is a 422 that says so).
+    output: str | list[Annotated[InputText | InputImage | InputFile, Field(discriminator="type")]]
     id: str | None = None
-    status: Literal["in_progress", "completed", "incomplete"] | None = None
+    status: ItemStatus = None
+    name: str | None = None
+    namespace: str | None = None
+    caller: dict[str, Any] | None = None
 
 
 def _item_type(item: Any) -> str:
@@ -93,6 +112,10 @@ class FunctionTool(StrictModel):
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = Field(None, strict=True)
+    #: Accepted as the agents SDK sends them; they concern OpenAI's hosted tool search.
+    output_schema: dict[str, Any] | None = None
+    defer_loading: bool | None = None
+    allowed_callers: list[str] | None = None
 
 
 class NamedFunctionChoice(StrictModel):
@@ -121,13 +144,6 @@ class TextOptions(StrictModel):
                       Field(discriminator="type")] | None = None
     #: Accepted: a chat model's answer is as long as it is (``max_output_tokens`` bounds it).
     verbosity: Literal["low", "medium", "high"] | None = None
-
-
-class ReasoningOptions(StrictModel):
-    #: Accepted as vLLM accepts it: a model that does not reason answers as it would without.
-    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
-    summary: Literal["auto", "concise", "detailed"] | None = None
-    generate_summary: Literal["auto", "concise", "detailed"] | None = None
 
 
 class StreamOptions(StrictModel):
@@ -159,14 +175,27 @@ class ResponsesRequest(StrictModel):
     background: bool | None = Field(None, strict=True)
     #: Accepted: nothing beyond the answer is returned (no hosted tools, no log probabilities).
     include: list[str] | None = None
-    reasoning: ReasoningOptions | None = None
+    #: Accepted as vLLM accepts it: a model that does not reason answers as it would without.
+    reasoning: dict[str, Any] | None = None
     truncation: Literal["auto", "disabled"] | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
+    #: 1: one call at most (``parallel_tool_calls: false``); more is what an answer makes anyway.
+    max_tool_calls: int | None = Field(None, ge=1)
+    #: vLLM's sampling options, as its Responses API takes them (and chat completions here).
+    top_k: int | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    min_p: float | None = None
+    logit_bias: dict[str, float] | None = None
     #: Accepted for OpenAI compatibility: the caller's identity comes from credentials, and
     #: there is one service tier and no prompt cache to key (vLLM's prefix cache needs none).
     user: str | None = None
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
     service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
 
     @field_validator("input", mode="before")

@@ -11,6 +11,9 @@ order the answer made them; a stream says each item's start, pieces and end:
     response.output_item.added (function_call) ─ function_call_arguments.delta ... ─
         function_call_arguments.done ─ output_item.done
     response.completed (response.incomplete at max_output_tokens; response.failed)
+
+Each item stays open until the answer ends (a call's pieces may come between pieces of
+text), then each is closed in output order.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Any
 
 from sse_starlette import ServerSentEvent
 
+from gateway import errors
 from gateway.api.chat.responses_models import ResponsesRequest
 from gateway.output.frames import DONE
 
@@ -73,13 +77,15 @@ def response_of(completion: dict[str, Any], shape: ResponseShape) -> dict[str, A
     """The ``response`` object of a finished ``chat.completion``."""
     choice = completion["choices"][0]
     message = choice["message"]
+    status, error = _end(choice["finish_reason"])
+    item_status = "completed" if status == "completed" else "incomplete"
     output = []
     if message.get("content"):
-        output.append(_message_item(f"{completion['id']}_0", message["content"], "completed"))
-    output += [_call_item(call["id"], call["function"]["name"], call["function"]["arguments"], "completed")
+        output.append(_message_item(f"{completion['id']}_0", message["content"], item_status))
+    output += [_call_item(call["id"], call["function"]["name"], call["function"]["arguments"], item_status)
                for call in message.get("tool_calls") or ()]
     shape = ResponseShape(completion["model"], completion["created"], shape.fields)
-    return shape.response(completion["id"], _status(choice["finish_reason"]), output, completion.get("usage"))
+    return shape.response(completion["id"], status, output, completion.get("usage"), error)
 
 
 async def response_events(frames: AsyncIterator[ServerSentEvent], shape: ResponseShape,
@@ -88,35 +94,39 @@ async def response_events(frames: AsyncIterator[ServerSentEvent], shape: Respons
     stream = _EventStream(shape, response_id)
     yield stream.event("response.created", response=stream.snapshot("in_progress"))
     yield stream.event("response.in_progress", response=stream.snapshot("in_progress"))
-    async for frame in frames:
-        if frame.event == "error":  # the session failed, or this replica stops: the answer ends here
-            envelope = json.loads(str(frame.data)).get("error") or {}
-            for event in stream.close_items():
+    error: dict[str, Any] | None = None
+    try:
+        async for frame in frames:
+            if frame.event == "error":  # the session failed: the answer ends here
+                error = _error(json.loads(str(frame.data)).get("error") or {})
+                break
+            if frame.event or frame.data == DONE:  # another kind of frame (the input's transcript); the end
+                continue
+            for event in stream.chunk(json.loads(str(frame.data))):
                 yield event
-            error = {"code": envelope.get("code") or "server_error", "message": envelope.get("message", "")}
-            yield stream.event("response.failed", response=stream.snapshot("failed", error))
-            return
-        if frame.event or frame.data == DONE:  # another kind of frame (the input's transcript); the end
-            continue
-        for event in stream.chunk(json.loads(str(frame.data))):
-            yield event
-    for event in stream.close_items():
+    except errors.GatewayError as exc:  # before the first frame: the session is gone, Redis is away...
+        error = _error(exc.envelope()["error"])
+    status, ended_early = ("failed", error) if error else _end(stream.finish_reason)
+    for event in stream.close_items("completed" if status == "completed" else "incomplete"):
         yield event
-    status = _status(stream.finish_reason)
-    yield stream.event(f"response.{status}", response=stream.snapshot(status))
+    yield stream.event(f"response.{status}", response=stream.snapshot(status, ended_early))
 
 
 class _EventStream:
-    """The events of one response, numbered, and the output items they have built so far."""
+    """The events of one response, numbered, and the output items they have built so far.
+
+    The answer's text goes to one message item, each function call (by its index in the
+    chat frames) to an item of its own: a call's pieces may come between pieces of text.
+    Items stay open until the answer ends.
+    """
 
     def __init__(self, shape: ResponseShape, response_id: str) -> None:
         self._shape = shape
         self._id = response_id
         self._sequence = 0
         self._output: list[dict[str, Any]] = []
-        #: The item the next pieces go to: a message's text, or a call's arguments (by call index).
-        self._open: dict[str, Any] | None = None
-        self._open_call: int | None = None
+        self._message: int | None = None  # the message item's output index
+        self._calls: dict[int, int] = {}  # a call's index in the frames -> its item's output index
         self.finish_reason: str | None = None
         self._usage: dict[str, Any] | None = None
 
@@ -126,7 +136,7 @@ class _EventStream:
         return ServerSentEvent(data=json.dumps(event, ensure_ascii=False), event=kind)
 
     def snapshot(self, status: str, error: dict[str, Any] | None = None) -> dict[str, Any]:
-        return self._shape.response(self._id, status, list(self._output), self._usage, error)
+        return self._shape.response(self._id, status, self._output, self._usage, error)
 
     def chunk(self, chunk: dict[str, Any]) -> list[ServerSentEvent]:
         if chunk.get("usage"):
@@ -141,62 +151,61 @@ class _EventStream:
             self.finish_reason = choice.get("finish_reason") or self.finish_reason
         return events
 
-    def close_items(self) -> list[ServerSentEvent]:
-        """The end of the open item, if any."""
-        item, self._open, self._open_call = self._open, None, None
-        if item is None:
-            return []
-        at = {"item_id": item["id"], "output_index": len(self._output) - 1}
-        item["status"] = "completed"
-        if item["type"] == "function_call":
-            return [self.event("response.function_call_arguments.done", **at, name=item["name"],
-                               arguments=item["arguments"]),
-                    self.event("response.output_item.done", output_index=at["output_index"], item=item)]
-        part = item["content"][0]
-        return [self.event("response.output_text.done", **at, content_index=0, text=part["text"], logprobs=[]),
-                self.event("response.content_part.done", **at, content_index=0, part=part),
-                self.event("response.output_item.done", output_index=at["output_index"], item=item)]
+    def close_items(self, status: str) -> list[ServerSentEvent]:
+        """The end of every item, in output order, as ``status``."""
+        events = []
+        for index, item in enumerate(self._output):
+            item["status"] = status
+            if item["type"] == "function_call":
+                events.append(self.event("response.function_call_arguments.done", item_id=item["id"],
+                                         output_index=index, name=item["name"], arguments=item["arguments"]))
+            else:
+                part = item["content"][0]
+                at = {"item_id": item["id"], "output_index": index, "content_index": 0}
+                events += [self.event("response.output_text.done", **at, text=part["text"], logprobs=[]),
+                           self.event("response.content_part.done", **at, part=part)]
+            events.append(self.event("response.output_item.done", output_index=index, item=item))
+        return events
 
     def _text(self, text: str) -> list[ServerSentEvent]:
         events = []
-        if self._open is None or self._open["type"] != "message":
-            events += self.close_items()
-            item = _message_item(f"{self._id}_{len(self._output)}", "", "in_progress")
+        if self._message is None:
+            self._message = len(self._output)
+            item = _message_item(f"{self._id}_{self._message}", "", "in_progress")
             item["content"] = []
             self._output.append(item)
-            self._open = item
-            at = {"output_index": len(self._output) - 1}
-            events.append(self.event("response.output_item.added", **at, item=item))  # encoded now: no part yet
+            events.append(self.event("response.output_item.added", output_index=self._message,
+                                     item=item))  # encoded now: before its part
             item["content"].append({"type": "output_text", "text": "", "annotations": [], "logprobs": []})
-            events.append(self.event("response.content_part.added", item_id=item["id"], **at, content_index=0,
-                                     part=item["content"][0]))
-        item = self._open
+            events.append(self.event("response.content_part.added", item_id=item["id"], output_index=self._message,
+                                     content_index=0, part=item["content"][0]))
+        item = self._output[self._message]
         item["content"][0]["text"] += text
-        events.append(self.event("response.output_text.delta", item_id=item["id"], output_index=len(self._output) - 1,
+        events.append(self.event("response.output_text.delta", item_id=item["id"], output_index=self._message,
                                  content_index=0, delta=text, logprobs=[]))
         return events
 
     def _call_piece(self, call: dict[str, Any]) -> list[ServerSentEvent]:
         events = []
         function = call.get("function") or {}
-        if self._open_call != call["index"]:
-            events += self.close_items()
-            item = _call_item(call.get("id") or f"call_{call['index']}", function.get("name") or "", "",
-                              "in_progress")
-            self._output.append(item)
-            self._open, self._open_call = item, call["index"]
-            events.append(self.event("response.output_item.added", output_index=len(self._output) - 1, item=item))
-        opened = self._open
-        assert opened is not None
+        index = self._calls.get(call["index"])
+        if index is None:
+            index = self._calls[call["index"]] = len(self._output)
+            self._output.append(_call_item(call.get("id") or f"call_{self._id}_{call['index']}",
+                                           function.get("name") or "", "", "in_progress"))
+            events.append(self.event("response.output_item.added", output_index=index, item=self._output[index]))
+        item = self._output[index]
+        if function.get("name"):
+            item["name"] = function["name"]
         if pieces := function.get("arguments"):
-            opened["arguments"] += pieces
-            events.append(self.event("response.function_call_arguments.delta", item_id=opened["id"],
-                                     output_index=len(self._output) - 1, delta=pieces))
+            item["arguments"] += pieces
+            events.append(self.event("response.function_call_arguments.delta", item_id=item["id"],
+                                     output_index=index, delta=pieces))
         return events
 
 
-def _message_item(response_id: str, text: str, status: str) -> dict[str, Any]:
-    return {"id": f"msg_{response_id}", "type": "message", "role": "assistant", "status": status,
+def _message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
+    return {"id": f"msg_{item_id}", "type": "message", "role": "assistant", "status": status,
             "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]}
 
 
@@ -205,8 +214,25 @@ def _call_item(call_id: str, name: str, arguments: str, status: str) -> dict[str
             "arguments": arguments, "status": status}
 
 
-def _status(finish_reason: str | None) -> str:
-    return "incomplete" if finish_reason == "length" else "completed"
+def _end(finish_reason: str | None) -> tuple[str, dict[str, Any] | None]:
+    """A response's status, and its error, from how the chat answer finished."""
+    if finish_reason in ("stop", "tool_calls"):
+        return "completed", None
+    if finish_reason == "length":
+        return "incomplete", None
+    # "abort" (the engine stopped the request), or no finish at all: not a whole answer.
+    return "failed", {"code": "server_error", "message": "the answer ended before it was complete",
+                      "type": "engine_error"}
+
+
+#: The Responses API's error codes are a fixed list; the gateway's own code goes in ``type``.
+_RATE_CODES = frozenset({"capacity_exhausted", "rate_limit_exceeded", "too_many_sessions", "overloaded"})
+
+
+def _error(envelope: dict[str, Any]) -> dict[str, Any]:
+    code = str(envelope.get("code") or "server_error")
+    return {"code": "rate_limit_exceeded" if code in _RATE_CODES else "server_error",
+            "message": str(envelope.get("message") or ""), "type": code}
 
 
 def _usage(usage: dict[str, Any]) -> dict[str, Any]:
