@@ -13,7 +13,8 @@ the handler knows HTTP.
     │   ├── ItemNotFound (400 item_retrieve_invalid_item_id)      Realtime: OpenAI's codes
     │   │   ├── ItemDeleteNotFound (400 item_delete_invalid_item_id)
     │   │   └── ItemTruncateNotFound (400 item_truncate_invalid_item_id)
-    │   └── NoActiveResponse (400 response_cancel_not_active)
+    │   ├── NoActiveResponse (400 response_cancel_not_active)
+    │   └── PromptTooLong (400 context_length_exceeded)  a chat's messages: OpenAI's and vLLM's status
     ├── ValidationFailed (422 validation_error)
     │   ├── InvalidPayload (422 invalid_payload)
     │   ├── UnsupportedModality (422 unsupported_modality)
@@ -107,6 +108,13 @@ class InvalidRequest(GatewayError):
     status_code = HTTPStatus.BAD_REQUEST
     code = "invalid_request"
     type = "invalid_request_error"
+
+
+class PromptTooLong(InvalidRequest):
+    """A chat's (or a response's) messages past the model's context: a 400, as OpenAI and vLLM
+    answer it and frameworks look for it. A session's chunk past it is ``ContextLengthExceeded``."""
+
+    code = "context_length_exceeded"
 
 
 class InvalidJson(InvalidRequest):

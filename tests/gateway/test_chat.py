@@ -270,6 +270,12 @@ async def test_tool_calls_come_back_streamed_and_not_and_their_result_feeds_the_
         last = engine.sessions[-1].request
         assert (last.input_role, last.input_tool_call_id) == ("tool", call.id)
         assert last.messages[-1]["tool_calls"][0]["function"]["name"] == "get_weather"
+        # A function that returned nothing: its empty result is the input still (OpenAI takes it).
+        empty = await oai.chat.completions.create(model="scripted", tools=[WEATHER], messages=[
+            *asked, {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+            {"role": "tool", "tool_call_id": call.id, "content": ""}])
+        assert empty.choices[0].message.content == "echo: "
+        assert engine.sessions[-1].request.input_role == "tool" and engine.sessions[-1].input_text == ""
 
 
 async def test_bad_tool_requests_are_refused(client: httpx.AsyncClient, redis_url: str) -> None:

@@ -110,6 +110,11 @@ async def test_a_named_function_call_streamed_and_not_then_its_result_answered(c
         {"role": "tool", "tool_call_id": call.id, "content": "Sunny and 24 degrees"}])
     said = answer.choices[0].message.content or ""
     assert "sunny" in said.lower() or "24" in said, said
+    # A function that returned nothing: the engine still answers after its empty result.
+    empty = await oai.chat.completions.create(model=MODEL, temperature=0, max_tokens=8, tools=[weather], messages=[
+        *asked, {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": ""}])
+    assert empty.choices[0].finish_reason in ("stop", "length") and empty.usage and empty.usage.completion_tokens
 
 
 async def test_required_without_parallel_calls_gives_one_call_and_finishes_with_tool_calls(

@@ -60,7 +60,12 @@ async def create_response(body: ResponsesRequest, request: Request, identity: Id
                           idempotency_key: IdempotencyKey = None) -> JSONResponse | EventStream:
     resources = get_resources(request)
     shape = ResponseShape.of(body, body.model or resources.engine.capabilities.model_names[0])
-    session_id = await chat.start(identity, chat_request(body), idempotency_key)
+    try:
+        session_id = await chat.start(identity, chat_request(body), idempotency_key)
+    except errors.GatewayError as exc:  # named in the chat request's terms: the messages are the input here
+        if exc.param is not None and exc.param.startswith("messages"):
+            exc.param = "input"
+        raise
     headers = {"X-Session-Id": session_id}
     if body.stream:
         return EventStream(response_events(chat.stream(identity, session_id), shape, session_id),

@@ -38,7 +38,7 @@ _ANSWER = {
 
 #: What a chat's answer may fail with: chat completions and responses alike.
 ANSWER_ERRORS = errors.error_responses(
-    errors.InvalidJson, errors.InvalidRequest, errors.ValidationFailed, errors.InvalidPayload,
+    errors.InvalidJson, errors.InvalidRequest, errors.PromptTooLong, errors.ValidationFailed, errors.InvalidPayload,
     errors.UnsupportedModality, errors.EmptyInput, errors.ModelNotFound, errors.ChunkTooLarge, errors.Unauthorized,
     errors.TooManyRequests, errors.TooManySessions, errors.SessionExpired, errors.SessionCancelled,
     errors.StoreUnavailable, errors.Overloaded, errors.StreamingInputDisabled, errors.CapacityExhausted,

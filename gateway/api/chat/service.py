@@ -68,12 +68,17 @@ class ChatService:
         request = CreateSessionRequest(
             **options, start_policy=StartPolicy.ON_END_ONLY, input_role=last.role, input_tool_call_id=last.tool_call_id,
             messages=[_history_message(m, f"messages.{i}.content") for i, m in enumerate(history)])
-        record, _ = await self._sessions.create(identity, request, chunks[0], idempotency_key)
+        try:
+            record, _ = await self._sessions.create(identity, request, chunks[0], idempotency_key)
+        except errors.ContextLengthExceeded as exc:
+            raise _prompt_too_long(exc) from None
         try:
             for chunk in chunks[1:]:
                 await self._sessions.append(identity, record.session_id, chunk)
-        except BaseException:
+        except BaseException as exc:
             await self.cancel(identity, record.session_id)
+            if isinstance(exc, errors.ContextLengthExceeded):
+                raise _prompt_too_long(exc) from None
             raise
         return record.session_id
 
@@ -152,6 +157,10 @@ class ChatService:
                 chunks.append(ChunkIn(sequence_id=0, modality="image", payload=match["data"],
                                       mime_type=match["mime"]))
         close_text()
+        if not chunks and message.role == "tool":
+            # A function that returned nothing: its empty result is still the input (a chunk
+            # of the sessions API carries a byte; this one is made here, whole).
+            return [ChunkRecord(0, "text", b"", end_of_input=True)]
         if not chunks:
             raise errors.EmptyInput("the last message has no content", param=where)
         records = []
@@ -163,6 +172,13 @@ class ChatService:
                 exc.param = where
                 raise
         return records
+
+
+def _prompt_too_long(exc: errors.ContextLengthExceeded) -> errors.PromptTooLong:
+    tokens, limit = exc.details.get("prompt_tokens"), exc.details.get("max_input_tokens")
+    return errors.PromptTooLong(
+        f"the messages take at least {tokens} tokens, more than the model's context allows ({limit} tokens for "
+        "the input): shorten them", param="messages", prompt_tokens=tokens, max_input_tokens=limit)
 
 
 def _history_message(message: ChatCompletionMessage, where: str) -> ChatMessage:
