@@ -42,11 +42,12 @@ class FrameEvent(ServerSentEvent):  # type: ignore[misc]  # sse_starlette is unt
         data, event = self.data, self.event
         one_line = isinstance(data, str) and "\n" not in data and "\r" not in data \
             and not (event and ("\n" in event or "\r" in event))
-        if self.id is None or not one_line:
+        if not one_line:
             general: bytes = super().encode()
             return general
+        ident = f"id: {self.id}\r\n" if self.id is not None else ""
         named = f"event: {event}\r\n" if event else ""
-        return f"id: {self.id}\r\n{named}data: {data}\r\n\r\n".encode()
+        return f"{ident}{named}data: {data}\r\n\r\n".encode()
 
 
 def parse_last_event_id(value: str | None) -> str:

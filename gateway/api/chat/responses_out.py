@@ -18,17 +18,18 @@ text), then each is closed in output order.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from sse_starlette import ServerSentEvent
 
 from gateway import errors
 from gateway.api.chat.responses_models import ResponsesRequest
 from gateway.output.frames import DONE
+from gateway.output.sse import FrameEvent
 
 
 @dataclass(frozen=True)
@@ -98,11 +99,11 @@ async def response_events(frames: AsyncIterator[ServerSentEvent], shape: Respons
     try:
         async for frame in frames:
             if frame.event == "error":  # the session failed: the answer ends here
-                error = _error(json.loads(str(frame.data)).get("error") or {})
+                error = _error(orjson.loads(str(frame.data)).get("error") or {})
                 break
             if frame.event or frame.data == DONE:  # another kind of frame (the input's transcript); the end
                 continue
-            for event in stream.chunk(json.loads(str(frame.data))):
+            for event in stream.chunk(orjson.loads(str(frame.data))):
                 yield event
     except errors.GatewayError as exc:  # before the first frame: the session is gone, Redis is away...
         error = _error(exc.envelope()["error"])
@@ -133,7 +134,7 @@ class _EventStream:
     def event(self, kind: str, **fields: Any) -> ServerSentEvent:
         event = {"type": kind, "sequence_number": self._sequence, **fields}
         self._sequence += 1
-        return ServerSentEvent(data=json.dumps(event, ensure_ascii=False), event=kind)
+        return FrameEvent(data=orjson.dumps(event).decode(), event=kind)
 
     def snapshot(self, status: str, error: dict[str, Any] | None = None) -> dict[str, Any]:
         return self._shape.response(self._id, status, self._output, self._usage, error)
