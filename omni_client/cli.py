@@ -87,7 +87,9 @@ def add_commands(commands: Any) -> None:
     answer = parser.add_argument_group("the answer")
     answer.add_argument("--system", help="a system prompt placed before the streamed input")
     answer.add_argument("--model", help="the served model name (default: the gateway's)")
-    answer.add_argument("--max-tokens", type=_positive_int, help="longest answer in tokens")
+    answer.add_argument("--max-tokens", type=_positive_int,
+                        help="longest answer in tokens (unset: up to the model's context; a small model may "
+                             "repeat itself until then)")
     answer.add_argument("--temperature", type=float, help="sampling temperature (0: greedy)")
     answer.add_argument("--start-policy", choices=["on_first_chunk", "on_min_length", "on_end_only"],
                         help="when the engine starts prefilling (default: the gateway's)")
