@@ -69,6 +69,8 @@ class GatewayError(Exception):
 
     #: Seconds for a ``Retry-After`` header, for errors a client should retry later.
     retry_after: int | None = None
+    #: A failed session's stored envelope may name this code (``from_envelope`` reads it back).
+    stored: ClassVar[bool] = True
 
     def __init__(self, message: str, *, param: str | None = None, **details: Any) -> None:
         super().__init__(message)
@@ -115,6 +117,7 @@ class PromptTooLong(InvalidRequest):
     answer it and frameworks look for it. A session's chunk past it is ``ContextLengthExceeded``."""
 
     code = "context_length_exceeded"
+    stored = False  # said at once, never stored: a stored one is ContextLengthExceeded
 
 
 class InvalidJson(InvalidRequest):
@@ -338,7 +341,7 @@ def from_envelope(envelope: dict[str, Any]) -> GatewayError:
     message, code, param = body.pop("message"), body.pop("code"), body.pop("param", None)
     body.pop("type", None)
     error = GatewayError(message, param=param, **body)
-    known = next((cls for cls in _subclasses(GatewayError) if cls.code == code), GatewayError)
+    known = next((cls for cls in _subclasses(GatewayError) if cls.code == code and cls.stored), GatewayError)
     # The labels are class constants; this one instance takes those of the
     # code the envelope names, which may belong to no class of ours.
     error.status_code = known.status_code  # type: ignore[misc]

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from gateway.domain.policies import MinLengthKind, StartPolicy
 from gateway.domain.states import SessionState
@@ -131,6 +139,17 @@ class ChatMessage(StrictModel):
                              "as the message's content")
         check_message_fields(self.role, said, self.tool_calls, self.tool_call_id)
         return self
+
+    @model_serializer(mode="wrap")
+    def _without_what_was_not_sent(self, dump: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """The SDK dump's fields only when they say something: a plain message dumps as it did
+        before they were taken (a create's idempotency digest is of the dump, and replicas of
+        the earlier release compute it too)."""
+        data: dict[str, Any] = dump(self)
+        for name in ("refusal", "annotations", "audio", "function_call"):
+            if data.get(name, "") is None:
+                del data[name]
+        return data
 
     def as_history(self) -> dict[str, Any]:
         """The message as the engine's chat template takes it: its text, joined from its parts."""

@@ -80,6 +80,16 @@ def test_default_values_render_the_cpu_stack(default_objs: list[k8s.Obj]) -> Non
     assert "initContainers" not in pod
 
 
+def test_the_sidecar_serves_every_name_the_gateway_is_told() -> None:
+    values = render_manifests.load_values(GPU_VALUES)
+    values["engine"]["sidecar"]["servedModelName"] = "qwen2.5-omni-3b, gpt-realtime"
+    objs = k8s.render(values)
+    args = k8s.container(deployment(objs), "engine")["args"]
+    at = args.index("--served-model-name")
+    assert args[at + 1:at + 3] == ["qwen2.5-omni-3b", "gpt-realtime"], "vLLM takes each name as an argument"
+    assert settings_env(objs)["OMNI_GATEWAY_SERVED_MODEL_NAME"] == "qwen2.5-omni-3b, gpt-realtime"
+
+
 def test_gpu_values_render_the_sidecar_stack(gpu_objs: list[k8s.Obj]) -> None:
     kinds = {obj["kind"] for obj in gpu_objs}
     assert {"Ingress", "ServiceMonitor", "HorizontalPodAutoscaler", "PodDisruptionBudget"} <= kinds

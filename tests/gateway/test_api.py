@@ -15,6 +15,8 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
+from gateway import errors
+from gateway.service.models import ChatMessage
 from gateway.settings import Settings
 from omni_adapter.scripted import Script, ScriptedEngine
 from tests.gateway.client import BASE, app_client, content_of, make_settings, parse_sse
@@ -490,6 +492,19 @@ async def test_store_outage_is_503_with_envelope(engine: ScriptedEngine) -> None
 async def test_disabled_service_refuses_sessions(redis_url: str, engine: ScriptedEngine) -> None:
     async with app_client(make_settings(redis_url=redis_url, enabled=False), engine) as client:
         assert_error(await client.post(BASE, json={}), 503, "streaming_input_disabled")
+
+
+def test_a_stored_context_overflow_reads_back_as_the_413_it_was() -> None:
+    # Two classes share the code: the chat doors' 400 is said at once, never stored.
+    stored = errors.ContextLengthExceeded("too long", param="sequence_id").envelope()
+    assert errors.from_envelope(stored).status_code == 413
+
+
+def test_a_plain_history_message_dumps_as_before_the_sdk_fields_were_taken() -> None:
+    # A create's idempotency digest is of the dump: replicas of the earlier release compute it too.
+    plain = ChatMessage(role="user", content="hi").model_dump()
+    assert list(plain) == ["role", "content", "name", "tool_calls", "tool_call_id"]
+    assert ChatMessage(role="assistant", content=None, refusal="no").model_dump()["refusal"] == "no"
 
 
 def test_envelope_types_are_json_serializable() -> None:

@@ -21,6 +21,7 @@ import websockets
 
 from gateway.store.keys import client_secret
 from omni_adapter.scripted import ScriptedEngine
+from omni_adapter.talker import with_talker
 from tests.gateway.client import live_app, make_settings
 from tests.gateway.test_realtime import TEXT_ONLY, answer_text, sdk, text_turn, until
 
@@ -112,3 +113,17 @@ async def _refused(url: str, value: str) -> None:
             pass
     assert refused.value.response.status_code == 401
     assert json.loads(refused.value.response.body)["error"]["code"] == "invalid_api_key"
+
+
+async def test_a_secret_for_a_voice_on_a_replica_that_cannot_speak_is_said_in_an_event(redis_url: str) -> None:
+    # Minted where the engine speaks; used, through the same Redis, on a replica whose engine
+    # does not (another release, another engine): an error event, then the close.
+    settings = make_settings(redis_url=redis_url, api_keys=KEY)
+    async with live_app(settings, with_talker(ScriptedEngine())) as speaking, \
+            live_app(settings, ScriptedEngine()) as mute:
+        secret = await mint(speaking, session={"type": "realtime", "model": "scripted", "output_modalities": ["audio"]})
+        async with sdk(mute, api_key=secret.value).realtime.connect(model="scripted") as connection:
+            error = (await until(connection, "error"))[-1]
+            assert error["error"]["code"] == "unsupported_modality"
+            with pytest.raises(websockets.ConnectionClosed):
+                await connection.recv()

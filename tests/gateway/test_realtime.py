@@ -168,6 +168,12 @@ async def test_a_model_not_served_is_said_in_an_error_event_and_an_alias_is_serv
             with pytest.raises(websockets.ConnectionClosed) as closed:
                 await connection.recv()
             assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
+        # The reason is cut to fit a close frame in bytes, however the name is spelt.
+        async with websockets.connect(url.replace("http", "ws") + "/v1/realtime?model=" + "mödèl-" * 40) as ws:
+            assert json.loads(await ws.recv())["error"]["code"] == "model_not_found"
+            with pytest.raises(websockets.ConnectionClosed) as closed:
+                await ws.recv()
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
         assert not engine.sessions
         async with sdk(url).realtime.connect(model="gpt-realtime") as connection:
             created = await until(connection, "session.created")

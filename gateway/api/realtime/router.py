@@ -81,14 +81,14 @@ async def realtime(websocket: WebSocket, model: str | None = None, session_id: s
     await websocket.accept(subprotocol="realtime" if "realtime" in protocols else None)
     try:
         config = session_config(resources, model or (caller.session or {}).get("model"))
-    except errors.ModelNotFound as exc:
+        if caller.session:  # checked when the secret was minted (on a replica that may have spoken)
+            config.update(caller.session)
+    except errors.GatewayError as exc:
         # Said in an event, as OpenAI does, then closed: a refused handshake reaches a
         # framework's log as "HTTP 404" at best, without the names that are served.
         await websocket.send_text(ev.encoded(ev.error(exc)))
-        await websocket.close(POLICY_VIOLATION, exc.message[:120])
+        await websocket.close(POLICY_VIOLATION, close_reason(exc.message))
         return
-    if caller.session:  # checked when the secret was minted
-        config.update(caller.session)
     identity, settings, metrics = caller.identity, resources.settings, resources.metrics
     lock = asyncio.Lock()
     audio = Transcoder()  # the session's audio formats on this socket (G.711 for telephony)
@@ -110,7 +110,7 @@ async def realtime(websocket: WebSocket, model: str | None = None, session_id: s
                 await connection.restore(session_id, last_event_id)
             except errors.GatewayError as exc:
                 await send(ev.error(exc))
-                await websocket.close(POLICY_VIOLATION, exc.message[:120])
+                await websocket.close(POLICY_VIOLATION, close_reason(exc.message))
                 return
         await connection.opened()
         if settings.rate_limit_rps > 0:  # the connection is one request of the identity's rate
@@ -141,13 +141,18 @@ def new_connection(resources: Resources, identity: str, config: RealtimeConfig,
                               settings, budget), budget
 
 
+def close_reason(message: str) -> str:
+    """``message`` cut to fit a close frame (123 bytes of UTF-8, not characters)."""
+    return message.encode()[:120].decode("utf-8", "ignore")
+
+
 async def _refuse(websocket: WebSocket, exc: errors.GatewayError) -> None:
     """Refused before the upgrade: an HTTP answer with the envelope where the server can
     send one, else the close that makes the handshake fail (403)."""
     try:
         await websocket.send_denial_response(JSONResponse(exc.envelope(), status_code=int(exc.status_code)))
     except RuntimeError:
-        await websocket.close(POLICY_VIOLATION, exc.message[:120])
+        await websocket.close(POLICY_VIOLATION, close_reason(exc.message))
 
 
 async def _attach(websocket: WebSocket, resources: Resources, identity: str, call_id: str,

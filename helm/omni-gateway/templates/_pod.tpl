@@ -38,7 +38,10 @@ preStop outlasts the gateway's drain.
     - --port
     - {{ $s.port | quote }}
     - --served-model-name
-    - {{ include "omni-gateway.engineServedName" $root | quote }}
+    {{- /* vLLM takes several names as separate arguments; the gateway's setting, comma-separated */}}
+    {{- range splitList "," (include "omni-gateway.engineServedName" $root) }}
+    - {{ trim . | quote }}
+    {{- end }}
     {{- if $s.omni }}
     - --omni
     {{- end }}
