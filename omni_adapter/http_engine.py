@@ -353,7 +353,11 @@ class HttpSession:
 
     def _body(self, content: str | list[dict[str, Any]], *, warm: bool) -> dict[str, Any]:
         request = self._request
-        messages = [*request.messages, {"role": "user", "content": content}]
+        # The input is whose it is: the user's words, a function's result, or a system note.
+        streamed: dict[str, Any] = {"role": request.input_role, "content": content}
+        if request.input_tool_call_id is not None:
+            streamed["tool_call_id"] = request.input_tool_call_id
+        messages = [*request.messages, streamed]
         body: dict[str, Any] = {"model": request.model, "messages": messages}
         if request.assistant_prefix:
             messages.append({"role": "assistant", "content": request.assistant_prefix})

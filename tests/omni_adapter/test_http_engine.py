@@ -14,6 +14,7 @@ import json
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
+from typing import Any
 
 import httpx
 import pytest
@@ -279,6 +280,29 @@ async def test_error_in_the_stream_and_early_close() -> None:
     await engine.aclose()
     assert first == EngineError("boom", code="engine_error", details={"upstream_status": 500})
     assert isinstance(second, EngineError) and second.code == "engine_unavailable"
+
+
+async def test_the_input_goes_to_the_engine_as_whose_it_is() -> None:
+    """A function's result, or a system note (a Realtime greeting), is not the user's words."""
+    bodies: list[dict[str, Any]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        bodies.append(json.loads(request.content))
+        return httpx.Response(200, content=sse({"choices": [{"index": 0, "delta": {"content": "ok"},
+                                                             "finish_reason": "stop"}]}, "[DONE]"),
+                              headers={"content-type": "text/event-stream"})
+
+    engine = scripted_engine(handler)
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    for role, call_id, history in (("tool", "c1", ({"role": "assistant", "tool_calls": [call]},)),
+                                   ("system", None, ())):
+        session = engine.open_session(replace(request(history=history), input_role=role, input_tool_call_id=call_id))
+        await session.feed(text_chunks(b"sunny", 5))
+        await session.end_input()
+        await collect(session.events())
+        assert bodies[-1]["messages"][-1] == {"role": role, "content": "sunny",
+                                              **({"tool_call_id": call_id} if call_id else {})}
+    await engine.aclose()
 
 
 def test_user_content_keeps_text_as_a_string_until_audio_arrives() -> None:
