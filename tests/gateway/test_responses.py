@@ -8,10 +8,12 @@ test_real_frontdoor.py and tests/frameworks/test_openai_agents.py.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
 
+import httpx
 import openai
 import pytest
 from openai import AsyncOpenAI, omit
@@ -183,3 +185,20 @@ async def test_an_answer_cut_at_max_output_tokens_is_incomplete_and_a_failed_one
     gone = await translated([errors.SessionExpired("the session expired")])
     assert [e["type"] for e in gone] == ["response.created", "response.in_progress", "response.failed"]
     assert gone[-1]["response"]["error"]["code"] == "server_error"
+
+
+async def test_a_client_that_leaves_a_streamed_response_cancels_its_session(redis_url: str) -> None:
+    engine = ScriptedEngine(script=Script(hang=True))
+    async with live_app(make_settings(redis_url=redis_url), engine) as url, httpx.AsyncClient(base_url=url) as client:
+        async with client.stream("POST", "/v1/responses", json={"input": "hi there", "stream": True}) as response:
+            sid = response.headers["X-Session-Id"]
+            lines = response.aiter_lines()
+            while "response.output_text.delta" not in await anext(lines):
+                pass
+        # The connection is closed here, before the response ended.
+        for _ in range(100):
+            state = (await client.get(f"/v1/streaming_input/sessions/{sid}")).json()["state"]
+            if state == "cancelled":
+                break
+            await asyncio.sleep(0.05)
+        assert state == "cancelled" and engine.sessions[0].aborted

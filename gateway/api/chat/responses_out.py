@@ -18,8 +18,9 @@ text), then each is closed in output order.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,7 +90,7 @@ def response_of(completion: dict[str, Any], shape: ResponseShape) -> dict[str, A
     return shape.response(completion["id"], status, output, completion.get("usage"), error)
 
 
-async def response_events(frames: AsyncIterator[ServerSentEvent], shape: ResponseShape,
+async def response_events(frames: AsyncGenerator[ServerSentEvent, None], shape: ResponseShape,
                           response_id: str) -> AsyncIterator[ServerSentEvent]:
     """The session's ``chat.completion.chunk`` frames as Responses stream events."""
     stream = _EventStream(shape, response_id)
@@ -97,14 +98,16 @@ async def response_events(frames: AsyncIterator[ServerSentEvent], shape: Respons
     yield stream.event("response.in_progress", response=stream.snapshot("in_progress"))
     error: dict[str, Any] | None = None
     try:
-        async for frame in frames:
-            if frame.event == "error":  # the session failed: the answer ends here
-                error = _error(orjson.loads(str(frame.data)).get("error") or {})
-                break
-            if frame.event or frame.data == DONE:  # another kind of frame (the input's transcript); the end
-                continue
-            for event in stream.chunk(orjson.loads(str(frame.data))):
-                yield event
+        # Closed with this generator (a client that left): its end cancels the session at once.
+        async with contextlib.aclosing(frames):
+            async for frame in frames:
+                if frame.event == "error":  # the session failed: the answer ends here
+                    error = _error(orjson.loads(str(frame.data)).get("error") or {})
+                    break
+                if frame.event or frame.data == DONE:  # another kind of frame (the input's transcript); the end
+                    continue
+                for event in stream.chunk(orjson.loads(str(frame.data))):
+                    yield event
     except errors.GatewayError as exc:  # before the first frame: the session is gone, Redis is away...
         error = _error(exc.envelope()["error"])
     status, ended_early = ("failed", error) if error else _end(stream.finish_reason)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import anyio
@@ -109,7 +109,7 @@ class ChatService:
         with anyio.CancelScope(shield=True), contextlib.suppress(errors.GatewayError):
             await self._sessions.cancel(identity, session_id)
 
-    async def stream(self, identity: str, session_id: str) -> AsyncIterator[ServerSentEvent]:
+    async def stream(self, identity: str, session_id: str) -> AsyncGenerator[ServerSentEvent, None]:
         """The session's frames; a client that leaves early cancels the session.
 
         A stream this replica ends because it stops (gateway/work/draining.py)
