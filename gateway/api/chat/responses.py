@@ -45,8 +45,8 @@ from gateway.web.validation import IdempotencyKey
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 #: A Responses stream cannot be resumed (its events are not stored; the chat frames are).
-WHEN_STOPPED = ("ask again; the answer goes on elsewhere, as a chat.completion at "
-                "GET /v1/streaming_input/sessions/{id}/result (the id in X-Session-Id)")
+WHEN_STOPPED = ("the answer goes on at another replica: read it whole as a chat.completion at "
+                "GET /v1/streaming_input/sessions/{id}/result (the id in X-Session-Id), or ask again")
 
 
 @router.post("/responses", response_model=None,
