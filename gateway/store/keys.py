@@ -32,20 +32,30 @@ DEAD_LETTERS = "{" + SCHEDULE + "}:dead-letters"
 DURABLE_MARK = f"{PREFIX}:durable-mark"
 
 
-#: Pub/sub channel: engine work was left waiting for an owner (an API worker,
-#: or a replica without room, started it). Tenders wake on it instead of
-#: waiting for their next round; the schedule stays the truth.
-WORK_WAITING = f"{PREFIX}:work-waiting"
+class Channels(NamedTuple):
+    """The pub/sub channels every process of a deployment listens on.
+
+    Redis's pub/sub spans the server, not a database: two deployments sharing one Redis server
+    (databases 0 and 1) would hear each other's. Their names carry the database, so an ask is
+    answered only by processes that write the answer where the asker reads it.
+    """
+
+    #: Engine work was left waiting for an owner (an API worker, or a replica without room,
+    #: started it). Tenders wake on it instead of waiting for their next round; the schedule
+    #: stays the truth.
+    work_waiting: str
+    #: A hang-up of a WebRTC call that reached a process not holding it (the edge round robins);
+    #: every process holding calls listens.
+    call_hang_ups: str
+    #: A backend's control socket (``?call_id=``) reached a process not holding the call; the
+    #: holder relays the call through ``call_sideband`` channels.
+    call_attaches: str
 
 
-#: Pub/sub channel: a hang-up of a WebRTC call that reached a process not holding it
-#: (the edge round robins); every process holding calls listens.
-CALL_HANG_UPS = f"{PREFIX}:call-hang-ups"
-
-
-#: Pub/sub channel: a backend's control socket (``?call_id=``) reached a process not
-#: holding the call; the holder relays the call through ``call_sideband`` channels.
-CALL_ATTACHES = f"{PREFIX}:call-attaches"
+def channels(database: int) -> Channels:
+    base = f"{PREFIX}:db{database}"
+    return Channels(work_waiting=f"{base}:work-waiting", call_hang_ups=f"{base}:call-hang-ups",
+                    call_attaches=f"{base}:call-attaches")
 
 
 def call_hang_up_reply(nonce: str) -> str:

@@ -32,16 +32,14 @@ from gateway.store.connection import translate_redis_errors
 from gateway.store.durability import ACKNOWLEDGED, Durability, run_replicated
 from gateway.store.durability import check as check_durability
 from gateway.store.keys import (
-    CALL_ATTACHES,
-    CALL_HANG_UPS,
     DEAD_LETTERS,
     OPEN_SESSIONS,
     SCHEDULE,
     SCHEDULE_FAILURES,
-    WORK_WAITING,
     SessionKeys,
     call_hang_up_reply,
     call_sideband,
+    channels,
     client_secret,
     engine_card,
     idempotency,
@@ -227,6 +225,8 @@ class SessionStore:
         #: ``replica``: acknowledged scripts wait for a replica (store/durability.py).
         self._replica_wait_ms = replica_wait_ms if durability == "replica" else 0
         self._scripts = LuaScripts(client)
+        pool = None if isinstance(client, RedisCluster) else client.connection_pool
+        self._channels = channels(int(pool.connection_kwargs.get("db") or 0) if pool is not None else 0)
         #: The per-token call (publish) goes through here: one round trip for many sessions.
         #: Redis Cluster refuses scripts in a pipeline (redis-py blocks them): one call each there.
         self._pipe: ScriptPipe | None = (
@@ -490,12 +490,12 @@ class SessionStore:
     async def ask_hang_up(self, call_id: str, identity: str, wait_sec: float) -> bool:
         """Ask whichever process holds the call (another replica, another API worker) to end
         it, if it is ``identity``'s; whether one did within ``wait_sec``."""
-        return await self._ask_holder(CALL_HANG_UPS, [call_id, identity], wait_sec)
+        return await self._ask_holder(self._channels.call_hang_ups, [call_id, identity], wait_sec)
 
     async def ask_attach(self, call_id: str, identity: str, attachment: str, wait_sec: float) -> bool:
         """Ask whichever process holds the call to relay it to a control socket here, through the
         ``attachment``'s channels (``call_sideband``), if it is ``identity``'s; whether one does."""
-        return await self._ask_holder(CALL_ATTACHES, [call_id, identity, attachment], wait_sec)
+        return await self._ask_holder(self._channels.call_attaches, [call_id, identity, attachment], wait_sec)
 
     async def _ask_holder(self, channel: str, ask: list[str], wait_sec: float) -> bool:
         """Every process that hears the ask answers, holder or not: an unknown call is a "no"
@@ -520,13 +520,13 @@ class SessionStore:
     async def hang_up_requests(self) -> AsyncIterator[tuple[str, str, str]]:
         """(call id, identity, reply key) of each hang-up asked for, as it comes (pub/sub: only
         while listening; the one who asked gets no answer otherwise, and says so)."""
-        async for message in self._messages(CALL_HANG_UPS):
+        async for message in self._messages(self._channels.call_hang_ups):
             call_id, identity, reply = json.loads(message)
             yield str(call_id), str(identity), str(reply)
 
     async def attach_requests(self) -> AsyncIterator[tuple[str, str, str, str]]:
         """(call id, identity, reply key, attachment) of each control socket asking for a call."""
-        async for message in self._messages(CALL_ATTACHES):
+        async for message in self._messages(self._channels.call_attaches):
             call_id, identity, reply, attachment = json.loads(message)
             yield str(call_id), str(identity), str(reply), str(attachment)
 
@@ -575,7 +575,7 @@ class SessionStore:
         Pub/sub: an announcement made while nobody listens is lost, which is
         fine, since the schedule holds the work and the next tender round finds it.
         """
-        async for message in self._messages(WORK_WAITING):
+        async for message in self._messages(self._channels.work_waiting):
             yield message
 
     async def _messages(self, channel: str) -> AsyncIterator[str]:
@@ -636,7 +636,7 @@ class SessionStore:
         claims it now, not at its next round. Only a shortcut: the schedule has it already."""
         try:
             async with self._call():
-                await self._redis.publish(WORK_WAITING, session_id)
+                await self._redis.publish(self._channels.work_waiting, session_id)
         except errors.StoreUnavailable as exc:
             logger.info("session %s: waiting work not announced (%s); the next tender round finds it",
                         session_id, exc.message)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 from typing import Any
@@ -509,3 +510,32 @@ async def test_replacing_a_chunk_marks_a_restart_only_for_input_the_engine_took(
         await store.replace("s1", text(7, "x"), "r1", kept_tokens=0)
     view = await store.view("s1")
     assert (view.bytes, view.state, view.replaced) == (4, SessionState.STREAMING, 2)
+
+
+async def test_deployments_on_two_databases_of_one_redis_server_do_not_hear_each_others_asks(
+        redis_url: str) -> None:
+    """Pub/sub spans the Redis server, not a database. A process of another deployment (another
+    database) that heard our hang-up ask would answer it in its own database, and we would wait
+    for that answer until the ask timed out."""
+    base, database = redis_url.rsplit("/", 1)
+    ours_client = aioredis.Redis.from_url(redis_url)
+    theirs_client = aioredis.Redis.from_url(f"{base}/{int(database or 0) + 1}")
+    ours, theirs = SessionStore(ours_client, timeout_sec=2.0), SessionStore(theirs_client, timeout_sec=2.0)
+    heard: list[tuple[str, str, str]] = []
+
+    async def listen() -> None:
+        async for ask in theirs.hang_up_requests():
+            heard.append(ask)
+
+    listening = asyncio.create_task(listen())
+    try:
+        async with asyncio.timeout(5):
+            while not await ours_client.pubsub_channels():  # type: ignore[no-untyped-call]  # noqa: ASYNC110 (another client subscribes)
+                await asyncio.sleep(0.01)
+            assert await ours.ask_hang_up("rtc_unknown", "someone", wait_sec=30) is False
+        assert heard == []
+    finally:
+        listening.cancel()
+        await asyncio.gather(listening, return_exceptions=True)
+        await ours_client.aclose()
+        await theirs_client.aclose()
