@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import itertools
 import json
 from typing import Any
 
@@ -115,3 +116,39 @@ async def test_a_store_error_during_an_event_is_an_error_event_and_the_socket_st
             await ws.send(json.dumps({"type": "response.create"}))
             events = await received(ws, 2.0)
             assert events[-1]["type"] == "response.done" or "response.done" in [e["type"] for e in events]
+
+
+async def test_a_pcm16_stream_cut_at_odd_byte_counts_reaches_the_engine_sample_for_sample(redis_url: str) -> None:
+    """The input buffer is a byte stream: a client that cuts it anywhere (a file read in blocks of
+    an odd size) loses nothing, and no piece carries half a sample."""
+    engine = hearing()
+    stream = bytes(range(1, 201)) * 6  # 1,200 bytes: 600 samples
+    cuts = [0, 3, 480, 481, 1_000, 1_199, 1_200]
+    async with live_app(make_settings(redis_url=redis_url), engine) as url, \
+            websockets.connect(url.replace("http", "ws") + "/v1/realtime") as ws:
+        await received(ws)
+        await ws.send(json.dumps(NO_VAD))
+        for start, end in itertools.pairwise(cuts):
+            await ws.send(json.dumps({"type": "input_audio_buffer.append",
+                                      "audio": base64.b64encode(stream[start:end]).decode()}))
+        await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        events = await received(ws)
+        assert [e for e in events if e["type"] == "error"] == []
+        assert "input_audio_buffer.committed" in [e["type"] for e in events]
+        fed = engine.sessions[-1].fed
+        assert all(len(chunk.data) % 2 == 0 for chunk in fed)
+        assert b"".join(chunk.data for chunk in fed) == stream
+
+
+async def test_json_events_in_binary_frames_are_taken_and_other_bytes_get_an_error_event(redis_url: str) -> None:
+    """Some WebSocket clients send their JSON as bytes; bytes that are not JSON are the client's
+    error, said on the socket, which stays."""
+    async with live_app(make_settings(redis_url=redis_url), hearing()) as url, \
+            websockets.connect(url.replace("http", "ws") + "/v1/realtime") as ws:
+        await received(ws)
+        await ws.send(json.dumps(NO_VAD).encode())
+        assert [e["type"] for e in await received(ws)] == ["session.updated"]
+        await ws.send(b"\x00\xff\x01")
+        assert [e["error"]["code"] for e in await received(ws)] == ["invalid_json"]
+        await ws.send(json.dumps({"type": "input_audio_buffer.clear"}).encode())
+        assert [e["type"] for e in await received(ws)] == ["input_audio_buffer.cleared"]

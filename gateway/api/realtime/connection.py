@@ -192,6 +192,9 @@ class RealtimeConnection:
         self._held_chars = 0
         self._detector: SpeechDetector | None = None
         self._padding = bytearray()
+        #: The odd last byte of an append, joined to the next: the buffer is a byte stream, and
+        #: a client may cut it anywhere (a file read in odd-sized blocks).
+        self._half_sample = b""
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[None]] = set()
         self._idle: asyncio.Task[None] | None = None
@@ -394,6 +397,10 @@ class RealtimeConnection:
                 await asyncio.to_thread(b64decode_in_slices, audio)
         except (binascii.Error, ValueError) as exc:
             raise errors.InvalidPayload("audio is not valid base64", param="audio") from exc
+        if self._half_sample or len(pcm) % 2:
+            pcm = self._half_sample + pcm
+            whole = len(pcm) // 2 * 2
+            pcm, self._half_sample = pcm[:whole], pcm[whole:]
         self._audio_in_ms += len(pcm) // BYTES_PER_MS
         # A long stretch of audio in one event is taken a second at a time, as if the client
         # had sent it so: the event loop gets a turn between pieces (minutes of audio in one
@@ -430,12 +437,14 @@ class RealtimeConnection:
                     await self._respond(self._params({}))
 
     async def _audio_commit(self, _: dict[str, Any]) -> None:
+        self._half_sample = b""  # half a sample at the buffer's end: nothing to hear
         await self._commit()
 
     async def _audio_clear(self, _: dict[str, Any]) -> None:
         """Drop the audio since the last commit; the turn's text items stay in the conversation."""
         turn = self._turn
         self._padding.clear()
+        self._half_sample = b""
         if turn is not None and turn.audio_item_id is not None and not turn.committed:
             await self._drop_turn()
         await self._emit(ev.event("input_audio_buffer.cleared"))

@@ -185,7 +185,7 @@ async def _control(websocket: WebSocket, call: Call | sideband.Attachment, setti
         budget = EventBudget(settings.realtime_events_per_sec, max(1, int(2 * settings.realtime_events_per_sec)))
         while True:
             async with asyncio.timeout(settings.session_timeout_sec):
-                raw = await websocket.receive_text()
+                raw = await receive_frame(websocket)
             await receive_event(raw, call.handle, send, settings, budget)
 
     async with call.watching(send):
@@ -210,7 +210,7 @@ async def _control(websocket: WebSocket, call: Call | sideband.Attachment, setti
 OFF_LOOP_CHARS = 256 * 1024
 
 
-async def parse_event(raw: str) -> Any:
+async def parse_event(raw: str | bytes) -> Any:
     """The event's JSON; a big one parsed off the event loop, where every other session waits."""
     return json.loads(raw) if len(raw) < OFF_LOOP_CHARS else await asyncio.to_thread(json.loads, raw)
 
@@ -224,17 +224,28 @@ async def _serve(websocket: WebSocket, connection: RealtimeConnection,
     while True:
         try:
             async with asyncio.timeout(settings.session_timeout_sec):
-                raw = await websocket.receive_text()
+                raw = await receive_frame(websocket)
         except TimeoutError:
             await websocket.close(NORMAL, "idle for longer than the session timeout")
             return
         await receive_event(raw, handle, send, settings, budget)
 
 
-async def receive_event(raw: str, handle: Callable[[dict[str, Any]], Awaitable[None]],
+async def receive_frame(websocket: WebSocket) -> str | bytes:
+    """The next frame's text, or its bytes: some clients send their JSON events in binary frames
+    (Starlette's ``receive_text`` fails on those with a ``KeyError`` and drops the socket)."""
+    message = await websocket.receive()
+    if message["type"] == "websocket.disconnect":
+        raise WebSocketDisconnect(message.get("code", 1000), message.get("reason"))
+    text = message.get("text")
+    return text if text is not None else message.get("bytes") or b""
+
+
+async def receive_event(raw: str | bytes, handle: Callable[[dict[str, Any]], Awaitable[None]],
                         send: Callable[[dict[str, Any]], Awaitable[None]], settings: Settings,
                         budget: EventBudget) -> None:
-    """One client event as text, from any transport: over budget, too big or not JSON is an ``error`` event."""
+    """One client event as text (or UTF-8 bytes), from any transport: over budget, too big or not JSON
+    is an ``error`` event."""
     if not budget.take():
         await send(ev.error(errors.TooManyRequests(
             f"more than {settings.realtime_events_per_sec:g} events a second on this connection; "

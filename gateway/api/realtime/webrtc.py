@@ -52,7 +52,7 @@ HANG_UP_WAIT_SEC = 1.0
 #: The data channel OpenAI's WebRTC clients open for events.
 EVENTS_CHANNEL = "oai-events"
 #: Checks a client event's text as the WebSocket does (budget, size, JSON), then hands it on.
-Receive = Callable[[str, Callable[[dict[str, Any]], Awaitable[None]]], Awaitable[None]]
+Receive = Callable[[str | bytes, Callable[[dict[str, Any]], Awaitable[None]]], Awaitable[None]]
 
 
 def peer_configuration(ice_servers: Sequence[IceServer]) -> RTCConfiguration:
@@ -72,7 +72,7 @@ class Call:
         self._connection: RealtimeConnection | None = None
         self._receive: Receive | None = None
         self._opened = asyncio.Event()
-        self._inbox: asyncio.Queue[str] = asyncio.Queue()
+        self._inbox: asyncio.Queue[str | bytes] = asyncio.Queue()
         self._tasks: set[asyncio.Task[None]] = set()
         self._on_end = on_end
         self._over = asyncio.Event()
@@ -178,11 +178,7 @@ class Call:
         await connection.opened()
         self._opened.set()
         while True:
-            message = await self._inbox.get()
-            if isinstance(message, str):
-                await receive(message, self.handle)
-            else:
-                await self.send(ev.error(errors.InvalidRequest("events are JSON text, not binary messages")))
+            await receive(await self._inbox.get(), self.handle)  # text, or JSON in UTF-8 bytes
 
     async def handle(self, message: dict[str, Any]) -> None:
         """A client event, from the data channel or a control socket."""
