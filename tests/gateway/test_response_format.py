@@ -295,6 +295,14 @@ async def test_the_openai_playgrounds_exported_request_is_answered(scripted: htt
     assert response.status_code == 200, response.text
 
 
+async def test_openai_fields_that_change_nothing_here_are_taken(scripted: httpx.AsyncClient) -> None:
+    """Newer OpenAI fields that SDK helpers and frameworks set: bookkeeping, cache keys, hints."""
+    response = await scripted.post(CHAT, json=ask(
+        "hello", user="u-1", safety_identifier="hashed-user", prompt_cache_key="agent-7",
+        prompt_cache_retention="24h", verbosity="low", prediction={"type": "content", "content": "hello"}))
+    assert response.status_code == 200, response.text
+
+
 @pytest.mark.parametrize(("fields", "param"), [
     ({"logprobs": True}, "logprobs"),
     ({"top_logprobs": 2}, "top_logprobs"),
@@ -302,6 +310,8 @@ async def test_the_openai_playgrounds_exported_request_is_answered(scripted: htt
     ({"store": "no"}, "store"),
     ({"service_tier": "fastest"}, "service_tier"),
     ({"reasoning_effort": "extreme"}, "reasoning_effort"),
+    ({"verbosity": "terse"}, "verbosity"),
+    ({"web_search_options": {}}, "web_search_options"),
     ({"logit_bias": {"hello": 5}}, "logit_bias"),
     ({"logit_bias": {"\u00b2": 5}}, "logit_bias"),
     ({"logit_bias": {"42": 101}}, "logit_bias"),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
@@ -46,31 +46,61 @@ class ChatCompletionMessage(ChatMessage):
     content: str | list[ContentPart] | None = None  # type: ignore[assignment]
 
 
-class ChatCompletionRequest(GenerationOptions):
+class OpenAIBookkeeping(StrictModel):
+    """Fields of OpenAI's chat completions and responses that change nothing here, taken so
+    that clients setting them (SDK helpers, the playground's code, frameworks) run unchanged:
+    the caller's identity comes from credentials, nothing is kept for OpenAI's dashboard, there
+    is one service tier, and no prompt cache to key (vLLM's prefix cache needs none)."""
+
+    user: str | None = None
+    safety_identifier: str | None = None
+    store: bool | None = Field(None, strict=True)
+    service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
+    #: Log probabilities are not returned: 0 (or none) only.
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _no_logprobs(cls, value: int | None) -> int | None:
+        return no_logprobs(value)
+
+
+def no_logprobs(value: bool | int | None) -> bool | int | None:
+    if value:  # true, or a count above 0
+        raise ValueError("log probabilities are not returned by this server; send false (0) or leave it out")
+    return value
+
+
+class ChatCompletionRequest(GenerationOptions, OpenAIBookkeeping):
     """OpenAI's chat completion request; the last message (the user's, or a
     function's result) is the input."""
 
     messages: list[ChatCompletionMessage] = Field(min_length=1)
     stream: bool = Field(False, strict=True)
     n: Literal[1] = 1
-    #: Accepted for OpenAI compatibility (the caller's identity comes from credentials).
-    user: str | None = None
-    #: Accepted for OpenAI compatibility (the OpenAI playground's code sends them): nothing is
-    #: kept for OpenAI's dashboard here, and there is one service tier.
-    store: bool | None = Field(None, strict=True)
-    service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
     #: Accepted as vLLM accepts it: the chat template may read it; a model that does not
     #: reason (the embedded default) answers as it would without.
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
-    #: Log probabilities are not returned: ``false`` (or none) only.
+    #: Accepted: a chat model's answer is as long as it is (``max_completion_tokens`` bounds it).
+    verbosity: Literal["low", "medium", "high"] | None = None
+    #: Accepted: predicted output only makes OpenAI answer sooner; the answer is the same without.
+    prediction: dict[str, Any] | None = None
+    #: Refused with a clear error: there is no web search here (no hosted tools).
+    web_search_options: dict[str, Any] | None = None
     logprobs: bool | None = Field(None, strict=True)
-    top_logprobs: int | None = Field(None, ge=0, le=20)
 
-    @field_validator("logprobs", "top_logprobs")
+    @field_validator("logprobs")
     @classmethod
-    def _no_logprobs(cls, value: bool | int | None) -> bool | int | None:
-        if value:  # true, or a count above 0
-            raise ValueError("log probabilities are not returned by this server; send false (0) or leave it out")
+    def _no_logprobs_either(cls, value: bool | None) -> bool | None:
+        return no_logprobs(value)  # type: ignore[return-value]
+
+    @field_validator("web_search_options")
+    @classmethod
+    def _no_web_search(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None:
+            raise ValueError("web search is not available on this server (it has no hosted tools); leave it out")
         return value
 
 

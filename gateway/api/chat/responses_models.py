@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Discriminator, Field, Tag, field_validator
 
+from gateway.api.chat.models import OpenAIBookkeeping
 from gateway.service.models import StrictModel
 
 
@@ -152,7 +153,7 @@ class StreamOptions(StrictModel):
     include_obfuscation: bool | None = Field(None, strict=True)
 
 
-class ResponsesRequest(StrictModel):
+class ResponsesRequest(OpenAIBookkeeping):
     model: str | None = None
     #: A string is one user message. (Read as a list, so that a bad item's error names the item.)
     input: list[InputItem] = Field(description="the conversation so far: items, or a string (one user message)")
@@ -168,8 +169,7 @@ class ResponsesRequest(StrictModel):
     stream_options: StreamOptions | None = None
     metadata: dict[str, str] | None = None
     #: Nothing is kept to retrieve or continue from later: ``previous_response_id`` and
-    #: ``conversation`` are 400s, and ``store: true`` is taken as the SDKs send it by default.
-    store: bool | None = Field(None, strict=True)
+    #: ``conversation`` are 400s (``store: true`` is taken as the SDKs send it by default).
     previous_response_id: str | None = None
     conversation: str | dict[str, Any] | None = None
     background: bool | None = Field(None, strict=True)
@@ -178,7 +178,6 @@ class ResponsesRequest(StrictModel):
     #: Accepted as vLLM accepts it: a model that does not reason answers as it would without.
     reasoning: dict[str, Any] | None = None
     truncation: Literal["auto", "disabled"] | None = None
-    top_logprobs: int | None = Field(None, ge=0, le=20)
     #: 1: one call at most (``parallel_tool_calls: false``); more is what an answer makes anyway.
     max_tool_calls: int | None = Field(None, ge=1)
     #: vLLM's sampling options, as its Responses API takes them (and chat completions here).
@@ -190,25 +189,11 @@ class ResponsesRequest(StrictModel):
     repetition_penalty: float | None = None
     min_p: float | None = None
     logit_bias: dict[str, float] | None = None
-    #: Accepted for OpenAI compatibility: the caller's identity comes from credentials, and
-    #: there is one service tier and no prompt cache to key (vLLM's prefix cache needs none).
-    user: str | None = None
-    safety_identifier: str | None = None
-    prompt_cache_key: str | None = None
-    prompt_cache_retention: str | None = None
-    service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
 
     @field_validator("input", mode="before")
     @classmethod
     def _text_is_a_message(cls, value: object) -> object:
         return [{"type": "message", "role": "user", "content": value}] if isinstance(value, str) else value
-
-    @field_validator("top_logprobs")
-    @classmethod
-    def _no_logprobs(cls, value: int | None) -> int | None:
-        if value:
-            raise ValueError("log probabilities are not returned by this server; send 0 or leave it out")
-        return value
 
     @field_validator("background")
     @classmethod
