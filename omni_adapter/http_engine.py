@@ -359,6 +359,8 @@ class HttpSession:
             streamed["tool_call_id"] = request.input_tool_call_id
         messages = [*request.messages, streamed]
         body: dict[str, Any] = {"model": request.model, "messages": messages}
+        if request.chat_template_kwargs:  # the sidecar passes those its template reads
+            body["chat_template_kwargs"] = request.chat_template_kwargs
         if request.assistant_prefix:
             messages.append({"role": "assistant", "content": request.assistant_prefix})
             # vLLM's extension: render the last message open, so the answer continues it.

@@ -113,6 +113,9 @@ class EngineRequest:
     spoken_chars: int = 0
     #: What earlier holders heard of the audio input (a Listener goes on from it).
     heard: HeardInput = HeardInput()
+    #: vLLM's ``chat_template_kwargs``: variables for the chat template (``{"enable_thinking":
+    #: false}``); an engine passes those its template reads.
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

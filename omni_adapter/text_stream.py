@@ -40,9 +40,10 @@ from __future__ import annotations
 
 import codecs
 import functools
+import inspect
 import logging
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 from uuid import uuid4
@@ -151,7 +152,8 @@ class StreamingTokenizer:
         return IncrementalTokenizer(self, prefix=prefix, suffix=suffix)
 
     def chat_frame(self, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[Mapping[str, Any]] = (),
-                   streamed: Mapping[str, Any] | None = None) -> tuple[Framed, Framed]:
+                   streamed: Mapping[str, Any] | None = None,
+                   template_kwargs: Mapping[str, Any] | None = None) -> tuple[Framed, Framed]:
         """Render the chat template around one streamed turn.
 
         Returns the text before and after the streamed content. The template is
@@ -161,6 +163,7 @@ class StreamingTokenizer:
         like the one-shot rendered prompt (with client text kept plain).
         ``streamed``: the streamed message's other fields (default: the user's);
         ``tools`` go to a template that renders them (see ``takes_tools``).
+        ``template_kwargs``: a request's variables for the template (``template_variables``).
         """
         tag = uuid4().hex
         contents: dict[str, str] = {}
@@ -174,7 +177,9 @@ class StreamingTokenizer:
         sentinel = f"OmniGatewayInput{tag}"
         conversation.append({"role": "user", **(streamed or {}), "content": sentinel})
         # Tools are rendered as vLLM renders them (as JSON, by the template).
-        extra = {"tools": list(tools)} if tools else {}
+        extra: dict[str, Any] = self.template_variables(template_kwargs or {})
+        if tools:
+            extra["tools"] = list(tools)
         rendered = self.tokenizer.apply_chat_template(
             conversation, add_generation_prompt=True, tokenize=False, **extra
         )
@@ -182,6 +187,39 @@ class StreamingTokenizer:
             raise ValueError("the chat template does not place the user input verbatim")
         before, after = rendered.split(sentinel)
         return self._unhide(before, contents), self._unhide(after, contents)
+
+    def template_variables(self, given: Mapping[str, Any]) -> dict[str, Any]:
+        """Those of a request's ``chat_template_kwargs`` the template reads, as vLLM passes them
+        (``{"enable_thinking": false}``); the others are left out. The rendering's own arguments
+        and the special tokens' names are never a request's. A value is rendered as the
+        template's own text, so none may hold a control token."""
+        taken = {name: value for name, value in given.items() if name in self._template_reads}
+        for name, value in taken.items():
+            if any(self.has_control_tokens(text) for text in _strings_in(value)):
+                raise ValueError(f"chat_template_kwargs.{name} holds a control token of the model")
+        return taken
+
+    @functools.cached_property
+    def _template_reads(self) -> frozenset[str]:
+        template = getattr(self.tokenizer, "chat_template", None)
+        if not isinstance(template, str):
+            return frozenset()  # none, or several named templates: no request variables
+        try:
+            from jinja2 import meta
+            from transformers.utils.chat_template_utils import _compile_jinja_template
+
+            # transformers' own environment (its extensions), as vLLM reads the variables.
+            variables = meta.find_undeclared_variables(_compile_jinja_template(template).environment.parse(template))
+        except Exception:
+            logger.exception("the chat template's variables could not be read; requests set none")
+            return frozenset()
+        own = set(inspect.signature(self.tokenizer.apply_chat_template).parameters)
+        specials = set(getattr(self.tokenizer, "special_tokens_map", {}) or {})
+        return frozenset(variables - own - specials - _RENDERING_ARGUMENTS)
+
+    def has_control_tokens(self, text: str) -> bool:
+        return bool(self._special_re.search(text)) if self._special_re is not None else \
+            any(token in text for token in getattr(self.tokenizer, "all_special_tokens", ()))
 
     @functools.cached_property
     def takes_tools(self) -> bool:
@@ -336,6 +374,23 @@ def _max_token_bytes(tokenizer: HfTokenizer) -> int:
         return max(1, max(len(token.encode()) for token in vocab))
     except Exception:
         return 64
+
+
+#: What ``apply_chat_template`` gives every template, set by the engine, never by a request.
+_RENDERING_ARGUMENTS = frozenset({"messages", "conversation", "tools", "documents", "chat_template",
+                                  "add_generation_prompt", "continue_final_message", "tokenize"})
+
+
+def _strings_in(value: Any) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            yield str(key)
+            yield from _strings_in(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from _strings_in(item)
 
 
 def _with_hidden_text(message: Mapping[str, Any], hide: Any) -> dict[str, Any]:

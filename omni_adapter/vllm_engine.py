@@ -336,7 +336,8 @@ class TokenizerChecks:
         if request.input_tool_call_id is not None:
             streamed["tool_call_id"] = request.input_tool_call_id
         try:
-            prefix, suffix = self._streaming.chat_frame(messages, tools=tools, streamed=streamed)
+            prefix, suffix = self._streaming.chat_frame(messages, tools=tools, streamed=streamed,
+                                                        template_kwargs=request.chat_template_kwargs)
         except Exception as exc:
             raise EngineRejectedError(f"the chat template cannot render the messages: {exc}") from exc
         # Built here to reject invalid options now, not after the input.

@@ -263,6 +263,17 @@ class GenerationOptions(StrictModel):
         None, description="auto (the default with tools), none, required, or a named function")
     parallel_tool_calls: bool | None = Field(
         None, strict=True, description="false: at most one function call per answer (the default allows several)")
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        None, description='vLLM\'s: variables for the chat template, e.g. {"enable_thinking": false}; '
+        "those the model's template does not read are left out")
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_variables(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        # As vLLM refuses them: the template is the model's, and the engine renders it to text.
+        if set(value or ()) & {"chat_template", "tokenize"}:
+            raise ValueError("chat_template_kwargs may not set chat_template or tokenize")
+        return value
 
     @model_validator(mode="after")
     def _choice_among_tools(self) -> GenerationOptions:

@@ -375,7 +375,8 @@ class SessionService:
             tool_choice=(body.tool_choice if isinstance(body.tool_choice, str) or body.tool_choice is None
                          else body.tool_choice.model_dump()),
             parallel_tool_calls=body.parallel_tool_calls is not False,
-            input_role=body.input_role, input_tool_call_id=body.input_tool_call_id)
+            input_role=body.input_role, input_tool_call_id=body.input_tool_call_id,
+            chat_template_kwargs=body.chat_template_kwargs or {})
         timeout_ms = int(s.session_timeout_sec * 1000)
         return NewSession(
             policy=policy, model=model, identity=identity, request=request,

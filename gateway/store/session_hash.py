@@ -68,6 +68,7 @@ class StoredRequest:
     parallel_tool_calls: bool = True
     input_role: Literal["user", "tool", "system"] = "user"
     input_tool_call_id: str | None = None
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> str:
         sampling = {**asdict(self.sampling), "stop": list(self.sampling.stop)}
@@ -76,10 +77,14 @@ class StoredRequest:
         for added in _ADDED_SAMPLING:
             if sampling[added] is None:
                 del sampling[added]
-        return json.dumps({"messages": list(self.messages), "modalities": list(self.modalities),
-                           "sampling": sampling, "include_usage": self.include_usage,
-                           "metadata": self.metadata, "tools": list(self.tools), "tool_choice": self.tool_choice,
-                           "parallel_tool_calls": self.parallel_tool_calls, "input_role": self.input_role, "input_tool_call_id": self.input_tool_call_id})
+        stored = {"messages": list(self.messages), "modalities": list(self.modalities),
+                  "sampling": sampling, "include_usage": self.include_usage,
+                  "metadata": self.metadata, "tools": list(self.tools), "tool_choice": self.tool_choice,
+                  "parallel_tool_calls": self.parallel_tool_calls, "input_role": self.input_role,
+                  "input_tool_call_id": self.input_tool_call_id}
+        if self.chat_template_kwargs:  # (a field added since, as above)
+            stored["chat_template_kwargs"] = self.chat_template_kwargs
+        return json.dumps(stored)
 
     @classmethod
     def from_json(cls, text: str) -> StoredRequest:
@@ -90,13 +95,16 @@ class StoredRequest:
                    include_usage=stored.get("include_usage", False), metadata=stored.get("metadata") or {},
                    tools=tuple(stored.get("tools") or ()), tool_choice=stored.get("tool_choice"),
                    parallel_tool_calls=stored.get("parallel_tool_calls", True),
-                   input_role=stored.get("input_role", "user"), input_tool_call_id=stored.get("input_tool_call_id"))
+                   input_role=stored.get("input_role", "user"), input_tool_call_id=stored.get("input_tool_call_id"),
+                   chat_template_kwargs=stored.get("chat_template_kwargs") or {})
 
     def engine_request(self, request_id: str, model: str, assistant_prefix: str = "") -> EngineRequest:
         return EngineRequest(request_id=request_id, model=model, messages=self.messages,
                              sampling=self.sampling, output_modalities=self.modalities,
                              assistant_prefix=assistant_prefix, tools=self.tools, tool_choice=self.tool_choice,
-                             parallel_tool_calls=self.parallel_tool_calls, input_role=self.input_role, input_tool_call_id=self.input_tool_call_id)
+                             parallel_tool_calls=self.parallel_tool_calls, input_role=self.input_role,
+                             input_tool_call_id=self.input_tool_call_id,
+                             chat_template_kwargs=self.chat_template_kwargs)
 
 
 @dataclass(frozen=True)

@@ -97,6 +97,38 @@ async def test_an_answer_sent_back_as_the_sdk_dumps_it_is_history(client: httpx.
         assert assert_error(response, 422, "validation_error")["param"] == param, bad
 
 
+async def test_template_variables_and_a_reasoning_effort_reach_the_engine_as_vllm_makes_them(
+        client: httpx.AsyncClient, engine: ScriptedEngine) -> None:
+    """vLLM's ``chat_template_kwargs`` (a Qwen3 model's ``enable_thinking``), on chat completions,
+    responses and the sessions API; a reasoning effort is the template's too, as vLLM passes it."""
+    oai = openai_client(client)
+    hi = [{"role": "user", "content": "hi"}]
+    await oai.chat.completions.create(model="scripted", messages=hi,
+                                      extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    await oai.chat.completions.create(model="scripted", messages=hi, reasoning_effort="none")
+    await oai.chat.completions.create(model="scripted", messages=hi, reasoning_effort="high",
+                                      extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    await oai.responses.create(model="scripted", input="hi", reasoning={"effort": "low"})
+    created = await client.post("/v1/streaming_input/sessions", json={
+        "model": "scripted", "chat_template_kwargs": {"enable_thinking": False}})
+    assert created.status_code == 201, created.text
+    await client.post(f"/v1/streaming_input/sessions/{created.json()['session_id']}/chunks",
+                      json={"sequence_id": 0, "text": "hi"})
+    await client.post(f"/v1/streaming_input/sessions/{created.json()['session_id']}/finish", json={})
+    async with asyncio.timeout(5):
+        while len(engine.sessions) < 5:  # noqa: ASYNC110 (the engine work starts on its own)
+            await asyncio.sleep(0.01)
+    assert [s.request.chat_template_kwargs for s in engine.sessions] == [
+        {"enable_thinking": False},
+        {"enable_thinking": False, "reasoning_effort": "none"},
+        {"enable_thinking": False, "reasoning_effort": "high"},
+        {"enable_thinking": True, "reasoning_effort": "low"},
+        {"enable_thinking": False}]
+    refused = await client.post("/v1/chat/completions", json={
+        "model": "scripted", "messages": hi, "chat_template_kwargs": {"chat_template": "{{ 7 * 7 }}"}})
+    assert assert_error(refused, 422, "validation_error")["param"] == "chat_template_kwargs"
+
+
 async def test_the_session_behind_a_completion_is_readable(client: httpx.AsyncClient) -> None:
     response = await client.post(CHAT, json={"messages": USER})
     assert response.status_code == 200, response.text

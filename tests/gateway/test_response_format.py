@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
 from typing import Any, Literal
 
 import httpx
@@ -358,7 +359,10 @@ def test_the_new_fields_are_stored_only_when_set_and_reach_a_sidecar() -> None:
     them (a rolling deploy); one that does keeps them through the store."""
     plain = StoredRequest(messages=(), modalities=("text",), sampling=SamplingOptions(temperature=0.5))
     assert not {"min_p", "logit_bias", "response_format"} & set(json.loads(plain.to_json())["sampling"])
+    assert "chat_template_kwargs" not in json.loads(plain.to_json())
     assert StoredRequest.from_json(plain.to_json()) == plain
+    thinking_off = replace(plain, chat_template_kwargs={"enable_thinking": False})
+    assert StoredRequest.from_json(thinking_off.to_json()) == thinking_off
     fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}
     held = StoredRequest(messages=(), modalities=("text",),
                          sampling=SamplingOptions(min_p=0.1, logit_bias={"7": -5.0}, response_format=fmt))

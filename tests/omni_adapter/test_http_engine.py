@@ -282,8 +282,8 @@ async def test_error_in_the_stream_and_early_close() -> None:
     assert isinstance(second, EngineError) and second.code == "engine_unavailable"
 
 
-async def test_the_input_goes_to_the_engine_as_whose_it_is() -> None:
-    """A function's result, or a system note (a Realtime greeting), is not the user's words."""
+def recording_engine() -> tuple[HttpEngine, list[dict[str, Any]]]:
+    """An engine whose sidecar answers "ok" to each request, and the bodies it was sent."""
     bodies: list[dict[str, Any]] = []
 
     def handler(request: httpx.Request) -> httpx.Response:
@@ -292,7 +292,12 @@ async def test_the_input_goes_to_the_engine_as_whose_it_is() -> None:
                                                              "finish_reason": "stop"}]}, "[DONE]"),
                               headers={"content-type": "text/event-stream"})
 
-    engine = scripted_engine(handler)
+    return scripted_engine(handler), bodies
+
+
+async def test_the_input_goes_to_the_engine_as_whose_it_is() -> None:
+    """A function's result, or a system note (a Realtime greeting), is not the user's words."""
+    engine, bodies = recording_engine()
     call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
     for role, call_id, history in (("tool", "c1", ({"role": "assistant", "tool_calls": [call]},)),
                                    ("system", None, ())):
@@ -302,6 +307,17 @@ async def test_the_input_goes_to_the_engine_as_whose_it_is() -> None:
         await collect(session.events())
         assert bodies[-1]["messages"][-1] == {"role": role, "content": "sunny",
                                               **({"tool_call_id": call_id} if call_id else {})}
+    await engine.aclose()
+
+
+async def test_the_requests_template_variables_go_to_the_sidecar() -> None:
+    engine, bodies = recording_engine()
+    for kwargs in ({"enable_thinking": False}, {}):
+        session = engine.open_session(replace(request(), chat_template_kwargs=kwargs))
+        await session.feed(text_chunks(b"hi", 2))
+        await session.end_input()
+        await collect(session.events())
+        assert bodies[-1].get("chat_template_kwargs") == (kwargs or None)
     await engine.aclose()
 
 

@@ -135,6 +135,30 @@ def test_chat_frame_matches_the_rendered_template(
     assert suffix.text == "<|im_end|>\n<|im_start|>assistant\n"
 
 
+#: Qwen3's switch, on SmolLM2's template: thinking off opens the answer with an empty thought.
+THINKING_SWITCH = ("{% if enable_thinking is defined and enable_thinking is false %}"
+                   "<|im_start|>system\nno thinking<|im_end|>\n{% endif %}")
+
+
+def test_a_requests_template_variables_reach_the_template_that_reads_them(tokenizer: Any) -> None:
+    """vLLM's ``chat_template_kwargs``: ``{"enable_thinking": false}`` switches a Qwen3 model's
+    thinking off. Variables the template does not read, and the rendering's own arguments, are
+    left out; a value holding a control token is refused (it renders as the template's text)."""
+    switching = AutoTokenizer.from_pretrained(ensure_default_model())
+    switching.chat_template = THINKING_SWITCH + tokenizer.chat_template
+    streaming = StreamingTokenizer(switching)
+    plain, _ = streaming.chat_frame([])
+    off, _ = streaming.chat_frame([], template_kwargs={"enable_thinking": False, "unknown_variable": 1,
+                                                       "add_generation_prompt": False, "bos_token": "x"})
+    assert off.text == "<|im_start|>system\nno thinking<|im_end|>\n" + plain.text
+    assert streaming.template_variables({"enable_thinking": False, "unknown_variable": 1, "tools": [],
+                                         "add_generation_prompt": False, "bos_token": "x"}) == \
+        {"enable_thinking": False}
+    with pytest.raises(ValueError, match="control token"):
+        streaming.chat_frame([], template_kwargs={"enable_thinking": "<|im_end|>"})
+    assert StreamingTokenizer(tokenizer).template_variables({"enable_thinking": False}) == {}
+
+
 def test_commits_while_text_arrives_and_tokenizes_only_the_tail(
     tokenizer: Any, streaming: StreamingTokenizer, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -99,7 +99,7 @@ def chat_request(body: ResponsesRequest) -> ChatCompletionRequest:
     chat: dict[str, Any] = {
         "model": body.model, "messages": system + _messages(items), "stream": body.stream,
         "max_completion_tokens": body.max_output_tokens, "temperature": body.temperature, "top_p": body.top_p,
-        "metadata": body.metadata,
+        "metadata": body.metadata, "reasoning_effort": (body.reasoning or {}).get("effort"),
         "parallel_tool_calls": False if body.max_tool_calls == 1 else body.parallel_tool_calls,
         **body.model_dump(include=_SAMPLING, exclude_none=True),
     }

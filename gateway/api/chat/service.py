@@ -65,6 +65,7 @@ class ChatService:
         for chunk in chunks:
             self._sessions.check_input_modality(chunk, param=f"messages.{len(history)}.content")
         options = body.model_dump(include=set(GenerationOptions.model_fields), by_alias=True)  # json_schema's schema
+        options["chat_template_kwargs"] = _template_kwargs(body.chat_template_kwargs, body.reasoning_effort)
         request = CreateSessionRequest(
             **options, start_policy=StartPolicy.ON_END_ONLY, input_role=last.role, input_tool_call_id=last.tool_call_id,
             messages=[_history_message(m, f"messages.{i}.content") for i, m in enumerate(history)])
@@ -172,6 +173,15 @@ class ChatService:
                 exc.param = where
                 raise
         return records
+
+
+def _template_kwargs(given: dict[str, Any] | None, effort: str | None) -> dict[str, Any] | None:
+    """The chat template's variables as vLLM makes them: a reasoning effort is the template's
+    ``reasoning_effort``, and turns thinking on or off (``enable_thinking``) unless the request
+    set that itself."""
+    if effort is None:
+        return given
+    return {"enable_thinking": effort != "none", **(given or {}), "reasoning_effort": effort}
 
 
 def _prompt_too_long(exc: errors.ContextLengthExceeded) -> errors.PromptTooLong:
