@@ -47,10 +47,12 @@ from omni_adapter.port import (
     EngineRejectedError,
     EngineRequest,
     EngineSession,
+    Finished,
     HeardInput,
     InputChunk,
     InputTranscript,
     OutputEvent,
+    Usage,
 )
 from omni_adapter.stage import EngineStage
 from omni_adapter.vad import LoudnessVad, PhraseStream, SileroVad
@@ -220,6 +222,8 @@ class ListeningSession:
     def __init__(self, thinker: EngineSession, hearing: Hearing, heard: HeardInput | None = None) -> None:
         heard = heard or HeardInput()
         self._thinker = thinker
+        #: Only hearing (a transcription): no speech in the audio is an empty transcript, not an error.
+        self._answers = not isinstance(thinker, NoAnswer)
         self._hearing = hearing
         self._resampler = StreamResampler(LISTEN_RATE)
         self._phrases = PhraseStream(hearing.vad)
@@ -276,7 +280,7 @@ class ListeningSession:
         self._settle(self._last_sequence_id, words, through=self._last_sequence_id)
         if words:
             await self._thinker.feed([self._as_text(self._last_sequence_id, words)])
-        if self._heard_audio and not self._text_so_far.strip():
+        if self._answers and self._heard_audio and not self._text_so_far.strip():
             raise EngineRejectedError("no speech was recognized in the audio input")
         await self._thinker.end_input()
 
@@ -419,15 +423,44 @@ class ListeningSession:
         return InputChunk(sequence_id, "text", text.encode())
 
 
+class NoAnswer:
+    """The Thinker's place in a session that only hears (no output modalities): it takes the
+    words and, at the end of the input, ends without an answer."""
+
+    def __init__(self) -> None:
+        self._ended = asyncio.Event()
+        self._reason: Literal["stop", "abort"] = "stop"
+
+    async def feed(self, chunks: Sequence[InputChunk]) -> None:
+        pass
+
+    async def end_input(self) -> None:
+        self._ended.set()
+
+    async def events(self) -> AsyncIterator[OutputEvent]:
+        await self._ended.wait()
+        yield Finished(self._reason, Usage(0, 0))
+
+    async def abort(self) -> None:
+        self._reason = "abort"
+        self._ended.set()
+
+
 class ListeningEngine(EngineStage):
-    """A text engine plus a Listener: ``audio`` input for every session."""
+    """A text engine plus a Listener: ``audio`` input for every session, and sessions that
+    only hear (a transcription)."""
 
     def __init__(self, thinker: Engine, hearing: Hearing) -> None:
         caps = thinker.capabilities
-        super().__init__(thinker, replace(caps, input_modalities=caps.input_modalities | {"audio"}))
+        super().__init__(thinker, replace(caps, input_modalities=caps.input_modalities | {"audio"},
+                                          transcription=True))
         self.hearing = hearing
 
     def open_session(self, request: EngineRequest) -> EngineSession:
+        if not request.output_modalities:
+            if request.model not in self.capabilities.model_names:
+                raise EngineRejectedError(f"model {request.model!r} is not served by this engine")
+            return ListeningSession(NoAnswer(), self.hearing, request.heard)
         return ListeningSession(self._thinker.open_session(request), self.hearing, request.heard)
 
     async def aclose(self) -> None:

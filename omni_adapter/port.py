@@ -29,6 +29,9 @@ class Capabilities:
     tools: bool = False
     #: True when the engine can hold its answer to JSON (``response_format``).
     structured_outputs: bool = False
+    #: True when a session may ask for no answer (no output modalities): the engine hears its
+    #: audio input and tells the transcript (a Listener stage's ``InputTranscript``), then ends.
+    transcription: bool = False
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,7 @@ class EngineRequest:
     #: Chat history placed before the streamed input (system prompt, turns).
     messages: tuple[dict[str, Any], ...]
     sampling: SamplingOptions
+    #: Empty: no answer, only the transcript of the audio input (``Capabilities.transcription``).
     output_modalities: tuple[str, ...] = ("text",)
     #: Text the assistant has already emitted (replayed after a hand-off);
     #: generation continues after it.

@@ -238,7 +238,9 @@ class GenerationOptions(StrictModel):
 
     model: str | None = None
     modalities: list[OutputModality] = Field(
-        default_factory=lambda: list[OutputModality](["text"]), description='output; ["text", "audio"] also speaks the answer')
+        default_factory=lambda: list[OutputModality](["text"]),
+        description='output; ["text", "audio"] also speaks the answer; [] only hears the audio input (the '
+        "transcript, no answer: live transcription)")
     audio: AudioOptions | None = None
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)

@@ -189,6 +189,9 @@ class SessionService:
             raise errors.UnsupportedModality(
                 f"the engine cannot produce {', '.join(sorted(unsupported))} output (it produces: {produced})",
                 param="modalities")
+        if not body.modalities and not self._capabilities.transcription:
+            raise errors.UnsupportedModality("the engine cannot hear without answering: modalities [] (only the "
+                                             "transcript) needs a Listener stage", param="modalities")
         if body.tools and body.tool_choice != "none" and not self._capabilities.tools:
             raise errors.ValidationFailed("the engine does not call functions: tools are not served here",
                                           param="tools")

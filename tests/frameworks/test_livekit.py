@@ -19,11 +19,13 @@ import numpy as np
 import pytest
 from livekit import rtc
 from livekit.agents import llm
+from livekit.agents.stt import SpeechEventType
+from livekit.plugins import openai
 from livekit.plugins.openai.realtime import RealtimeModel
 
 from tests.frameworks.conftest import Gateway
 from tests.gateway.test_realtime import conforming
-from tests.voice import SPEECH_RATE, pieces, speech
+from tests.voice import SPEECH_RATE, pieces, speech, word_error_rate
 
 pytestmark = pytest.mark.engine
 
@@ -81,3 +83,19 @@ async def test_a_session_with_a_text_turn_and_a_spoken_turn(gateway: Gateway) ->
     for event in raw:
         conforming(event)
     assert any(e["type"] == "input_audio_buffer.speech_started" for e in raw)
+
+
+async def test_its_openai_stt_hears_a_recorded_utterance(gateway: Gateway) -> None:
+    """LiveKit's ``openai.STT`` (a pipeline agent's speech to text) sends the utterance's frames as
+    a WAV file; for ``whisper-1`` it asks for ``verbose_json``, for the language."""
+    question = "Turn the music down a little."
+    frames = [rtc.AudioFrame(piece, SPEECH_RATE, 1, len(piece) // 2)
+              for piece in pieces(speech(question), SPEECH_RATE, 20)]
+    for model in ("whisper-1", "gpt-4o-mini-transcribe"):
+        stt = openai.STT(model=model, base_url=f"{gateway.url}/v1", api_key="unused", use_realtime=False)
+        try:
+            event = await stt.recognize(frames)
+        finally:
+            await stt.aclose()
+        assert event.type == SpeechEventType.FINAL_TRANSCRIPT
+        assert word_error_rate(question, event.alternatives[0].text) == 0, event.alternatives[0].text

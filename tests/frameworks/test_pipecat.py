@@ -18,17 +18,20 @@ from pipecat.frames.frames import (
     Frame,
     InputAudioRawFrame,
     LLMFullResponseEndFrame,
+    TranscriptionFrame,
     TTSAudioRawFrame,
 )
 from pipecat.pipeline.pipeline import Pipeline
 from pipecat.pipeline.worker import PipelineWorker
 from pipecat.processors.frame_processor import FrameDirection
 from pipecat.services.openai.realtime.llm import OpenAIRealtimeLLMService
+from pipecat.services.openai.stt import OpenAISTTService
 from pipecat.tests.utils import QueuedFrameProcessor
 from pipecat.workers.runner import WorkerRunner
 
+from omni_adapter.audio import wav_of
 from tests.frameworks.conftest import Gateway
-from tests.voice import SPEECH_RATE, pieces, recognize, speech
+from tests.voice import SPEECH_RATE, pieces, recognize, speech, word_error_rate
 
 pytestmark = pytest.mark.engine
 
@@ -84,3 +87,13 @@ def drain(queue: asyncio.Queue[Frame]) -> list[Frame]:
     while not queue.empty():
         frames.append(queue.get_nowait())
     return frames
+
+
+async def test_its_openai_stt_service_hears_a_recorded_utterance(gateway: Gateway) -> None:
+    """pipecat's ``OpenAISTTService`` (a cascaded pipeline's speech to text) sends each utterance
+    to ``/v1/audio/transcriptions`` as a WAV file, naming OpenAI's default model."""
+    stt = OpenAISTTService(api_key="unused", base_url=f"{gateway.url}/v1")
+    question = "Please book a table for two tonight."
+    frames = [frame async for frame in stt.run_stt(wav_of(speech(question), SPEECH_RATE))]
+    assert [type(f) for f in frames] == [TranscriptionFrame], frames
+    assert word_error_rate(question, frames[0].text) == 0, frames[0].text

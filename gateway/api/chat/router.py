@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse
 from gateway import errors
 from gateway.api.chat.models import ChatCompletion, ChatCompletionRequest, ModelCard, ModelList
 from gateway.api.chat.service import ChatService
+from gateway.store.session_hash import SessionRecord
 from gateway.web.event_stream import EVENT_STREAM_CONTENT, EventStream
 from gateway.web.resources import get_identity, get_resources
 from gateway.web.validation import IdempotencyKey
@@ -51,6 +52,10 @@ CLIENT_LEFT = 499
 async def create_chat_completion(body: ChatCompletionRequest, request: Request, identity: Identity,
                                  chat: Annotated[ChatService, Depends(get_chat)],
                                  idempotency_key: IdempotencyKey = None) -> JSONResponse | EventStream:
+    if not body.modalities:  # a completion has an answer; hearing alone is transcription's
+        raise errors.ValidationFailed("modalities needs text (and may add audio); for the transcript alone use "
+                                      "/v1/audio/transcriptions, or the sessions API's modalities []",
+                                      param="modalities")
     session_id = await chat.start(identity, body, idempotency_key)
     headers = {"X-Session-Id": session_id}
     resources = get_resources(request)
@@ -66,11 +71,18 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request, 
 async def completion_unless_client_leaves(request: Request, chat: ChatService, identity: str,
                                           session_id: str) -> dict[str, Any] | None:
     """The session's ``chat.completion``; ``None`` once the client hung up, and its work is stopped."""
+    record = await answered_unless_client_leaves(request, chat, identity, session_id)
+    return None if record is None else record.result
+
+
+async def answered_unless_client_leaves(request: Request, chat: ChatService, identity: str,
+                                        session_id: str) -> SessionRecord | None:
+    """The completed session; ``None`` once the client hung up, and its work is stopped."""
     timeout_sec = get_resources(request).settings.chat_queue_timeout_sec
-    answer = await _unless_client_leaves(request, chat.completion(identity, session_id, timeout_sec))
-    if answer is None:  # nobody waits for it any more: stop the engine work
+    record = await _unless_client_leaves(request, chat.answered(identity, session_id, timeout_sec))
+    if record is None:  # nobody waits for it any more: stop the engine work
         await chat.cancel(identity, session_id)
-    return answer
+    return record
 
 
 async def _unless_client_leaves(request: Request, answer: Awaitable[T]) -> T | None:

@@ -38,6 +38,7 @@ from gateway.service.models import (
 )
 from gateway.service.sessions import MAX_RESULT_WAIT_SEC, SessionService
 from gateway.store.records import ChunkRecord
+from gateway.store.session_hash import SessionRecord
 from gateway.work.draining import Draining
 
 _DATA_URL = re.compile(r"^data:(?P<mime>[\w.+-]+/[\w.+-]+);base64,(?P<data>.*)$", re.DOTALL)
@@ -83,8 +84,8 @@ class ChatService:
             raise
         return record.session_id
 
-    async def completion(self, identity: str, session_id: str, queue_timeout_sec: float) -> dict[str, Any]:
-        """The ``chat.completion`` once the session ends; its error if it failed.
+    async def answered(self, identity: str, session_id: str, queue_timeout_sec: float) -> SessionRecord:
+        """The session once it completed (its ``chat.completion`` in ``result``); its error if it failed.
 
         An answer that no replica took up within ``queue_timeout_sec`` (every
         engine slot busy) is given up: the session is cancelled and the caller
@@ -102,7 +103,7 @@ class ChatService:
                 raise errors.CapacityExhausted(
                     f"no engine slot was free for {queue_timeout_sec:g} s; the request was dropped, retry later")
         if record.state is SessionState.COMPLETED and record.result is not None:
-            return record.result
+            return record
         raise errors.from_envelope(record.error or {})
 
     async def cancel(self, identity: str, session_id: str) -> None:

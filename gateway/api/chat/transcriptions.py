@@ -1,0 +1,160 @@
+"""``POST /v1/audio/transcriptions``: OpenAI's (and vLLM's) speech-to-text, as a session that
+only hears.
+
+The uploaded file is decoded (any container and codec FFmpeg reads: WAV, MP3, Ogg/Opus,
+WebM, FLAC, M4A) to 16 kHz mono pcm16 and sent as the input of a chat completion with no
+output modalities: the engine's Listener hears it phrase by phrase and the session ends
+without an answer. Its transcript is the text. It runs as every chat completion runs (the
+same session, limits, queue and errors); ``stream: true`` sends OpenAI's
+``transcript.text.delta`` events as phrases are heard, then ``transcript.text.done``.
+
+Voice-agent frameworks (pipecat's and LiveKit's OpenAI STT) name OpenAI's models
+(``whisper-1``, ``gpt-4o-transcribe``): any model name is taken, since this server has one
+recognizer (the engine's). It hears English: another ``language`` is a 400, not a wrong
+transcript. ``prompt`` and ``temperature`` are taken and change nothing (the recognizer
+decodes greedily, without a prompt).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import json
+import math
+from collections.abc import AsyncIterator
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, File, Form, Request, UploadFile
+from fastapi.responses import JSONResponse, PlainTextResponse
+from sse_starlette import ServerSentEvent
+
+from gateway import errors
+from gateway.api.chat.models import ChatCompletionRequest
+from gateway.api.chat.router import (
+    ANSWER_ERRORS,
+    CLIENT_LEFT,
+    Identity,
+    answered_unless_client_leaves,
+    get_chat,
+)
+from gateway.api.chat.service import ChatService
+from gateway.output.frames import TRANSCRIPT_EVENT
+from gateway.web.event_stream import EVENT_STREAM_CONTENT, EventStream
+from gateway.web.resources import get_resources
+from omni_adapter.audio import wav_of
+
+router = APIRouter(prefix="/v1", tags=["openai"])
+
+#: The recognizer's rate: the file is decoded straight to it.
+RATE = 16_000
+#: Each input chunk carries this much audio: the Listener hears the file as if it streamed, and a
+#: streamed transcription tells each phrase once it is heard.
+CHUNK_SEC = 2
+#: The languages the recognizer hears (Moonshine base-en).
+LANGUAGES = frozenset({"en"})
+WHEN_STOPPED = ("the transcription goes on at another replica: its text is the input_transcript of "
+                "GET /v1/streaming_input/sessions/{id}/result (the id in X-Session-Id), or ask again")
+
+
+@router.post("/audio/transcriptions", response_model=None,
+             responses={200: {"description": "json: {text, usage}; text: the text; verbose_json: also task, language, duration (no segments); with stream: true, "
+                                             "transcript.text.delta events then transcript.text.done",
+                              "content": {"text/plain": {}, **EVENT_STREAM_CONTENT}},
+                        **ANSWER_ERRORS})
+async def create_transcription(
+        request: Request, identity: Identity, chat: Annotated[ChatService, Depends(get_chat)],
+        file: Annotated[UploadFile, File(description="the audio: wav, mp3, ogg, webm, flac, m4a, ...")],
+        model: Annotated[str, Form(description="any name: this server has one recognizer")],
+        language: Annotated[str | None, Form(description="ISO-639-1; the recognizer hears en")] = None,
+        prompt: Annotated[str | None, Form(description="taken; the recognizer takes no prompt")] = None,
+        response_format: Annotated[Literal["json", "text", "verbose_json", "srt", "vtt"], Form()] = "json",
+        temperature: Annotated[float | None, Form(ge=0, le=1, description="taken; decoding is greedy")] = None,
+        stream: Annotated[bool, Form()] = False,
+        timestamp_granularities: Annotated[list[str] | None, Form(alias="timestamp_granularities[]")] = None,
+) -> JSONResponse | PlainTextResponse | EventStream:
+    if language is not None and language.split("-")[0].lower() not in LANGUAGES:
+        raise errors.InvalidRequest(f"language {language!r} is not heard here (the recognizer hears: "
+                                    f"{', '.join(sorted(LANGUAGES))})", param="language")
+    if response_format in ("srt", "vtt") or timestamp_granularities:
+        raise errors.InvalidRequest("the recognizer gives no timings: response_format is json, text or "
+                                    "verbose_json (without segments)",
+                                    param="timestamp_granularities" if timestamp_granularities else "response_format")
+    pcm = await asyncio.to_thread(decoded, await file.read())
+    seconds = len(pcm) / 2 / RATE
+    resources = get_resources(request)
+    session_id = await chat.start(identity, _hearing_request(pcm, resources.engine.capabilities.model_names[0]))
+    headers = {"X-Session-Id": session_id}
+    if stream:
+        return EventStream(_transcript_events(chat.stream(identity, session_id), seconds),
+                           ping_sec=resources.settings.sse_ping_sec, draining=resources.draining, headers=headers,
+                           when_stopped=WHEN_STOPPED)
+    record = await answered_unless_client_leaves(request, chat, identity, session_id)
+    if record is None:
+        return JSONResponse({}, status_code=CLIENT_LEFT)
+    text = record.input_transcript or ""
+    if response_format == "text":
+        return PlainTextResponse(text, headers=headers)
+    if response_format == "verbose_json":  # LiveKit asks whisper-1 for it, for the language
+        return JSONResponse({"task": "transcribe", "language": "english", "duration": seconds, "text": text,
+                             "usage": _usage(seconds)}, headers=headers)
+    return JSONResponse({"text": text, "usage": _usage(seconds)}, headers=headers)
+
+
+def decoded(data: bytes) -> bytes:
+    """The file's first audio stream as 16 kHz mono pcm16 (blocking: FFmpeg decodes it)."""
+    import av
+
+    if not data:
+        raise errors.InvalidPayload("the file is empty", param="file")
+    pcm = bytearray()
+    try:
+        with av.open(io.BytesIO(data), mode="r") as container:
+            if not container.streams.audio:
+                raise errors.InvalidPayload("the file has no audio", param="file")
+            resampler = av.AudioResampler(format="s16", layout="mono", rate=RATE)
+            for frame in container.decode(container.streams.audio[0]):
+                for out in resampler.resample(frame):
+                    pcm += out.to_ndarray().tobytes()
+            for out in resampler.resample(None):
+                pcm += out.to_ndarray().tobytes()
+    except av.FFmpegError as exc:
+        why = getattr(exc, "strerror", None) or exc  # FFmpeg's reason, without its error number
+        raise errors.InvalidPayload(f"the file is not audio this server can decode ({why})", param="file") from exc
+    if not pcm:
+        raise errors.InvalidPayload("the file holds no audio samples", param="file")
+    return bytes(pcm)
+
+
+def _hearing_request(pcm: bytes, model: str) -> ChatCompletionRequest:
+    """A chat completion that only hears: the audio as the user's message, no output."""
+    step = CHUNK_SEC * RATE * 2
+    parts = [{"type": "input_audio", "input_audio": {"data": base64.b64encode(wav_of(pcm[at:at + step], RATE)).decode(),
+                                                     "format": "wav"}}
+             for at in range(0, len(pcm), step)]
+    return ChatCompletionRequest.model_validate(
+        {"model": model, "modalities": [], "messages": [{"role": "user", "content": parts}]})
+
+
+def _usage(seconds: float) -> dict[str, Any]:
+    return {"type": "duration", "seconds": math.ceil(seconds)}
+
+
+async def _transcript_events(frames: AsyncIterator[ServerSentEvent], seconds: float
+                             ) -> AsyncIterator[ServerSentEvent]:
+    """The session's transcript frames as OpenAI's transcription stream events."""
+    told = ""
+    async for frame in frames:
+        if frame.event == TRANSCRIPT_EVENT:
+            heard = json.loads(str(frame.data))["input_transcript"]
+            delta = heard[len(told):] if heard.startswith(told) else heard
+            told = heard
+            if delta:
+                yield ServerSentEvent(json.dumps({"type": "transcript.text.delta", "delta": delta}))
+        elif frame.event == "error":
+            yield frame
+            return
+        elif frame.data == "[DONE]":
+            yield ServerSentEvent(json.dumps({"type": "transcript.text.done", "text": told,
+                                              "usage": _usage(seconds)}))
+            return
