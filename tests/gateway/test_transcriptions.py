@@ -127,6 +127,14 @@ async def test_what_it_cannot_do_is_a_clear_error(client: httpx.AsyncClient) -> 
     assert "transcriptions" in assert_error(answerless, 422, "validation_error", param="modalities")["message"]
 
 
+async def test_audio_longer_than_a_session_takes_is_a_413_before_it_is_all_decoded(redis_url: str) -> None:
+    settings = make_settings(redis_url=redis_url, max_payload_per_session=2 * 16_000 * 2)  # 2 s at 16 kHz
+    async with app_client(settings, with_listener(ScriptedEngine())) as small:
+        refused = await small.post("/v1/audio/transcriptions", data={"model": "whisper-1"},
+                                   files={"file": ("long.wav", wav(speech(QUESTION), SPEECH_RATE))})
+        assert "2 s at most" in assert_error(refused, 413, "payload_too_large", param="file")["message"]
+
+
 async def test_an_engine_that_cannot_hear_says_so(redis_url: str) -> None:
     async with app_client(make_settings(redis_url=redis_url), ScriptedEngine()) as deaf:
         refused = await deaf.post("/v1/audio/transcriptions", data={"model": "whisper-1"},

@@ -80,9 +80,9 @@ async def create_transcription(
         raise errors.InvalidRequest("the recognizer gives no timings: response_format is json, text or "
                                     "verbose_json (without segments)",
                                     param="timestamp_granularities" if timestamp_granularities else "response_format")
-    pcm = await asyncio.to_thread(decoded, await file.read())
-    seconds = len(pcm) / 2 / RATE
     resources = get_resources(request)
+    pcm = await asyncio.to_thread(decoded, await file.read(), resources.settings.max_payload_per_session)
+    seconds = len(pcm) / 2 / RATE
     session_id = await chat.start(identity, _hearing_request(pcm, resources.engine.capabilities.model_names[0]))
     headers = {"X-Session-Id": session_id}
     if stream:
@@ -101,8 +101,10 @@ async def create_transcription(
     return JSONResponse({"text": text, "usage": _usage(seconds)}, headers=headers)
 
 
-def decoded(data: bytes) -> bytes:
-    """The file's first audio stream as 16 kHz mono pcm16 (blocking: FFmpeg decodes it)."""
+def decoded(data: bytes, max_bytes: int) -> bytes:
+    """The file's first audio stream as 16 kHz mono pcm16 (blocking: FFmpeg decodes it); a 413 as
+    soon as it holds more than a session takes (``max_bytes``: 35 minutes by default), not after
+    decoding an hour of it."""
     import av
 
     if not data:
@@ -116,6 +118,10 @@ def decoded(data: bytes) -> bytes:
             for frame in container.decode(container.streams.audio[0]):
                 for out in resampler.resample(frame):
                     pcm += out.to_ndarray().tobytes()
+                if len(pcm) > max_bytes:
+                    raise errors.PayloadTooLarge(
+                        f"the audio is longer than a session takes ({max_bytes // (2 * RATE)} s at most)",
+                        param="file")
             for out in resampler.resample(None):
                 pcm += out.to_ndarray().tobytes()
     except av.FFmpegError as exc:
