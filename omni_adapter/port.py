@@ -32,6 +32,8 @@ class Capabilities:
     #: True when a session may ask for no answer (no output modalities): the engine hears its
     #: audio input and tells the transcript (a Listener stage's ``InputTranscript``), then ends.
     transcription: bool = False
+    #: True when a session's answer may be its input, spoken (``EngineRequest.speak_input``).
+    speech: bool = False
 
 
 @dataclass(frozen=True)
@@ -117,6 +119,9 @@ class EngineRequest:
     spoken_chars: int = 0
     #: What earlier holders heard of the audio input (a Listener goes on from it).
     heard: HeardInput = HeardInput()
+    #: Text to speech: the answer is the streamed text input itself, spoken as it arrives (a
+    #: Talker stage's, with no Thinker; ``Capabilities.speech``).
+    speak_input: bool = False
     #: vLLM's ``chat_template_kwargs``: variables for the chat template (``{"enable_thinking":
     #: false}``); an engine passes those its template reads.
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)

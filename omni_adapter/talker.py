@@ -22,6 +22,7 @@ not speak (``EngineRequest.unspoken_prefix``), so the audio says the whole answe
 from __future__ import annotations
 
 import asyncio
+import codecs
 import contextlib
 import logging
 import re
@@ -38,12 +39,14 @@ from omni_adapter.port import (
     AudioDelta,
     Engine,
     EngineError,
+    EngineRejectedError,
     EngineRequest,
     EngineSession,
     Finished,
     InputChunk,
     OutputEvent,
     TextDelta,
+    Usage,
 )
 from omni_adapter.stage import EngineStage
 
@@ -337,15 +340,58 @@ class TalkingSession:
             self._out.put_nowait(AudioDelta(pcm, self._talker.sample_rate, transcript=phrase))
 
 
+class SaysInput:
+    """The Thinker's place in a text-to-speech session (``EngineRequest.speak_input``): the
+    answer is the input text, passed on as it arrives, so the Talker speaks each phrase of it
+    once it is complete, while the rest streams in. After a hand-off, the answer so far
+    (``skip`` characters, published already) is not said again."""
+
+    def __init__(self, skip: int = 0) -> None:
+        self._out: asyncio.Queue[OutputEvent] = asyncio.Queue()
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._skip = skip
+
+    async def feed(self, chunks: Sequence[InputChunk]) -> None:
+        for chunk in chunks:
+            if chunk.modality != "text":
+                raise EngineRejectedError(f"text to speech takes text, not {chunk.modality}")
+            self._say(self._decoder.decode(chunk.data))
+
+    async def end_input(self) -> None:
+        self._say(self._decoder.decode(b"", final=True))
+        self._out.put_nowait(Finished("stop", Usage(0, 0)))  # no model made a token
+
+    async def events(self) -> AsyncIterator[OutputEvent]:
+        while True:
+            event = await self._out.get()
+            yield event
+            if isinstance(event, Finished):
+                return
+
+    async def abort(self) -> None:
+        self._out.put_nowait(Finished("abort", Usage(0, 0)))
+
+    def _say(self, text: str) -> None:
+        text, self._skip = text[self._skip:], max(0, self._skip - len(text))
+        if text:
+            self._out.put_nowait(TextDelta(text))
+
+
 class TalkingEngine(EngineStage):
-    """A text engine plus a Talker: ``audio`` output for the sessions that ask."""
+    """A text engine plus a Talker: ``audio`` output for the sessions that ask, and text to
+    speech (``speak_input``)."""
 
     def __init__(self, thinker: Engine, talker: Talker) -> None:
         caps = thinker.capabilities
-        super().__init__(thinker, replace(caps, output_modalities=caps.output_modalities | {"audio"}))
+        super().__init__(thinker, replace(caps, output_modalities=caps.output_modalities | {"audio"}, speech=True))
         self._talker = talker
 
     def open_session(self, request: EngineRequest) -> EngineSession:
+        if request.speak_input:
+            if request.model not in self.capabilities.model_names:
+                raise EngineRejectedError(f"model {request.model!r} is not served by this engine")
+            return TalkingSession(SaysInput(len(request.assistant_prefix)), self._talker, request.unspoken_prefix,
+                                  request.spoken_chars)
         if "audio" not in request.output_modalities:
             return self._thinker.open_session(request)
         text_only = replace(request, output_modalities=("text",))

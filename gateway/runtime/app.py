@@ -12,6 +12,7 @@ from fastapi import FastAPI
 
 from gateway.api.chat.responses import router as responses_router
 from gateway.api.chat.router import router as chat_router
+from gateway.api.chat.speech import router as speech_router
 from gateway.api.chat.transcriptions import router as transcriptions_router
 from gateway.api.demo.router import router as demo_router
 from gateway.api.ops import router as ops_router
@@ -194,6 +195,7 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
     app.include_router(chat_router)
     app.include_router(responses_router)
     app.include_router(transcriptions_router)
+    app.include_router(speech_router)
     app.include_router(realtime_router)
     app.include_router(client_secrets_router)
     app.include_router(calls_router)

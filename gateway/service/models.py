@@ -319,11 +319,22 @@ class CreateSessionRequest(GenerationOptions):
     start_policy: StartPolicy | None = None
     min_length: dict[MinLengthKind, int] | None = None
     first_chunk: ChunkIn | None = None
+    speak_input: bool = Field(
+        False, strict=True, description='text to speech: the answer is the text input itself, spoken as it '
+        'streams in (each phrase once it is complete); with modalities ["text", "audio"]')
 
     @model_validator(mode="after")
     def _tool_input(self) -> CreateSessionRequest:
         if (self.input_role == "tool") != (self.input_tool_call_id is not None):
             raise ValueError("input_role tool goes with input_tool_call_id (and only it)")
+        return self
+
+    @model_validator(mode="after")
+    def _said_as_is(self) -> CreateSessionRequest:
+        if self.speak_input and (set(self.modalities) != {"text", "audio"} or self.tools or self.messages
+                                 or self.format_constraint() is not None):
+            raise ValueError('speak_input says the input as it is: modalities ["text", "audio"], and no '
+                             "messages, tools or response_format")
         return self
 
     @field_validator("min_length")

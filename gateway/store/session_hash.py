@@ -69,6 +69,7 @@ class StoredRequest:
     input_role: Literal["user", "tool", "system"] = "user"
     input_tool_call_id: str | None = None
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    speak_input: bool = False
 
     def to_json(self) -> str:
         sampling = {**asdict(self.sampling), "stop": list(self.sampling.stop)}
@@ -82,8 +83,10 @@ class StoredRequest:
                   "metadata": self.metadata, "tools": list(self.tools), "tool_choice": self.tool_choice,
                   "parallel_tool_calls": self.parallel_tool_calls, "input_role": self.input_role,
                   "input_tool_call_id": self.input_tool_call_id}
-        if self.chat_template_kwargs:  # (a field added since, as above)
+        if self.chat_template_kwargs:  # (fields added since, as above)
             stored["chat_template_kwargs"] = self.chat_template_kwargs
+        if self.speak_input:
+            stored["speak_input"] = True
         return json.dumps(stored)
 
     @classmethod
@@ -96,7 +99,8 @@ class StoredRequest:
                    tools=tuple(stored.get("tools") or ()), tool_choice=stored.get("tool_choice"),
                    parallel_tool_calls=stored.get("parallel_tool_calls", True),
                    input_role=stored.get("input_role", "user"), input_tool_call_id=stored.get("input_tool_call_id"),
-                   chat_template_kwargs=stored.get("chat_template_kwargs") or {})
+                   chat_template_kwargs=stored.get("chat_template_kwargs") or {},
+                   speak_input=stored.get("speak_input", False))
 
     def engine_request(self, request_id: str, model: str, assistant_prefix: str = "") -> EngineRequest:
         return EngineRequest(request_id=request_id, model=model, messages=self.messages,
@@ -104,7 +108,7 @@ class StoredRequest:
                              assistant_prefix=assistant_prefix, tools=self.tools, tool_choice=self.tool_choice,
                              parallel_tool_calls=self.parallel_tool_calls, input_role=self.input_role,
                              input_tool_call_id=self.input_tool_call_id,
-                             chat_template_kwargs=self.chat_template_kwargs)
+                             chat_template_kwargs=self.chat_template_kwargs, speak_input=self.speak_input)
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from livekit.plugins.openai.realtime import RealtimeModel
 
 from tests.frameworks.conftest import Gateway
 from tests.gateway.test_realtime import conforming
-from tests.voice import SPEECH_RATE, pieces, speech, word_error_rate
+from tests.voice import SPEECH_RATE, pieces, recognize, speech, word_error_rate
 
 pytestmark = pytest.mark.engine
 
@@ -99,3 +99,15 @@ async def test_its_openai_stt_hears_a_recorded_utterance(gateway: Gateway) -> No
             await stt.aclose()
         assert event.type == SpeechEventType.FINAL_TRANSCRIPT
         assert word_error_rate(question, event.alternatives[0].text) == 0, event.alternatives[0].text
+
+
+async def test_its_openai_tts_speaks_a_sentence(gateway: Gateway) -> None:
+    """LiveKit's ``openai.TTS`` (a pipeline agent's text to speech) asks for mp3 and decodes it."""
+    sentence = "Your table is booked for seven tonight."
+    tts = openai.TTS(base_url=f"{gateway.url}/v1", api_key="unused")
+    try:
+        frames = [event.frame async for event in tts.synthesize(sentence)]
+    finally:
+        await tts.aclose()
+    said = b"".join(bytes(frame.data) for frame in frames)
+    assert word_error_rate(sentence, recognize(said, frames[0].sample_rate)) <= 0.15

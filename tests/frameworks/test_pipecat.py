@@ -9,6 +9,8 @@ event with its own models, so a clean run says the events fit it too.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -20,12 +22,15 @@ from pipecat.frames.frames import (
     LLMFullResponseEndFrame,
     TranscriptionFrame,
     TTSAudioRawFrame,
+    TTSSpeakFrame,
+    TTSStoppedFrame,
 )
 from pipecat.pipeline.pipeline import Pipeline
 from pipecat.pipeline.worker import PipelineWorker
 from pipecat.processors.frame_processor import FrameDirection
 from pipecat.services.openai.realtime.llm import OpenAIRealtimeLLMService
 from pipecat.services.openai.stt import OpenAISTTService
+from pipecat.services.openai.tts import OpenAITTSService
 from pipecat.tests.utils import QueuedFrameProcessor
 from pipecat.workers.runner import WorkerRunner
 
@@ -36,16 +41,14 @@ from tests.voice import SPEECH_RATE, pieces, recognize, speech, word_error_rate
 pytestmark = pytest.mark.engine
 
 
-async def test_a_spoken_turn_in_audio_frames_out(gateway: Gateway) -> None:
-    llm = OpenAIRealtimeLLMService(
-        api_key="unused", base_url=gateway.ws_url,
-        settings=OpenAIRealtimeLLMService.Settings(
-            model=gateway.model, system_instruction="You are a helpful assistant. Answer in one short sentence.",
-            max_tokens=24))
+@contextlib.asynccontextmanager
+async def running(service: Any) -> AsyncIterator[tuple[PipelineWorker, asyncio.Queue[Frame], asyncio.Queue[Frame]]]:
+    """``service`` in a started pipeline with pipecat's test queues at both ends (the frames it
+    sends down, and up); ended with an ``EndFrame`` when the block ends."""
     down: asyncio.Queue[Frame] = asyncio.Queue()
     up: asyncio.Queue[Frame] = asyncio.Queue()
     pipeline = Pipeline([QueuedFrameProcessor(queue=up, queue_direction=FrameDirection.UPSTREAM),
-                         llm, QueuedFrameProcessor(queue=down, queue_direction=FrameDirection.DOWNSTREAM)])
+                         service, QueuedFrameProcessor(queue=down, queue_direction=FrameDirection.DOWNSTREAM)])
     worker = PipelineWorker(pipeline, cancel_on_idle_timeout=False)
     started = asyncio.Event()
 
@@ -55,10 +58,26 @@ async def test_a_spoken_turn_in_audio_frames_out(gateway: Gateway) -> None:
 
     runner = WorkerRunner()
     await runner.add_workers(worker)
-    running = asyncio.create_task(runner.run())
-    received: list[Frame] = []
+    run = asyncio.create_task(runner.run())
     try:
         await asyncio.wait_for(started.wait(), 30)
+        yield worker, down, up
+        await worker.queue_frame(EndFrame())
+        await asyncio.wait_for(run, 60)
+    finally:
+        if not run.done():
+            run.cancel()
+            await asyncio.gather(run, return_exceptions=True)
+
+
+async def test_a_spoken_turn_in_audio_frames_out(gateway: Gateway) -> None:
+    llm = OpenAIRealtimeLLMService(
+        api_key="unused", base_url=gateway.ws_url,
+        settings=OpenAIRealtimeLLMService.Settings(
+            model=gateway.model, system_instruction="You are a helpful assistant. Answer in one short sentence.",
+            max_tokens=24))
+    received: list[Frame] = []
+    async with running(llm) as (worker, down, up):
         # A microphone: the question in 20 ms frames, then a second of silence (server VAD ends the turn).
         for frame in pieces(speech("What is the capital of France?") + bytes(SPEECH_RATE), SPEECH_RATE, 20):
             await worker.queue_frame(InputAudioRawFrame(audio=frame, sample_rate=SPEECH_RATE, num_channels=1))
@@ -66,12 +85,6 @@ async def test_a_spoken_turn_in_audio_frames_out(gateway: Gateway) -> None:
         async with asyncio.timeout(180):
             while not any(isinstance(f, LLMFullResponseEndFrame) for f in received):
                 received.append(await down.get())
-        await worker.queue_frame(EndFrame())
-        await asyncio.wait_for(running, 60)
-    finally:
-        if not running.done():
-            running.cancel()
-            await asyncio.gather(running, return_exceptions=True)
     failures = [f for f in [*received, *drain(up)] if isinstance(f, ErrorFrame)]
     assert failures == [], failures
     audio = b"".join(f.audio for f in received if isinstance(f, TTSAudioRawFrame))
@@ -97,3 +110,20 @@ async def test_its_openai_stt_service_hears_a_recorded_utterance(gateway: Gatewa
     frames = [frame async for frame in stt.run_stt(wav_of(speech(question), SPEECH_RATE))]
     assert [type(f) for f in frames] == [TranscriptionFrame], frames
     assert word_error_rate(question, frames[0].text) == 0, frames[0].text
+
+
+async def test_its_openai_tts_service_speaks_a_sentence(gateway: Gateway) -> None:
+    """pipecat's ``OpenAITTSService`` (a cascaded pipeline's text to speech) reads
+    ``/v1/audio/speech`` as 24 kHz pcm while it streams, naming OpenAI's model and voice."""
+    sentence = "Your table is booked for seven tonight."
+    received: list[Frame] = []
+    async with running(OpenAITTSService(api_key="unused", base_url=f"{gateway.url}/v1")) as (worker, down, up):
+        await worker.queue_frame(TTSSpeakFrame(sentence))
+        async with asyncio.timeout(60):
+            while not any(isinstance(f, TTSStoppedFrame) for f in received):
+                received.append(await down.get())
+    failures = [f for f in [*received, *drain(up)] if isinstance(f, ErrorFrame)]
+    assert failures == [], failures
+    audio = [f for f in received if isinstance(f, TTSAudioRawFrame)]
+    said = b"".join(f.audio for f in audio)
+    assert word_error_rate(sentence, recognize(said, audio[0].sample_rate)) <= 0.15

@@ -13,6 +13,7 @@ from omni_adapter.port import (
     EngineError,
     EngineRequest,
     Finished,
+    InputChunk,
     OutputEvent,
     SamplingOptions,
     TextDelta,
@@ -23,6 +24,7 @@ from omni_adapter.talker import (
     EspeakTalker,
     HibariTalker,
     PhraseSplitter,
+    SaysInput,
     TalkingEngine,
     TalkingSession,
     with_talker,
@@ -237,3 +239,18 @@ def test_hibaris_answer_sounds_at_once() -> None:
         samples = np.abs(np.frombuffer(talker._synthesize(text), dtype="<i2")) > 100
         assert np.argmax(samples) / talker.sample_rate <= 0.05, text
     talker.close()
+
+
+async def test_text_to_speech_says_the_input_as_it_arrives_and_after_a_hand_off_only_the_rest() -> None:
+    """``SaysInput``: the input's text is the answer, passed on per chunk (UTF-8 cut anywhere);
+    a new holder, given what was published, says only what comes after it."""
+    said = "Café opens early."
+    data = said.encode()
+    for skip in (0, len("Café ")):
+        session = SaysInput(skip)
+        await session.feed([InputChunk(0, "text", data[:4]), InputChunk(1, "text", data[4:9])])
+        await session.feed([InputChunk(2, "text", data[9:])])
+        await session.end_input()
+        events = [event async for event in session.events()]
+        assert "".join(e.text for e in events if isinstance(e, TextDelta)) == said[skip:]
+        assert events[-1] == Finished("stop", Usage(0, 0))

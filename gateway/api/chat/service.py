@@ -71,16 +71,19 @@ class ChatService:
             **options, start_policy=StartPolicy.ON_END_ONLY, input_role=last.role, input_tool_call_id=last.tool_call_id,
             messages=[_history_message(m, f"messages.{i}.content") for i, m in enumerate(history)])
         try:
-            record, _ = await self._sessions.create(identity, request, chunks[0], idempotency_key)
+            return await self.open(identity, request, chunks, idempotency_key)
         except errors.ContextLengthExceeded as exc:
             raise _prompt_too_long(exc) from None
+
+    async def open(self, identity: str, request: CreateSessionRequest, chunks: list[ChunkRecord],
+                   idempotency_key: str | None = None) -> str:
+        """Open a session with its whole input (``chunks``, the last one ending it); its id."""
+        record, _ = await self._sessions.create(identity, request, chunks[0], idempotency_key)
         try:
             for chunk in chunks[1:]:
                 await self._sessions.append(identity, record.session_id, chunk)
-        except BaseException as exc:
+        except BaseException:
             await self.cancel(identity, record.session_id)
-            if isinstance(exc, errors.ContextLengthExceeded):
-                raise _prompt_too_long(exc) from None
             raise
         return record.session_id
 

@@ -1,0 +1,110 @@
+"""``POST /v1/audio/speech``: OpenAI's text to speech, as a session that speaks its input.
+
+The text is the input of a session with ``speak_input``: the engine's Talker speaks it phrase
+by phrase, with no model asked, and the audio is sent as it is made, in the asked format
+(``output/audio_file.py``), so the first phrase plays while the rest is spoken; or, with
+``stream_format: sse``, the same bytes in ``speech.audio.delta`` events. It runs as every
+session runs (limits, queue, errors, a client that leaves cancels it).
+
+Voice-agent frameworks (pipecat's ``OpenAITTSService``, LiveKit's ``openai.TTS``) name OpenAI's
+models and voices: any model name and voice are taken, since this server has one voice (the
+Talker's). ``instructions`` are taken and change nothing; another ``speed`` than 1 is a 400.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Annotated, Any, Literal
+
+import orjson
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import StreamingResponse
+from pydantic import Field
+from sse_starlette import ServerSentEvent
+
+from gateway import errors
+from gateway.api.chat.router import ANSWER_ERRORS, Identity, get_chat
+from gateway.api.chat.service import ChatService
+from gateway.domain.policies import StartPolicy
+from gateway.output.audio_file import MEDIA_TYPES, AudioFileWriter, SpeechFormat
+from gateway.service.models import CreateSessionRequest, StrictModel
+from gateway.store.records import ChunkRecord
+from gateway.web.event_stream import EventStream
+from gateway.web.resources import get_resources
+
+router = APIRouter(prefix="/v1", tags=["openai"])
+WHEN_STOPPED = ("the speech goes on at another replica: its whole audio is in the result of "
+                "GET /v1/streaming_input/sessions/{id}/result (the id in X-Session-Id), or ask again")
+
+
+class SpeechRequest(StrictModel):
+    model: str = Field(description="any name: this server has one voice")
+    input: str = Field(min_length=1, max_length=4096)
+    voice: str | dict[str, Any] = Field(description="any voice (a name, or {id}): this server has one")
+    instructions: str | None = Field(None, description="taken; the voice takes no instructions")
+    response_format: SpeechFormat = "mp3"
+    speed: float = Field(1.0, ge=0.25, le=4.0, description="1 only")
+    stream_format: Literal["audio", "sse"] = Field(
+        "audio", description="audio: the file's bytes; sse: speech.audio.delta events carrying them, then "
+        "speech.audio.done")
+
+
+@router.post("/audio/speech", response_model=None,
+             responses={200: {"description": "the audio file, sent as it is spoken",
+                              "content": {media: {} for media in MEDIA_TYPES.values()}},
+                        **ANSWER_ERRORS})
+async def create_speech(body: SpeechRequest, request: Request, identity: Identity,
+                        chat: Annotated[ChatService, Depends(get_chat)]) -> StreamingResponse | EventStream:
+    if body.speed != 1.0:
+        raise errors.InvalidRequest("the voice speaks at one speed: speed is 1", param="speed")
+    model = get_resources(request).engine.capabilities.model_names[0]
+    session = CreateSessionRequest(model=model, modalities=["text", "audio"], speak_input=True,
+                                   start_policy=StartPolicy.ON_END_ONLY)
+    session_id = await chat.open(identity, session, [ChunkRecord(0, "text", body.input.encode(), end_of_input=True)])
+    audio = _file_bytes(chat.stream(identity, session_id), AudioFileWriter(body.response_format))
+    first = await anext(audio)  # the session's error before any audio is the answer's status
+    headers = {"X-Session-Id": session_id}
+    if body.stream_format == "sse":  # LiveKit asks for it: the file's bytes in events
+        resources = get_resources(request)
+        return EventStream(_speech_events(_after(first, audio)), ping_sec=resources.settings.sse_ping_sec,
+                           draining=resources.draining, headers=headers, when_stopped=WHEN_STOPPED)
+    return StreamingResponse(_after(first, audio), media_type=MEDIA_TYPES[body.response_format], headers=headers)
+
+
+async def _file_bytes(frames: AsyncGenerator[Any, None], writer: AudioFileWriter) -> AsyncGenerator[bytes, None]:
+    """The file's bytes as the session's audio frames come; its error, if it fails first."""
+    told = False
+    async with contextlib.aclosing(frames):  # a client that leaves cancels the session (chat.stream)
+        async for frame in frames:
+            if frame.event == "error":
+                failure = errors.from_envelope(orjson.loads(str(frame.data)))
+                if not told:
+                    raise failure
+                return  # the file stops short: its bytes went out with a 200 already
+            if frame.data == "[DONE]":
+                break
+            for choice in orjson.loads(str(frame.data)).get("choices") or ():
+                audio = (choice.get("delta") or {}).get("audio") or {}
+                if audio.get("data") and (data := writer.write(base64.b64decode(audio["data"]))):
+                    told = True
+                    yield data
+        yield writer.close()
+
+
+async def _speech_events(audio: AsyncIterator[bytes]) -> AsyncIterator[ServerSentEvent]:
+    """OpenAI's speech stream events: the file's bytes in ``speech.audio.delta`` events, then
+    ``speech.audio.done`` (no model made a token: the usage is zero)."""
+    async for data in audio:
+        yield ServerSentEvent(json.dumps({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()}))
+    yield ServerSentEvent(json.dumps({"type": "speech.audio.done",
+                                      "usage": {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0}}))
+
+
+async def _after(first: bytes, rest: AsyncGenerator[bytes, None]) -> AsyncIterator[bytes]:
+    yield first
+    async with contextlib.aclosing(rest):
+        async for data in rest:
+            yield data

@@ -1,0 +1,122 @@
+"""``POST /v1/audio/speech`` through the official OpenAI client, as voice-agent frameworks' OpenAI
+TTS services call it; and sessions that speak their input (``speak_input``).
+
+Real redis-server, the real Talker (hibari) behind the scripted Thinker (which must never be
+asked: text to speech answers nothing), and the real recognizer (Moonshine) to hear what was
+said: each file, decoded by FFmpeg (PyAV) as a player would, must say the text.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+from collections.abc import AsyncIterator
+
+import av
+import httpx
+import numpy as np
+import pytest
+from openai import AsyncOpenAI
+
+from omni_adapter.audio import OPENAI_PCM16_RATE, parse_wav
+from omni_adapter.listener import with_listener
+from omni_adapter.scripted import ScriptedEngine
+from omni_adapter.talker import with_talker
+from tests.gateway.client import app_client, live_app, make_settings, openai_client
+from tests.gateway.test_api import assert_error
+from tests.voice import recognize, word_error_rate
+
+TEXT = "The museum opens early in the morning."
+
+
+@pytest.fixture(scope="module")
+def thinker() -> ScriptedEngine:
+    return ScriptedEngine()
+
+
+@pytest.fixture
+async def client(redis_url: str, thinker: ScriptedEngine) -> AsyncIterator[httpx.AsyncClient]:
+    async with app_client(make_settings(redis_url=redis_url), with_talker(with_listener(thinker))) as c:
+        yield c
+
+
+def played(data: bytes) -> tuple[bytes, int]:
+    """The file's samples as a player decodes them: mono pcm16 and its rate."""
+    with av.open(io.BytesIO(data)) as file:
+        resampler = av.AudioResampler(format="s16", layout="mono", rate=OPENAI_PCM16_RATE)
+        frames = [out for frame in file.decode(file.streams.audio[0]) for out in resampler.resample(frame)]
+        frames += resampler.resample(None)
+    return b"".join(np.asarray(f.to_ndarray()).tobytes() for f in frames), OPENAI_PCM16_RATE
+
+
+async def test_every_format_says_the_text(client: httpx.AsyncClient, thinker: ScriptedEngine) -> None:
+    """pipecat asks for pcm, LiveKit for mp3; players take the rest."""
+    oai = openai_client(client)
+    for fmt in ("mp3", "opus", "aac", "flac", "wav", "pcm"):
+        speech = await oai.audio.speech.create(model="tts-1", voice="alloy", input=TEXT, response_format=fmt)
+        data = speech.content
+        pcm, rate = (data, OPENAI_PCM16_RATE) if fmt == "pcm" else played(data)
+        assert len(pcm) > rate, fmt  # over half a second of speech
+        assert word_error_rate(TEXT, recognize(pcm, rate)) == 0, (fmt, recognize(pcm, rate))
+    assert thinker.sessions == [], "text to speech asks the Thinker nothing"
+
+
+async def test_a_long_text_comes_in_pieces_as_it_is_spoken(redis_url: str) -> None:
+    """Over a real socket (the in-process transport reads a response whole)."""
+    text = "First, open the door. Then, turn on the lights, and close the window behind you."
+    async with live_app(make_settings(redis_url=redis_url), with_talker(ScriptedEngine())) as url:
+        oai = AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        async with oai.audio.speech.with_streaming_response.create(model="gpt-4o-mini-tts", voice="marin",
+                                                                   input=text, response_format="pcm") as response:
+            pieces = [piece async for piece in response.iter_bytes()]
+    assert len(pieces) > 2, "each phrase is sent once it is spoken"
+    assert word_error_rate(text, recognize(b"".join(pieces), OPENAI_PCM16_RATE)) <= 0.1
+
+
+async def test_the_file_in_server_sent_events(client: httpx.AsyncClient) -> None:
+    """``stream_format: sse`` (LiveKit asks for it): the file's bytes in ``speech.audio.delta``
+    events, then ``speech.audio.done``."""
+    response = await client.post("/v1/audio/speech", json={"model": "gpt-4o-mini-tts", "voice": "ash", "input": TEXT,
+                                                          "response_format": "mp3", "stream_format": "sse"})
+    assert response.headers["content-type"].startswith("text/event-stream")
+    events = [json.loads(line[5:]) for line in response.text.splitlines() if line.startswith("data:")]
+    assert [e["type"] for e in events] == ["speech.audio.delta"] * (len(events) - 1) + ["speech.audio.done"]
+    pcm, rate = played(b"".join(base64.b64decode(e["audio"]) for e in events[:-1]))
+    assert word_error_rate(TEXT, recognize(pcm, rate)) == 0
+
+
+async def test_what_it_cannot_do_is_a_clear_error(client: httpx.AsyncClient, redis_url: str) -> None:
+    speak = {"model": "tts-1", "voice": "alloy", "input": "Hello."}
+    for fields, status, param in (({"speed": 2.0}, 400, "speed"), ({"input": ""}, 422, "input"), ({"input": "a" * 4097}, 422, "input"),
+                                  ({"response_format": "ogg"}, 422, "response_format")):
+        refused = await client.post("/v1/audio/speech", json={**speak, **fields})
+        assert refused.status_code == status and refused.json()["error"]["param"] == param, refused.text
+    async with app_client(make_settings(redis_url=redis_url), ScriptedEngine()) as mute:
+        assert_error(await mute.post("/v1/audio/speech", json=speak), 422, "unsupported_modality")
+
+
+async def test_a_session_speaks_its_text_as_it_streams_in(client: httpx.AsyncClient,
+                                                          thinker: ScriptedEngine) -> None:
+    """The sessions API's text to speech: an LLM's tokens from elsewhere, spoken while they come."""
+    created = await client.post("/v1/streaming_input/sessions", json={
+        "model": "scripted", "modalities": ["text", "audio"], "speak_input": True})
+    assert created.status_code == 201, created.text
+    session = created.json()["session_id"]
+    base = f"/v1/streaming_input/sessions/{session}"
+    for seq, piece in enumerate(["The museum opens ", "early in ", "the morning."]):
+        sent = await client.post(f"{base}/chunks", json={"sequence_id": seq, "text": piece})
+        assert sent.status_code == 202, sent.text
+    await client.post(f"{base}/finish", json={})
+    async with client.stream("GET", f"{base}/events") as events:
+        frames = [json.loads(line[5:]) for line in [line async for line in events.aiter_lines()]
+                  if line.startswith("data:") and line != "data: [DONE]"]
+    text = "".join(f["choices"][0]["delta"].get("content") or "" for f in frames if f.get("choices"))
+    assert text == TEXT, "the answer's text is the input"
+    result = (await client.get(f"{base}/result", params={"wait": 30})).json()
+    pcm, rate = parse_wav(base64.b64decode(result["completion"]["choices"][0]["message"]["audio"]["data"]))
+    assert word_error_rate(TEXT, recognize(pcm, rate)) == 0
+    refused = await client.post("/v1/streaming_input/sessions", json={
+        "model": "scripted", "modalities": ["text"], "speak_input": True})
+    assert_error(refused, 422, "validation_error")
+    assert thinker.sessions == []
