@@ -36,8 +36,8 @@ class Channels(NamedTuple):
     """The pub/sub channels every process of a deployment listens on.
 
     Redis's pub/sub spans the server, not a database: two deployments sharing one Redis server
-    (databases 0 and 1) would hear each other's. Their names carry the database, so an ask is
-    answered only by processes that write the answer where the asker reads it.
+    (databases 0 and 1) would hear each other's. Their names carry the database (but 0's), so an
+    ask is answered only by processes that write the answer where the asker reads it.
     """
 
     #: Engine work was left waiting for an owner (an API worker, or a replica without room,
@@ -53,7 +53,9 @@ class Channels(NamedTuple):
 
 
 def channels(database: int) -> Channels:
-    base = f"{PREFIX}:db{database}"
+    # Database 0 keeps the names of the releases before, so processes of both talk during a
+    # rolling deploy (a hang-up reaching the other release's process is still heard).
+    base = PREFIX if database == 0 else f"{PREFIX}:db{database}"
     return Channels(work_waiting=f"{base}:work-waiting", call_hang_ups=f"{base}:call-hang-ups",
                     call_attaches=f"{base}:call-attaches")
 
