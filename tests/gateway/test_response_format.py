@@ -302,6 +302,9 @@ async def test_openai_fields_that_change_nothing_here_are_taken(scripted: httpx.
         "hello", user="u-1", safety_identifier="hashed-user", prompt_cache_key="agent-7",
         prompt_cache_retention="24h", verbosity="low", prediction={"type": "content", "content": "hello"}))
     assert response.status_code == 200, response.text
+    for effort in ("xhigh", "max"):  # the SDK's newest efforts
+        response = await scripted.post(CHAT, json=ask("hello", reasoning_effort=effort))
+        assert response.status_code == 200, response.text
 
 
 @pytest.mark.parametrize(("fields", "param"), [

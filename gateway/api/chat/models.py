@@ -82,7 +82,7 @@ class ChatCompletionRequest(GenerationOptions, OpenAIBookkeeping):
     n: Literal[1] = 1
     #: Accepted as vLLM accepts it: the chat template may read it; a model that does not
     #: reason (the embedded default) answers as it would without.
-    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
     #: Accepted: a chat model's answer is as long as it is (``max_completion_tokens`` bounds it).
     verbosity: Literal["low", "medium", "high"] | None = None
     #: Accepted: predicted output only makes OpenAI answer sooner; the answer is the same without.
