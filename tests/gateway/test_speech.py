@@ -8,6 +8,7 @@ said: each file, decoded by FFmpeg (PyAV) as a player would, must say the text.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import json
@@ -21,7 +22,7 @@ from openai import AsyncOpenAI
 
 from omni_adapter.audio import OPENAI_PCM16_RATE, parse_wav
 from omni_adapter.listener import with_listener
-from omni_adapter.scripted import ScriptedEngine
+from omni_adapter.scripted import Script, ScriptedEngine
 from omni_adapter.talker import with_talker
 from tests.gateway.client import app_client, live_app, make_settings, openai_client
 from tests.gateway.test_api import assert_error
@@ -120,3 +121,18 @@ async def test_a_session_speaks_its_text_as_it_streams_in(client: httpx.AsyncCli
         "model": "scripted", "modalities": ["text"], "speak_input": True})
     assert_error(refused, 422, "validation_error")
     assert thinker.sessions == []
+
+
+async def test_speech_that_waits_too_long_for_room_is_a_503_and_frees_its_session(redis_url: str) -> None:
+    """Every engine slot busy: no speech begins within ``chat_queue_timeout_sec``; the request is
+    dropped with a 503, as a chat's is, never left without an answer's status."""
+    settings = make_settings(redis_url=redis_url, max_engine_sessions=1, chat_queue_timeout_sec=0.5,
+                             max_sessions_per_identity=2)
+    async with app_client(settings, with_talker(ScriptedEngine(Script(hang=True)))) as client:
+        busy = await client.post("/v1/streaming_input/sessions", json={
+            "model": "scripted", "first_chunk": {"sequence_id": 0, "text": "x", "end_of_input": True}})
+        assert busy.json()["owner"] is not None  # the one slot
+        async with asyncio.timeout(5):
+            queued = await client.post("/v1/audio/speech", json={"model": "tts-1", "voice": "alloy", "input": "Hi."})
+        assert_error(queued, 503, "capacity_exhausted")
+        assert (await client.post("/v1/streaming_input/sessions", json={"model": "scripted"})).status_code == 201

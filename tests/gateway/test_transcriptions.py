@@ -19,6 +19,7 @@ import numpy as np
 import openai
 import pytest
 
+from omni_adapter.audio import resample
 from omni_adapter.audio import wav_of as wav
 from omni_adapter.listener import with_listener
 from omni_adapter.scripted import ScriptedEngine
@@ -84,6 +85,15 @@ async def test_files_in_the_formats_clients_send_are_heard(client: httpx.AsyncCl
                                                     response_format="verbose_json")  # LiveKit asks whisper-1 so
     assert verbose.language == "english" and verbose.duration > 1 and word_error_rate(QUESTION, verbose.text) == 0
     assert thinker.sessions == [], "a transcription asks the Thinker nothing"
+
+
+async def test_a_file_whose_sample_rate_changes_midway_is_heard_whole(client: httpx.AsyncClient) -> None:
+    """Joined MP3s (or chained Ogg) change rate between frames; each part is heard."""
+    first, second = "Turn on the lights.", "And close the door."
+    joined = (encoded(speech(first), SPEECH_RATE, "mp3", "libmp3lame")
+              + encoded(resample(speech(second), SPEECH_RATE, 16_000), 16_000, "mp3", "libmp3lame"))
+    heard = await openai_client(client).audio.transcriptions.create(model="whisper-1", file=("joined.mp3", joined))
+    assert word_error_rate(f"{first} {second}", heard.text) <= 0.15, heard.text
 
 
 async def test_a_streamed_transcription_tells_the_words_then_the_whole_text(client: httpx.AsyncClient) -> None:

@@ -79,13 +79,13 @@ async def answered_unless_client_leaves(request: Request, chat: ChatService, ide
                                         session_id: str) -> SessionRecord | None:
     """The completed session; ``None`` once the client hung up, and its work is stopped."""
     timeout_sec = get_resources(request).settings.chat_queue_timeout_sec
-    record = await _unless_client_leaves(request, chat.answered(identity, session_id, timeout_sec))
+    record = await unless_client_leaves(request, chat.answered(identity, session_id, timeout_sec))
     if record is None:  # nobody waits for it any more: stop the engine work
         await chat.cancel(identity, session_id)
     return record
 
 
-async def _unless_client_leaves(request: Request, answer: Awaitable[T]) -> T | None:
+async def unless_client_leaves(request: Request, answer: Awaitable[T]) -> T | None:
     """``answer``, or ``None`` as soon as the client hangs up (its body is read: the next
     message of the request is the disconnect)."""
     waiting = asyncio.ensure_future(answer)

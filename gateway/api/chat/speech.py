@@ -13,6 +13,7 @@ Talker's). ``instructions`` are taken and change nothing; another ``speed`` than
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import json
@@ -21,12 +22,18 @@ from typing import Annotated, Any, Literal
 
 import orjson
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import Field
 from sse_starlette import ServerSentEvent
 
 from gateway import errors
-from gateway.api.chat.router import ANSWER_ERRORS, Identity, get_chat
+from gateway.api.chat.router import (
+    ANSWER_ERRORS,
+    CLIENT_LEFT,
+    Identity,
+    get_chat,
+    unless_client_leaves,
+)
 from gateway.api.chat.service import ChatService
 from gateway.domain.policies import StartPolicy
 from gateway.output.audio_file import MEDIA_TYPES, AudioFileWriter, SpeechFormat
@@ -57,53 +64,77 @@ class SpeechRequest(StrictModel):
                               "content": {media: {} for media in MEDIA_TYPES.values()}},
                         **ANSWER_ERRORS})
 async def create_speech(body: SpeechRequest, request: Request, identity: Identity,
-                        chat: Annotated[ChatService, Depends(get_chat)]) -> StreamingResponse | EventStream:
+                        chat: Annotated[ChatService, Depends(get_chat)]
+                        ) -> StreamingResponse | EventStream | JSONResponse:
     if body.speed != 1.0:
         raise errors.InvalidRequest("the voice speaks at one speed: speed is 1", param="speed")
-    model = get_resources(request).engine.capabilities.model_names[0]
-    session = CreateSessionRequest(model=model, modalities=["text", "audio"], speak_input=True,
-                                   start_policy=StartPolicy.ON_END_ONLY)
+    resources = get_resources(request)
+    writer = AudioFileWriter(body.response_format)
+    session = CreateSessionRequest(model=resources.engine.capabilities.model_names[0], modalities=["text", "audio"],
+                                   speak_input=True, start_policy=StartPolicy.ON_END_ONLY)
     session_id = await chat.open(identity, session, [ChunkRecord(0, "text", body.input.encode(), end_of_input=True)])
-    audio = _file_bytes(chat.stream(identity, session_id), AudioFileWriter(body.response_format))
-    first = await anext(audio)  # the session's error before any audio is the answer's status
+    audio = _file_bytes(chat.stream(identity, session_id), writer)
+    first = await _first_audio(request, chat, identity, session_id, audio)
+    if first is None:
+        return JSONResponse({}, status_code=CLIENT_LEFT)
     headers = {"X-Session-Id": session_id}
     if body.stream_format == "sse":  # LiveKit asks for it: the file's bytes in events
-        resources = get_resources(request)
         return EventStream(_speech_events(_after(first, audio)), ping_sec=resources.settings.sse_ping_sec,
                            draining=resources.draining, headers=headers, when_stopped=WHEN_STOPPED)
     return StreamingResponse(_after(first, audio), media_type=MEDIA_TYPES[body.response_format], headers=headers)
 
 
+async def _first_audio(request: Request, chat: ChatService, identity: str, session_id: str,
+                       audio: AsyncGenerator[bytes, None]) -> bytes | None:
+    """The file's first bytes, before the answer's status is sent: the session's error before
+    any audio is the status. No engine slot free within the chat queue's timeout is a 503, as
+    for a chat; ``None``: the client left (the session is cancelled, as chat.stream does)."""
+    timeout_sec = get_resources(request).settings.chat_queue_timeout_sec
+    try:
+        async with asyncio.timeout(timeout_sec):
+            first = await unless_client_leaves(request, anext(audio))
+    except TimeoutError:
+        await chat.cancel(identity, session_id)
+        raise errors.CapacityExhausted(
+            f"no speech began within {timeout_sec:g} s (every engine slot busy); the request was dropped, "
+            "retry later") from None
+    return first
+
+
 async def _file_bytes(frames: AsyncGenerator[Any, None], writer: AudioFileWriter) -> AsyncGenerator[bytes, None]:
-    """The file's bytes as the session's audio frames come; its error, if it fails first."""
-    told = False
+    """The file's bytes as the session's audio frames come, encoded in a worker thread; the
+    session's error if it fails (raised after bytes went out, too: the response then breaks off,
+    never ends as if the file were whole)."""
     async with contextlib.aclosing(frames):  # a client that leaves cancels the session (chat.stream)
-        async for frame in frames:
+        async for frame in frames:  # read to the end: a stream left early cancels its session
             if frame.event == "error":
-                failure = errors.from_envelope(orjson.loads(str(frame.data)))
-                if not told:
-                    raise failure
-                return  # the file stops short: its bytes went out with a 200 already
+                raise errors.from_envelope(orjson.loads(str(frame.data)))
             if frame.data == "[DONE]":
-                break
+                continue
             for choice in orjson.loads(str(frame.data)).get("choices") or ():
                 audio = (choice.get("delta") or {}).get("audio") or {}
-                if audio.get("data") and (data := writer.write(base64.b64decode(audio["data"]))):
-                    told = True
+                if audio.get("data") and (data := await asyncio.to_thread(writer.write,
+                                                                          base64.b64decode(audio["data"]))):
                     yield data
-        yield writer.close()
+        yield await asyncio.to_thread(writer.close)
 
 
 async def _speech_events(audio: AsyncIterator[bytes]) -> AsyncIterator[ServerSentEvent]:
     """OpenAI's speech stream events: the file's bytes in ``speech.audio.delta`` events, then
-    ``speech.audio.done`` (no model made a token: the usage is zero)."""
-    async for data in audio:
-        yield ServerSentEvent(json.dumps({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()}))
+    ``speech.audio.done`` (no model made a token: the usage is zero); an ``error`` event if the
+    session fails on the way."""
+    try:
+        async for data in audio:
+            yield ServerSentEvent(json.dumps({"type": "speech.audio.delta",
+                                              "audio": base64.b64encode(data).decode()}))
+    except errors.GatewayError as exc:
+        yield ServerSentEvent(exc.envelope_json(), event="error")
+        return
     yield ServerSentEvent(json.dumps({"type": "speech.audio.done",
                                       "usage": {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0}}))
 
 
-async def _after(first: bytes, rest: AsyncGenerator[bytes, None]) -> AsyncIterator[bytes]:
+async def _after(first: bytes, rest: AsyncGenerator[bytes, None]) -> AsyncGenerator[bytes, None]:
     yield first
     async with contextlib.aclosing(rest):
         async for data in rest:

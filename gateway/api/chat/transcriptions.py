@@ -2,10 +2,10 @@
 only hears.
 
 The uploaded file is decoded (any container and codec FFmpeg reads: WAV, MP3, Ogg/Opus,
-WebM, FLAC, M4A) to 16 kHz mono pcm16 and sent as the input of a chat completion with no
-output modalities: the engine's Listener hears it phrase by phrase and the session ends
-without an answer. Its transcript is the text. It runs as every chat completion runs (the
-same session, limits, queue and errors); ``stream: true`` sends OpenAI's
+WebM, FLAC, M4A) to 16 kHz mono pcm16, in a worker thread, and sent as the input chunks of a
+session with no output modalities: the engine's Listener hears it phrase by phrase and the
+session ends without an answer. Its transcript is the text. It runs as every chat completion
+runs (the same session, limits, queue and errors); ``stream: true`` sends OpenAI's
 ``transcript.text.delta`` events as phrases are heard, then ``transcript.text.done``.
 
 Voice-agent frameworks (pipecat's and LiveKit's OpenAI STT) name OpenAI's models
@@ -18,11 +18,11 @@ decodes greedily, without a prompt).
 from __future__ import annotations
 
 import asyncio
-import base64
+import contextlib
 import io
 import json
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, File, Form, Request, UploadFile
@@ -30,7 +30,6 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from sse_starlette import ServerSentEvent
 
 from gateway import errors
-from gateway.api.chat.models import ChatCompletionRequest
 from gateway.api.chat.router import (
     ANSWER_ERRORS,
     CLIENT_LEFT,
@@ -39,10 +38,12 @@ from gateway.api.chat.router import (
     get_chat,
 )
 from gateway.api.chat.service import ChatService
+from gateway.domain.policies import StartPolicy
 from gateway.output.frames import TRANSCRIPT_EVENT
+from gateway.service.models import CreateSessionRequest
+from gateway.store.records import ChunkRecord
 from gateway.web.event_stream import EVENT_STREAM_CONTENT, EventStream
 from gateway.web.resources import get_resources
-from omni_adapter.audio import wav_of
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 
@@ -58,7 +59,8 @@ WHEN_STOPPED = ("the transcription goes on at another replica: its text is the i
 
 
 @router.post("/audio/transcriptions", response_model=None,
-             responses={200: {"description": "json: {text, usage}; text: the text; verbose_json: also task, language, duration (no segments); with stream: true, "
+             responses={200: {"description": "json: {text, usage}; text: the text; verbose_json: also task, "
+                                             "language, duration (no segments); with stream: true, "
                                              "transcript.text.delta events then transcript.text.done",
                               "content": {"text/plain": {}, **EVENT_STREAM_CONTENT}},
                         **ANSWER_ERRORS})
@@ -81,12 +83,14 @@ async def create_transcription(
                                     "verbose_json (without segments)",
                                     param="timestamp_granularities" if timestamp_granularities else "response_format")
     resources = get_resources(request)
-    pcm = await asyncio.to_thread(decoded, await file.read(), resources.settings.max_payload_per_session)
-    seconds = len(pcm) / 2 / RATE
-    session_id = await chat.start(identity, _hearing_request(pcm, resources.engine.capabilities.model_names[0]))
+    chunks = await asyncio.to_thread(heard_chunks, await file.read(), resources.settings.max_payload_per_session)
+    seconds = sum(len(chunk.payload) for chunk in chunks) / 2 / RATE
+    hearing = CreateSessionRequest(model=resources.engine.capabilities.model_names[0], modalities=[],
+                                   start_policy=StartPolicy.ON_END_ONLY)
+    session_id = await chat.open(identity, hearing, chunks)
     headers = {"X-Session-Id": session_id}
     if stream:
-        return EventStream(_transcript_events(chat.stream(identity, session_id), seconds),
+        return EventStream(_transcript_events(chat.stream(identity, session_id)),
                            ping_sec=resources.settings.sse_ping_sec, draining=resources.draining, headers=headers,
                            when_stopped=WHEN_STOPPED)
     record = await answered_unless_client_leaves(request, chat, identity, session_id)
@@ -99,6 +103,16 @@ async def create_transcription(
         return JSONResponse({"task": "transcribe", "language": "english", "duration": seconds, "text": text,
                              "usage": _usage(seconds)}, headers=headers)
     return JSONResponse({"text": text, "usage": _usage(seconds)}, headers=headers)
+
+
+def heard_chunks(data: bytes, max_bytes: int) -> list[ChunkRecord]:
+    """The file as the input chunks of a session that hears it (blocking: the decoding, and each
+    chunk's digest, are work no other session should wait for on the event loop)."""
+    pcm = decoded(data, max_bytes)
+    step = CHUNK_SEC * RATE * 2
+    return [ChunkRecord(seq, "audio", pcm[at:at + step], "pcm16", None, RATE, end_of_input=at + step >= len(pcm),
+                        audio_ms=len(pcm[at:at + step]) * 1000 // (2 * RATE)).prepared()
+            for seq, at in enumerate(range(0, len(pcm), step))]
 
 
 def decoded(data: bytes, max_bytes: int) -> bytes:
@@ -114,17 +128,16 @@ def decoded(data: bytes, max_bytes: int) -> bytes:
         with av.open(io.BytesIO(data), mode="r") as container:
             if not container.streams.audio:
                 raise errors.InvalidPayload("the file has no audio", param="file")
-            resampler = av.AudioResampler(format="s16", layout="mono", rate=RATE)
-            for frame in container.decode(container.streams.audio[0]):
-                for out in resampler.resample(frame):
-                    pcm += out.to_ndarray().tobytes()
+            to_16k = _Resampler()
+            for packet in container.demux(container.streams.audio[0]):
+                for frame in _frames(packet):
+                    pcm += to_16k(frame)
                 if len(pcm) > max_bytes:
                     raise errors.PayloadTooLarge(
                         f"the audio is longer than a session takes ({max_bytes // (2 * RATE)} s at most)",
                         param="file")
-            for out in resampler.resample(None):
-                pcm += out.to_ndarray().tobytes()
-    except av.FFmpegError as exc:
+            pcm += to_16k(None)
+    except (av.FFmpegError, ValueError) as exc:  # PyAV's own checks raise ValueError
         why = getattr(exc, "strerror", None) or exc  # FFmpeg's reason, without its error number
         raise errors.InvalidPayload(f"the file is not audio this server can decode ({why})", param="file") from exc
     if not pcm:
@@ -132,35 +145,58 @@ def decoded(data: bytes, max_bytes: int) -> bytes:
     return bytes(pcm)
 
 
-def _hearing_request(pcm: bytes, model: str) -> ChatCompletionRequest:
-    """A chat completion that only hears: the audio as the user's message, no output."""
-    step = CHUNK_SEC * RATE * 2
-    parts = [{"type": "input_audio", "input_audio": {"data": base64.b64encode(wav_of(pcm[at:at + step], RATE)).decode(),
-                                                     "format": "wav"}}
-             for at in range(0, len(pcm), step)]
-    return ChatCompletionRequest.model_validate(
-        {"model": model, "modalities": [], "messages": [{"role": "user", "content": parts}]})
+def _frames(packet: Any) -> list[Any]:
+    """The packet's frames; none for a packet the codec cannot read, skipped as players skip it
+    (where two MP3 files were joined, the second one's header reads as a broken frame)."""
+    import av
+
+    try:
+        return list(packet.decode())
+    except av.InvalidDataError:
+        return []
+
+
+class _Resampler:
+    """Frames of any rate and layout as 16 kHz mono pcm16. A stream may change them midway
+    (chained Ogg, joined MP3s), and PyAV's resampler is set up by the first frame it sees: a
+    change starts a new one, after the old one's tail. ``None``: the end, the tail."""
+
+    def __init__(self) -> None:
+        self._resampler: Any = None
+        self._input: tuple[str, str, int] | None = None
+
+    def __call__(self, frame: Any) -> bytes:
+        import av
+
+        out = b""
+        shape = None if frame is None else (frame.format.name, frame.layout.name, frame.sample_rate)
+        if self._resampler is not None and shape != self._input:
+            out += b"".join(f.to_ndarray().tobytes() for f in self._resampler.resample(None))
+            self._resampler = None
+        if frame is None:
+            return out
+        if self._resampler is None:
+            self._resampler, self._input = av.AudioResampler(format="s16", layout="mono", rate=RATE), shape
+        return out + b"".join(f.to_ndarray().tobytes() for f in self._resampler.resample(frame))
 
 
 def _usage(seconds: float) -> dict[str, Any]:
     return {"type": "duration", "seconds": math.ceil(seconds)}
 
 
-async def _transcript_events(frames: AsyncIterator[ServerSentEvent], seconds: float
-                             ) -> AsyncIterator[ServerSentEvent]:
-    """The session's transcript frames as OpenAI's transcription stream events."""
+async def _transcript_events(frames: AsyncGenerator[ServerSentEvent, None]) -> AsyncIterator[ServerSentEvent]:
+    """The session's transcript frames as OpenAI's transcription stream events (the done event
+    has no usage: the SDK reads token counts there, and no model made a token)."""
     told = ""
-    async for frame in frames:
-        if frame.event == TRANSCRIPT_EVENT:
-            heard = json.loads(str(frame.data))["input_transcript"]
-            delta = heard[len(told):] if heard.startswith(told) else heard
-            told = heard
-            if delta:
-                yield ServerSentEvent(json.dumps({"type": "transcript.text.delta", "delta": delta}))
-        elif frame.event == "error":
-            yield frame
-            return
-        elif frame.data == "[DONE]":
-            yield ServerSentEvent(json.dumps({"type": "transcript.text.done", "text": told,
-                                              "usage": _usage(seconds)}))
-            return
+    async with contextlib.aclosing(frames):  # a client that leaves cancels the session (chat.stream)
+        async for frame in frames:  # read to the end: a stream left early cancels its session
+            if frame.event == TRANSCRIPT_EVENT:
+                heard = json.loads(str(frame.data))["input_transcript"]
+                delta = heard[len(told):] if heard.startswith(told) else heard
+                told = heard
+                if delta:
+                    yield ServerSentEvent(json.dumps({"type": "transcript.text.delta", "delta": delta}))
+            elif frame.event == "error":
+                yield frame
+            elif frame.data == "[DONE]":
+                yield ServerSentEvent(json.dumps({"type": "transcript.text.done", "text": told}))
