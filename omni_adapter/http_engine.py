@@ -18,7 +18,8 @@ yet, so a session whose input arrives all at once (``on_end_only``) never warms.
 
 Errors are translated here, like httpx's own ``map_httpcore_exceptions``:
 timeouts, refused or dropped connections and 5xx become ``engine_unavailable``
-(or ``engine_overloaded`` for 429), upstream 4xx become ``invalid_request`` with
+(or ``engine_overloaded`` for 429), a prompt past the context ``context_length_exceeded``,
+other upstream 4xx become ``invalid_request`` with
 the engine's message. Nothing from ``httpx`` leaves this module.
 """
 
@@ -486,6 +487,12 @@ def _error_from_response(response: httpx.Response) -> EngineError:
     return _error_from_body(body if isinstance(body, dict) else {}, status=response.status_code)
 
 
+def _past_the_context(error: dict[str, Any], message: str) -> bool:
+    """vLLM's refusal of a prompt past the model's context (its ``param`` names the input's
+    tokens or text), told apart from other 400s: the chat doors answer it as OpenAI does."""
+    return error.get("param") in ("input_tokens", "input_text") or "maximum context length" in message
+
+
 def _error_from_body(body: dict[str, Any], *, status: int | None) -> EngineError:
     """The engine's error envelope (vLLM's is OpenAI's) as the port's error event."""
     error = body.get("error")
@@ -495,6 +502,8 @@ def _error_from_body(body: dict[str, Any], *, status: int | None) -> EngineError
     else:
         message = str(error or body.get("detail") or f"the engine answered HTTP {status}")
     details = {"upstream_status": status} if status else {}
+    if status == 400 and _past_the_context(error if isinstance(error, dict) else {}, message):
+        return EngineError(message, code="context_length_exceeded", details=details)
     if status == 429:
         return EngineError(message, code="engine_overloaded", details=details)
     if status is not None and 400 <= status < 500:

@@ -13,6 +13,7 @@ import httpx
 import openai
 import pytest
 
+from omni_adapter.port import Engine
 from omni_adapter.vllm_engine import VllmEngine
 from tests.gateway.client import BASE, app_client, make_settings, openai_client
 from tests.gateway.test_api import assert_error, view
@@ -58,17 +59,19 @@ async def test_history_past_the_context_is_413_at_create(client: httpx.AsyncClie
     assert_error(await client.post(BASE, json={"messages": history}), 413, "context_length_exceeded", "messages")
 
 
-async def test_a_chat_past_the_context_is_openai_s_400(client: httpx.AsyncClient) -> None:
-    # As OpenAI and vLLM answer it, so frameworks that trim on context_length_exceeded see it.
-    oai = openai_client(client)
-    for long in ([{"role": "system", "content": "word " * 5000}, {"role": "user", "content": "hi"}],
-                 [{"role": "user", "content": "word " * 5000}]):
+async def test_a_chat_past_the_context_is_openai_s_400(redis_url: str, real_engine: Engine) -> None:
+    """As OpenAI and vLLM answer it, so frameworks that trim on context_length_exceeded see it:
+    whether the gateway counts (in-process) or the engine does (a vllm serve sidecar)."""
+    async with app_client(make_settings(redis_url=redis_url), real_engine) as client:
+        oai = openai_client(client)
+        for long in ([{"role": "system", "content": "word " * 5000}, {"role": "user", "content": "hi"}],
+                     [{"role": "user", "content": "word " * 5000}]):
+            with pytest.raises(openai.BadRequestError) as raised:
+                await oai.chat.completions.create(model="SmolLM2-135M-Instruct", messages=long, max_tokens=4)
+            assert raised.value.code == "context_length_exceeded" and raised.value.param == "messages"
         with pytest.raises(openai.BadRequestError) as raised:
-            await oai.chat.completions.create(model="SmolLM2-135M-Instruct", messages=long, max_tokens=4)
-        assert raised.value.code == "context_length_exceeded" and raised.value.param == "messages"
-    with pytest.raises(openai.BadRequestError) as raised:
-        await oai.responses.create(model="SmolLM2-135M-Instruct", input="word " * 5000, max_output_tokens=4)
-    assert raised.value.code == "context_length_exceeded" and raised.value.param == "input"
+            await oai.responses.create(model="SmolLM2-135M-Instruct", input="word " * 5000, max_output_tokens=4)
+        assert raised.value.code == "context_length_exceeded" and raised.value.param == "input"
 
 
 def test_token_lower_bound_never_exceeds_the_real_count(vllm_engine: VllmEngine) -> None:

@@ -129,7 +129,7 @@ async def test_upstream_4xx_becomes_invalid_request(http_engine: HttpEngine) -> 
     assert end.code == "invalid_request" and "top_p" in end.message
     assert end.details == {"upstream_status": 400}
     _, end = await one_shot(http_engine, request(), "word " * 3000)  # over the 2048-token context
-    assert isinstance(end, EngineError) and end.code == "invalid_request"
+    assert isinstance(end, EngineError) and end.code == "context_length_exceeded", end  # as chat doors say it
 
 
 @pytest.mark.engine

@@ -107,7 +107,10 @@ class ChatService:
                     f"no engine slot was free for {queue_timeout_sec:g} s; the request was dropped, retry later")
         if record.state is SessionState.COMPLETED and record.result is not None:
             return record
-        raise errors.from_envelope(record.error or {})
+        failure = errors.from_envelope(record.error or {})
+        if failure.code == errors.PromptTooLong.code:  # the engine found it (a sidecar counts itself)
+            raise errors.PromptTooLong(failure.message, param="messages")
+        raise failure
 
     async def cancel(self, identity: str, session_id: str) -> None:
         """Stop the session's work (nobody waits for its answer any more); whatever state it is in."""
