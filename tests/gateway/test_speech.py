@@ -93,6 +93,9 @@ async def test_what_it_cannot_do_is_a_clear_error(client: httpx.AsyncClient, red
                                   ({"response_format": "ogg"}, 422, "response_format")):
         refused = await client.post("/v1/audio/speech", json={**speak, **fields})
         assert refused.status_code == status and refused.json()["error"]["param"] == param, refused.text
+    for unsaid in ("   ", "\U0001f642\U0001f642"):  # nothing the voice can say: not an empty file
+        refused = await client.post("/v1/audio/speech", json={**speak, "input": unsaid})
+        assert assert_error(refused, 400, "invalid_request", param="input")["message"].startswith("the input has nothing")
     async with app_client(make_settings(redis_url=redis_url), ScriptedEngine()) as mute:
         assert_error(await mute.post("/v1/audio/speech", json=speak), 422, "unsupported_modality")
 

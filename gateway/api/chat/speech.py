@@ -105,6 +105,7 @@ async def _file_bytes(frames: AsyncGenerator[Any, None], writer: AudioFileWriter
     """The file's bytes as the session's audio frames come, encoded in a worker thread; the
     session's error if it fails (raised after bytes went out, too: the response then breaks off,
     never ends as if the file were whole)."""
+    spoken = False
     async with contextlib.aclosing(frames):  # a client that leaves cancels the session (chat.stream)
         async for frame in frames:  # read to the end: a stream left early cancels its session
             if frame.event == "error":
@@ -113,10 +114,13 @@ async def _file_bytes(frames: AsyncGenerator[Any, None], writer: AudioFileWriter
                 continue
             for choice in orjson.loads(str(frame.data)).get("choices") or ():
                 audio = (choice.get("delta") or {}).get("audio") or {}
-                if audio.get("data") and (data := await asyncio.to_thread(writer.write,
-                                                                          base64.b64decode(audio["data"]))):
-                    yield data
-        yield await asyncio.to_thread(writer.close)
+                if audio.get("data"):
+                    spoken = True
+                    if data := await asyncio.to_thread(writer.write, base64.b64decode(audio["data"])):
+                        yield data
+    if not spoken:  # before any byte: the answer's status says it, not an empty file
+        raise errors.InvalidRequest("the input has nothing the voice can say (no words)", param="input")
+    yield await asyncio.to_thread(writer.close)
 
 
 async def _speech_events(audio: AsyncIterator[bytes]) -> AsyncIterator[ServerSentEvent]:
