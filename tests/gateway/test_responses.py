@@ -64,6 +64,10 @@ async def test_a_text_answer_streamed_and_not(sdk: AsyncOpenAI, engine: Scripted
     [message] = response.output
     assert message.type == "message" and message.role == "assistant"
     assert engine.sessions[-1].request.messages == ({"role": "system", "content": "Be brief."},)
+    # With a system item of its own: one system message, which every chat template takes.
+    await sdk.responses.create(model="scripted", instructions="Be brief.", input=[
+        {"role": "developer", "content": "Answer in French."}, {"role": "user", "content": "hello"}])
+    assert engine.sessions[-1].request.messages == ({"role": "system", "content": "Be brief.\n\nAnswer in French."},)
 
     events = await streamed(sdk, model="scripted", input="hello world", instructions="Be brief.")
     kinds = [e["type"] for e in events]

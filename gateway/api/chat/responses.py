@@ -105,9 +105,8 @@ def chat_request(body: ResponsesRequest) -> ChatCompletionRequest:
     if not (isinstance(last, FunctionCallOutputItem) or (isinstance(last, MessageItem) and last.role == "user")):
         raise errors.ValidationFailed("the last input item must be the user's message or a function_call_output",
                                       param=f"input.{len(items) - 1}")
-    system = [{"role": "system", "content": body.instructions}] if body.instructions else []
     chat: dict[str, Any] = {
-        "model": body.model, "messages": system + _messages(items), "stream": body.stream,
+        "model": body.model, "messages": _with_instructions(body.instructions, _messages(items)), "stream": body.stream,
         "max_completion_tokens": body.max_output_tokens, "temperature": body.temperature, "top_p": body.top_p,
         "metadata": body.metadata, "reasoning_effort": (body.reasoning or {}).get("effort"),
         "parallel_tool_calls": False if body.max_tool_calls == 1 else body.parallel_tool_calls,
@@ -134,6 +133,21 @@ def chat_request(body: ResponsesRequest) -> ChatCompletionRequest:
         first = exc.errors()[0]
         raise errors.ValidationFailed(str(first["msg"]).removeprefix("Value error, "),
                                       param="input" if first["loc"][:1] == ("messages",) else None) from None
+
+
+def _with_instructions(instructions: str | None, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``instructions`` as the system message first, joined with the input's own leading system
+    (or developer) message if it has one: one system message, which every chat template takes
+    (some refuse a second)."""
+    if not instructions:
+        return messages
+    first = messages[0] if messages else None
+    if first is None or first["role"] not in ("system", "developer"):
+        return [{"role": "system", "content": instructions}, *messages]
+    content = first["content"]
+    joined = f"{instructions}\n\n{content}" if isinstance(content, str) else \
+        [{"type": "text", "text": instructions}, *content]
+    return [{"role": "system", "content": joined}, *messages[1:]]
 
 
 def _messages(items: list[InputItem]) -> list[dict[str, Any]]:
