@@ -16,7 +16,7 @@ from typing import Any, Literal
 import httpx
 import openai
 import pytest
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from gateway.store.session_hash import StoredRequest
 from omni_adapter.http_engine import openai_sampling
@@ -72,8 +72,10 @@ async def scripted(redis_url: str) -> AsyncIterator[httpx.AsyncClient]:
 
 
 class Person(BaseModel):
-    name: str
-    age: int
+    # Bounded, so an answer at temperature 1 fits its max_tokens whatever the seed: a long made-up
+    # name (katakana is several tokens a character) once ran past 48 tokens and cut the JSON.
+    name: str = Field(max_length=16)
+    age: int = Field(ge=0, le=150)
 
 
 class StopsMidAnswer:
@@ -191,7 +193,8 @@ async def test_an_answer_held_to_a_schema_that_a_stopping_replica_cut_is_made_ag
     settings = make_settings(redis_url=redis_url, tend_interval_sec=0.05)
     stopping = StopsMidAnswer(vllm_engine, deltas=10)
     async with app_client(settings, stopping) as a:  # type: ignore[arg-type]  # an engine by its methods
-        sid = await create_session(a, "Make up a person with an unusual name and an age, as JSON.", max_tokens=48, temperature=1.0,
+        sid = await create_session(a, "Make up a person with an unusual name and an age, as JSON.", max_tokens=96,
+                                   temperature=1.0,
                                    response_format={"type": "json_schema", "json_schema": {
                                        "name": "person", "schema": Person.model_json_schema()}})
         await asyncio.wait_for(stopping.cut.wait(), 60)
