@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 from livekit import rtc
-from livekit.agents import llm
+from livekit.agents import llm, utils
 from livekit.agents.stt import SpeechEventType
 from livekit.plugins import openai
 from livekit.plugins.openai.realtime import RealtimeModel
@@ -99,6 +99,36 @@ async def test_its_openai_stt_hears_a_recorded_utterance(gateway: Gateway) -> No
             await stt.aclose()
         assert event.type == SpeechEventType.FINAL_TRANSCRIPT
         assert word_error_rate(question, event.alternatives[0].text) == 0, event.alternatives[0].text
+
+
+async def test_its_openai_stt_streams_over_a_realtime_transcription_session(gateway: Gateway) -> None:
+    """LiveKit's ``openai.STT(use_realtime=True)``: a stream of microphone frames, cut into
+    utterances by server VAD, each one's interim and final transcript as it is spoken."""
+    said = ["Turn the music down a little.", "What is the capital of France?"]
+    async with utils.http_context.open():
+        stt = openai.STT(model="gpt-4o-mini-transcribe", base_url=f"{gateway.url}/v1", api_key="unused",
+                         use_realtime=True)
+        stream = stt.stream()
+        try:
+            for words in said:
+                for piece in pieces(speech(words) + bytes(SPEECH_RATE * 2), SPEECH_RATE, 20):
+                    stream.push_frame(rtc.AudioFrame(piece, SPEECH_RATE, 1, len(piece) // 2))
+                    await asyncio.sleep(0.002)
+            events = []
+            async with asyncio.timeout(30):
+                async for event in stream:
+                    events.append(event)
+                    if sum(e.type == SpeechEventType.FINAL_TRANSCRIPT for e in events) == len(said):
+                        break
+        finally:
+            await stream.aclose()
+            await stt.aclose()
+    kinds = [e.type for e in events]
+    assert kinds.count(SpeechEventType.START_OF_SPEECH) == kinds.count(SpeechEventType.END_OF_SPEECH) == 2
+    final = [e.alternatives[0].text for e in events if e.type == SpeechEventType.FINAL_TRANSCRIPT]
+    assert [word_error_rate(words, text) for words, text in zip(said, final, strict=True)] == [0, 0], final
+    assert gateway.engine.requests and all(r.output_modalities == () for r in gateway.engine.requests), \
+        "each utterance is a session that only hears: the model is asked nothing"
 
 
 async def test_its_openai_tts_speaks_a_sentence(gateway: Gateway) -> None:

@@ -19,17 +19,20 @@ from pipecat.frames.frames import (
     ErrorFrame,
     Frame,
     InputAudioRawFrame,
+    InterimTranscriptionFrame,
     LLMFullResponseEndFrame,
     TranscriptionFrame,
     TTSAudioRawFrame,
     TTSSpeakFrame,
     TTSStoppedFrame,
+    VADUserStartedSpeakingFrame,
+    VADUserStoppedSpeakingFrame,
 )
 from pipecat.pipeline.pipeline import Pipeline
 from pipecat.pipeline.worker import PipelineWorker
 from pipecat.processors.frame_processor import FrameDirection
 from pipecat.services.openai.realtime.llm import OpenAIRealtimeLLMService
-from pipecat.services.openai.stt import OpenAISTTService
+from pipecat.services.openai.stt import OpenAIRealtimeSTTService, OpenAISTTService
 from pipecat.services.openai.tts import OpenAITTSService
 from pipecat.tests.utils import QueuedFrameProcessor
 from pipecat.workers.runner import WorkerRunner
@@ -110,6 +113,37 @@ async def test_its_openai_stt_service_hears_a_recorded_utterance(gateway: Gatewa
     frames = [frame async for frame in stt.run_stt(wav_of(speech(question), SPEECH_RATE))]
     assert [type(f) for f in frames] == [TranscriptionFrame], frames
     assert word_error_rate(question, frames[0].text) == 0, frames[0].text
+
+
+async def test_its_realtime_stt_service_transcribes_each_utterance_as_it_is_spoken(gateway: Gateway) -> None:
+    """pipecat's ``OpenAIRealtimeSTTService`` (streaming speech to text over a Realtime
+    transcription session), in its two modes: its default, where the pipeline's own VAD
+    commits each utterance (the frames a transport's VAD sends, here sent by the test), and
+    server VAD. Two utterances each; nothing but its URL changed."""
+    said = ["Please book a table for two tonight.", "What is the capital of France?"]
+    for server_vad in (False, True):
+        stt = OpenAIRealtimeSTTService(api_key="unused", base_url=gateway.ws_url,
+                                       turn_detection={"type": "server_vad"} if server_vad else False)
+        received: list[Frame] = []
+        async with running(stt) as (worker, down, up):
+            for words in said:
+                if not server_vad:
+                    await worker.queue_frame(VADUserStartedSpeakingFrame())
+                for frame in pieces(speech(words) + bytes(SPEECH_RATE), SPEECH_RATE, 20):
+                    await worker.queue_frame(InputAudioRawFrame(audio=frame, sample_rate=SPEECH_RATE, num_channels=1))
+                    await asyncio.sleep(0.002)
+                if not server_vad:
+                    await worker.queue_frame(VADUserStoppedSpeakingFrame())
+            async with asyncio.timeout(30):
+                while sum(isinstance(f, TranscriptionFrame) for f in received) < len(said):
+                    received.append(await down.get())
+        failures = [f for f in [*received, *drain(up)] if isinstance(f, ErrorFrame)]
+        assert failures == [], failures
+        final = [f.text for f in received if isinstance(f, TranscriptionFrame)]
+        assert [word_error_rate(words, text) for words, text in zip(said, final, strict=True)] == [0, 0], final
+        assert any(isinstance(f, InterimTranscriptionFrame) for f in received), "interim words while it streams"
+    assert gateway.engine.requests and all(r.output_modalities == () for r in gateway.engine.requests), \
+        "each utterance is a session that only hears: the model is asked nothing"
 
 
 async def test_its_openai_tts_service_speaks_a_sentence(gateway: Gateway) -> None:

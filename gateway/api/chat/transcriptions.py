@@ -38,6 +38,7 @@ from gateway.api.chat.router import (
     get_chat,
 )
 from gateway.api.chat.service import ChatService
+from gateway.api.languages import check_heard
 from gateway.domain.policies import StartPolicy
 from gateway.output.frames import TRANSCRIPT_EVENT
 from gateway.service.models import CreateSessionRequest
@@ -52,8 +53,6 @@ RATE = 16_000
 #: Each input chunk carries this much audio: the Listener hears the file as if it streamed, and a
 #: streamed transcription tells each phrase once it is heard.
 CHUNK_SEC = 2
-#: The languages the recognizer hears (Moonshine base-en).
-LANGUAGES = frozenset({"en"})
 WHEN_STOPPED = ("the transcription goes on at another replica: its text is the input_transcript of "
                 "GET /v1/streaming_input/sessions/{id}/result (the id in X-Session-Id), or ask again")
 
@@ -75,9 +74,8 @@ async def create_transcription(
         stream: Annotated[bool, Form()] = False,
         timestamp_granularities: Annotated[list[str] | None, Form(alias="timestamp_granularities[]")] = None,
 ) -> JSONResponse | PlainTextResponse | EventStream:
-    if language is not None and language.split("-")[0].lower() not in LANGUAGES:
-        raise errors.InvalidRequest(f"language {language!r} is not heard here (the recognizer hears: "
-                                    f"{', '.join(sorted(LANGUAGES))})", param="language")
+    if language is not None:
+        check_heard(language, "language")
     if response_format in ("srt", "vtt") or timestamp_granularities:
         raise errors.InvalidRequest("the recognizer gives no timings: response_format is json, text or "
                                     "verbose_json (without segments)",

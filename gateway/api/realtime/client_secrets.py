@@ -15,7 +15,7 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway import errors
-from gateway.api.realtime.config import RealtimeConfig
+from gateway.api.realtime.config import TRANSCRIPTION, RealtimeConfig
 from gateway.api.realtime.events import new_id
 from gateway.web.client_secrets import mint
 from gateway.web.resources import Resources, get_identity, get_resources
@@ -48,14 +48,24 @@ class ClientSecret(BaseModel):
     session: dict[str, Any]
 
 
-def session_config(resources: Resources, model: str | None) -> RealtimeConfig:
-    """A connection's starting configuration, for ``model`` (404 if it is not served; ``None``: the first)."""
-    served = resources.engine.capabilities.model_names
-    if model is not None and model not in served:
+def session_config(resources: Resources, model: str | None, *, transcribing: bool = False) -> RealtimeConfig:
+    """A connection's starting configuration, for ``model`` (404 if it is not served; ``None``: the first).
+
+    ``transcribing`` (``?intent=transcription``): a transcription session, where ``model`` is
+    the recognizer's name (frameworks send OpenAI's): any is taken, as on ``/v1/audio/transcriptions``.
+    """
+    capabilities = resources.engine.capabilities
+    served = capabilities.model_names
+    if transcribing:
+        model = None
+    elif model is not None and model not in served:
         raise errors.ModelNotFound(f"model {model!r} is not served here (served: {', '.join(served)})",
                                    param="model")
-    return RealtimeConfig(model=model or served[0],
-                          can_speak="audio" in resources.engine.capabilities.output_modalities)
+    config = RealtimeConfig(model=model or served[0], can_speak="audio" in capabilities.output_modalities,
+                            can_transcribe=capabilities.transcription)
+    if transcribing:
+        config.update({"type": TRANSCRIPTION})
+    return config
 
 
 @router.post("/client_secrets", response_model=ClientSecret,

@@ -1,5 +1,10 @@
 """A Realtime connection's session configuration: OpenAI's defaults, ``session.update``.
 
+A session is of one of OpenAI's two types: ``realtime`` (a conversation, answered) or
+``transcription`` (``?intent=transcription``: the audio is only heard, and each committed
+stretch of it gets its transcript; voice-agent frameworks use it for streaming STT). A
+transcription session takes only the input audio's settings.
+
 Only what this service can honour is taken from ``session.update``; fields
 it does not implement (tracing, noise reduction, prompts...) are ignored, as
 OpenAI's own server ignores what a model does not use, and the
@@ -16,6 +21,7 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 
 from gateway import errors
+from gateway.api.languages import check_heard
 from gateway.api.realtime.audio_formats import (
     BETA_NAMES,
     FORMATS,
@@ -33,6 +39,11 @@ ANSWER_RESERVE_TOKENS = 512
 #: history's start stays put (and in the prefix cache) for many turns after.
 AUTO_RETENTION_RATIO = 0.75
 _TOOLS: TypeAdapter[list[Tool]] = TypeAdapter(list[Tool])
+#: OpenAI's session types.
+REALTIME, TRANSCRIPTION = "realtime", "transcription"
+#: OpenAI's streaming recognizers that find no turn ends: a session naming one has no server VAD
+#: unless it asks (the client commits each stretch, as LiveKit does for them).
+UNENDPOINTED_MODELS = ("gpt-realtime-whisper", "gpt-live-transcribe")
 
 
 @dataclass
@@ -79,25 +90,35 @@ class RealtimeConfig:
     #: The WebSocket's audio formats (``audio_formats.py``): pcm16 at 24 kHz, or G.711.
     input_audio_format: str = PCM
     output_audio_format: str = PCM
+    #: ``realtime`` or ``transcription`` (see the module docstring).
+    session_type: str = REALTIME
+    #: Whether the engine hears without answering (a Listener stage): this replica's, never saved.
+    can_transcribe: bool = False
 
     def __post_init__(self) -> None:
         if not self.can_speak:
             self.output_modalities = ["text"]
 
+    @property
+    def transcribing(self) -> bool:
+        return self.session_type == TRANSCRIPTION
+
     def saved(self) -> dict[str, Any]:
-        """What ``restored`` takes. The audio formats only when not pcm16: a replica of the
-        release before (a rolling deploy) still restores every session that does not set them."""
+        """What ``restored`` takes. What later releases added only when not its default: a replica
+        of the release before (a rolling deploy) still restores every session that does not set it."""
         saved = asdict(self)
-        for added in ("input_audio_format", "output_audio_format"):
-            if saved[added] == PCM:
+        del saved["can_transcribe"]
+        for added, default in (("input_audio_format", PCM), ("output_audio_format", PCM),
+                               ("session_type", REALTIME)):
+            if saved[added] == default:
                 del saved[added]
         return saved
 
     @classmethod
-    def restored(cls, saved: dict[str, Any]) -> RealtimeConfig:
-        """The settings as ``dataclasses.asdict`` saved them (for a reconnect)."""
+    def restored(cls, saved: dict[str, Any], can_transcribe: bool) -> RealtimeConfig:
+        """The settings as ``saved`` kept them (for a reconnect), on a replica that can or cannot transcribe."""
         vad = saved.pop("server_vad", None)
-        return cls(**saved, server_vad=ServerVad(**vad) if vad else None)
+        return cls(**saved, server_vad=ServerVad(**vad) if vad else None, can_transcribe=can_transcribe)
 
     @property
     def session_modalities(self) -> list[str]:
@@ -121,6 +142,13 @@ class RealtimeConfig:
         return body
 
     def session_object(self, session_id: str) -> dict[str, Any]:
+        turn_detection = self.server_vad.as_dict() if self.server_vad else None
+        if self.transcribing:
+            return {"type": TRANSCRIPTION, "object": "realtime.transcription_session", "id": session_id,
+                    "audio": {"input": {"format": format_object(self.input_audio_format),
+                                        "transcription": self.transcription or {}, "noise_reduction": None,
+                                        "turn_detection": turn_detection}},
+                    "include": []}
         return {
             "type": "realtime", "object": "realtime.session", "id": session_id, "model": self.model,
             "instructions": self.instructions, "output_modalities": self.output_modalities,
@@ -130,15 +158,32 @@ class RealtimeConfig:
             **({} if self.parallel_tool_calls is None else {"parallel_tool_calls": self.parallel_tool_calls}),
             "audio": {
                 "input": {"format": format_object(self.input_audio_format), "transcription": self.transcription,
-                          "turn_detection": self.server_vad.as_dict() if self.server_vad else None},
+                          "turn_detection": turn_detection},
                 "output": {"format": format_object(self.output_audio_format), "voice": self.voice},
             },
         }
 
     def update(self, session: dict[str, Any]) -> None:
         """Apply a ``session.update``; 422-style errors name the field."""
-        if session.get("type", "realtime") != "realtime":
-            raise errors.ValidationFailed("only realtime sessions are served here", param="session.type")
+        kind = session.get("type", self.session_type)
+        if kind not in (REALTIME, TRANSCRIPTION):
+            raise errors.ValidationFailed('type is "realtime" or "transcription"', param="session.type")
+        if kind == TRANSCRIPTION and not self.can_transcribe:
+            raise errors.UnsupportedModality("this engine cannot transcribe without answering (it has no "
+                                             "Listener stage)", param="session.type")
+        self.session_type = kind
+        if kind == TRANSCRIPTION:
+            self.transcription = self.transcription or {}  # a transcription session always tells its transcripts
+            audio = session.get("audio")
+            if audio is not None:  # its only settings: the input audio's
+                if not isinstance(audio, dict):
+                    raise errors.ValidationFailed("audio is an object", param="session.audio")
+                self._update_audio({"input": audio.get("input")})
+                inputs = audio.get("input") or {}
+                model = (inputs.get("transcription") or {}).get("model")
+                if "turn_detection" not in inputs and isinstance(model, str) and model.startswith(UNENDPOINTED_MODELS):
+                    self.server_vad = None
+            return
         if "instructions" in session:
             self.instructions = _typed(session, "instructions", str)
         if "output_modalities" in session:
@@ -200,6 +245,9 @@ class RealtimeConfig:
 
     def _update_audio(self, audio: dict[str, Any]) -> None:
         for side in ("input", "output"):
+            if not isinstance(audio.get(side) or {}, dict):
+                raise errors.ValidationFailed(f"audio.{side} is an object", param=f"session.audio.{side}")
+        for side in ("input", "output"):
             fmt = (audio.get(side) or {}).get("format")
             if fmt is None:
                 continue
@@ -218,7 +266,9 @@ class RealtimeConfig:
             if transcription is not None and not isinstance(transcription, dict):
                 raise errors.ValidationFailed("transcription is null or an object",
                                               param="session.audio.input.transcription")
-            # The model named is not loaded: the engine's own recognizer hears the audio.
+            # The model named is not loaded: the engine's own recognizer hears the audio, in its languages.
+            if transcription is not None:
+                _check_languages(transcription)
             self.transcription = transcription
         if "turn_detection" in inputs:
             detection = inputs["turn_detection"]
@@ -230,6 +280,19 @@ class RealtimeConfig:
             else:
                 raise errors.ValidationFailed("turn_detection is null or {type: server_vad, ...}",
                                               param="session.audio.input.turn_detection")
+
+
+def _check_languages(transcription: dict[str, Any]) -> None:
+    """``language`` and ``languages`` (newer models take a list) name only languages the recognizer hears."""
+    where = "session.audio.input.transcription"
+    listed = transcription.get("languages") or []
+    if not isinstance(listed, list):
+        raise errors.ValidationFailed("languages is a list of ISO-639-1 codes", param=f"{where}.languages")
+    for name, language in (("language", transcription.get("language")), *(("languages", x) for x in listed)):
+        if language is not None and not isinstance(language, str):
+            raise errors.ValidationFailed("a language is an ISO-639-1 code", param=f"{where}.{name}")
+        if language:
+            check_heard(language, f"{where}.{name}")
 
 
 def _typed(source: dict[str, Any], name: str, kind: type) -> Any:

@@ -27,6 +27,12 @@ user item) waits and is handled when the answer ends, so speech during an
 answer with ``interrupt_response: false`` is answered next; with it, speech
 cancels the answer (barge-in).
 
+A **transcription session** (``config.py``) has turns and no answers: a commit (the
+client's, or the end of speech with ``server_vad``) ends the turn's input, and the
+recognizer's last words end it with ``...input_audio_transcription.completed``; the
+next audio opens the next turn meanwhile, so a speaker is never held up by the
+transcript before. Events that make or edit answers are refused.
+
 Reconnects: the connection's state (settings, items, the open turn) is saved
 in Redis when it changes, never per audio append (the turn's session is its
 own cursor: a reconnect reads its next sequence id from it), and the answer
@@ -99,6 +105,12 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 USER_INPUT = frozenset({"input_audio_buffer.append", "input_audio_buffer.commit", "conversation.item.create"})
 #: What the held input may add up to (base64 characters: about a minute of audio).
 MAX_HELD_CHARS = 4 * 1024 * 1024
+#: The client events a transcription session refuses: it makes no answers, and its items are the
+#: recognizer's.
+ANSWERING = frozenset({"response.create", "response.cancel", "conversation.item.create",
+                       "conversation.item.delete", "conversation.item.truncate"})
+#: A transcription session keeps its latest items only (for ``retrieve``): it may run for hours.
+TRANSCRIBED_ITEMS_KEPT = 32
 
 
 @dataclass
@@ -188,6 +200,8 @@ class RealtimeConnection:
         self._turn: Run | None = None
         #: Out-of-band answers, by response id.
         self._side: dict[str, Run] = {}
+        #: A transcription session's committed turns whose transcript is not complete, by item id.
+        self._hearing: dict[str, Run] = {}
         self._held: deque[dict[str, Any]] = deque()
         self._held_chars = 0
         self._detector: SpeechDetector | None = None
@@ -213,7 +227,8 @@ class RealtimeConnection:
     def _state(self) -> str:
         return json.dumps({
             "identity": self._identity, "config": self.config.saved(), "items": self.conversation.items,
-            "version": self._version, "turn": self._turn.saved() if self._turn else None})
+            "version": self._version, "turn": self._turn.saved() if self._turn else None,
+            "hearing": [run.saved() for run in self._hearing.values()]})
 
     async def _save(self, *, strict: bool = False) -> None:
         """Write the state if it changed; ``strict``: a failure is the caller's (intent first)."""
@@ -235,12 +250,21 @@ class RealtimeConnection:
         if state is None or (state["identity"] != self._identity and self._identity_checked):
             raise errors.SessionNotFound(f"no realtime session {conversation_id!r} to resume", param="session_id")
         self.id = conversation_id
-        self.config = RealtimeConfig.restored(state["config"])
+        self.config = RealtimeConfig.restored(state["config"], self.config.can_transcribe)
         self.conversation = Conversation(state["items"])
         self._version = state["version"]
         saved = state["turn"]
         if saved is not None:
             self._turn = await self._restored_run(saved)
+        for kept in state.get("hearing") or ():
+            run = await self._restored_run(kept)
+            if run is not None and run.audio_item_id is not None:
+                self._hearing[run.audio_item_id] = run
+        turn = self._turn
+        if turn is not None and self.config.transcribing and turn.committed:  # cut off before it was saved so
+            self._turn = None
+            self._hearing[str(turn.audio_item_id)] = turn
+        if saved is not None or self._hearing:
             self._resume_at = resume_position(last_event_id) or START  # its reader starts after session.created
         self._saved = self._state()
 
@@ -254,6 +278,9 @@ class RealtimeConnection:
             return None
         answer = saved.pop("answer")
         run = Run(**{**saved, "basis": tuple(saved["basis"])}, next_seq=record.next_seq)
+        if self.config.transcribing:  # no answer: the transcript ends it
+            run.committed = run.committed or record.state in (SessionState.GENERATING, SessionState.COMPLETED)
+            return run
         if answer is None and record.state in (SessionState.GENERATING, SessionState.COMPLETED):
             # Finished, but the answer's id never reached the state: it is this turn's answer all the same.
             answer = {"response_id": ev.new_id("resp"), "modalities": self.config.output_modalities,
@@ -287,9 +314,9 @@ class RealtimeConnection:
 
     async def opened(self) -> None:
         await self._emit(ev.event("session.created", session=self.config.session_object(self.id)))
-        turn = self._turn
-        if turn is not None and turn.reader is None:  # restored: follow it again, muted up to where the client was
-            self._follow(turn, self._resume_at)
+        for run in (self._turn, *self._hearing.values()):
+            if run is not None and run.reader is None:  # restored: follow it again, muted up to where the client was
+                self._follow(run, self._resume_at)
         await self._save()
 
     async def handle(self, message: dict[str, Any]) -> None:
@@ -310,6 +337,9 @@ class RealtimeConnection:
         try:
             if handler is None:
                 raise errors.InvalidRequest(f"unknown or missing event type {kind!r}", param="type")
+            if self.config.transcribing and kind in ANSWERING:
+                raise errors.InvalidRequest(f"a transcription session only hears its audio: {kind} is for "
+                                            "realtime sessions", param="type")
             await handler(self, message)
         except errors.GatewayError as exc:
             if exc.code in ("session_expired", "session_not_found", "session_closed", "session_cancelled"):
@@ -323,7 +353,7 @@ class RealtimeConnection:
     async def close(self) -> None:
         """The socket closed: stop reading. The open turn stays for a reconnect (its session's timeout)."""
         tasks = [t for t in (*self._tasks, self._idle) if t is not None]
-        for run in (self._turn, *self._side.values()):
+        for run in (self._turn, *self._side.values(), *self._hearing.values()):
             if run is not None and run.reader is not None:
                 tasks.append(run.reader)
         for task in tasks:
@@ -380,6 +410,9 @@ class RealtimeConnection:
         session = message.get("session")
         if not isinstance(session, dict):
             raise errors.ValidationFailed("session.update needs a session object", param="session")
+        if session.get("type", self.config.session_type) != self.config.session_type \
+                and (self._turn is not None or self._hearing or self.conversation.items):
+            raise errors.ValidationFailed("a session's type is chosen before its first input", param="session.type")
         self.config.update(session)
         self._detector = None  # new turn detection settings apply from the next audio
         await self._emit(ev.event("session.updated", session=self.config.session_object(self.id)))
@@ -433,12 +466,16 @@ class RealtimeConnection:
                 await self._emit(ev.event("input_audio_buffer.speech_stopped", audio_end_ms=change.at_ms,
                                           item_id=self._turn.audio_item_id if self._turn else ""))
                 await self._commit()
-                if vad.create_response:
+                if self.config.transcribing:
+                    await self._hear_out()
+                elif vad.create_response:
                     await self._respond(self._params({}))
 
     async def _audio_commit(self, _: dict[str, Any]) -> None:
         self._half_sample = b""  # half a sample at the buffer's end: nothing to hear
         await self._commit()
+        if self.config.transcribing:
+            await self._hear_out()
 
     async def _audio_clear(self, _: dict[str, Any]) -> None:
         """Drop the audio since the last commit; the turn's text items stay in the conversation."""
@@ -744,7 +781,8 @@ class RealtimeConnection:
         if turn is not None and turn.answering:
             raise errors.ActiveResponse("a response is in progress; wait for response.done or cancel it")
         params = self._params({})
-        request = await self._session_request(list(self.conversation.items), params, trim=True, streaming=True)
+        request = CreateSessionRequest(modalities=[]) if self.config.transcribing else \
+            await self._session_request(list(self.conversation.items), params, trim=True, streaming=True)
         record, _ = await self._service.create(self._identity, request, None)
         turn = Run(record.session_id, streaming=True, basis=self._basis(params))
         self._turn = turn
@@ -803,6 +841,25 @@ class RealtimeConnection:
         await self._emit(ev.event("input_audio_buffer.committed", previous_item_id=before,
                                   item_id=turn.audio_item_id))
         await self._tell_item(item, before)
+
+    async def _hear_out(self) -> None:
+        """A transcription session's committed turn: its input ends, and it is heard out while the
+        next audio opens the next turn (its transcript ends it: ``_on_frame``)."""
+        turn, self._turn = self._turn, None
+        assert turn is not None and turn.audio_item_id is not None
+        self._hearing[turn.audio_item_id] = turn
+        self.conversation.keep_last(TRANSCRIBED_ITEMS_KEPT)
+        try:
+            await self._service.finish(self._identity, turn.session_id, None)
+        except errors.GatewayError as exc:
+            await self._hearing_failed(turn, exc.envelope()["error"])
+
+    async def _hearing_failed(self, run: Run, error: dict[str, Any]) -> None:
+        """A transcription session's turn that failed: said of its item, and the session goes on."""
+        if self._hearing.pop(str(run.audio_item_id), None) is None:
+            return
+        await self._emit(ev.event("conversation.item.input_audio_transcription.failed", item_id=run.audio_item_id,
+                                  content_index=0, error={k: error.get(k) for k in ("type", "code", "message", "param")}))
 
     async def _drop_turn(self, *, cancel: bool = True) -> None:
         """End the open turn without an answer: stop reading it and cancel its session."""
@@ -888,6 +945,9 @@ class RealtimeConnection:
             return
         if frame.event == "error":
             body = json.loads(data)["error"]
+            if run.audio_item_id in self._hearing:
+                await self._hearing_failed(run, body)
+                return
             if run.answer is None:
                 # The turn failed before its response (e.g. no speech recognized, or it expired).
                 await self._emit(ev.error(errors.from_envelope({"error": body})))
@@ -903,6 +963,9 @@ class RealtimeConnection:
             if run.answer is not None:
                 await self._tell_transcript(run)
                 await self._end_run(run, "completed")
+            elif data == "[DONE]" and self._hearing.pop(str(run.audio_item_id), None) is run:
+                await self._tell_transcript(run)
+                await self._save()
             return
         chunk = orjson.loads(data)  # a frame per answer token; written by orjson too (output/frames.py)
         if chunk.get("usage"):

@@ -115,6 +115,10 @@ class Conversation:
                 out.append(ChatMessage(role="tool", content=item["output"], tool_call_id=item["call_id"]))
         return out
 
+    def keep_last(self, count: int) -> None:
+        """Drop all but the newest ``count`` items."""
+        del self.items[:max(0, len(self.items) - count)]
+
     def keep_only(self, kept: list[dict[str, Any]], of: list[dict[str, Any]]) -> None:
         """Drop the items of ``of`` that ``kept`` leaves out (truncation)."""
         gone = {i["id"] for i in of} - {i["id"] for i in kept}

@@ -12,6 +12,9 @@ frames a second. Each connection has its own event budget instead
 store error gets an ``error`` event and the connection goes on. A
 connection with no message for the session timeout is closed with 1000.
 
+``?intent=transcription`` opens a transcription session (OpenAI's): the audio is only heard,
+and ``model`` names a recognizer, so any name is taken (``config.py``).
+
 Resume (ours; OpenAI's protocol has none): a client whose socket broke
 reconnects to any replica with ``?session_id=<the session.created id>`` and
 ``&last_event_id=<the last event it got>``; it gets ``session.created`` for
@@ -61,7 +64,8 @@ POLICY_VIOLATION, TRY_AGAIN_LATER, NORMAL = 1008, 1013, 1000
 
 @router.websocket("/v1/realtime")
 async def realtime(websocket: WebSocket, model: str | None = None, session_id: str | None = None,
-                   last_event_id: str | None = None, call_id: str | None = None) -> None:
+                   last_event_id: str | None = None, call_id: str | None = None,
+                   intent: str | None = None) -> None:
     resources: Resources = websocket.state.resources
     protocols = [p.strip() for p in websocket.headers.get("sec-websocket-protocol", "").split(",") if p.strip()]
     headers = dict(websocket.headers.items())
@@ -80,7 +84,8 @@ async def realtime(websocket: WebSocket, model: str | None = None, session_id: s
         return
     await websocket.accept(subprotocol="realtime" if "realtime" in protocols else None)
     try:
-        config = session_config(resources, model or (caller.session or {}).get("model"))
+        config = session_config(resources, model or (caller.session or {}).get("model"),
+                                transcribing=intent == "transcription")
         if caller.session:  # checked when the secret was minted (on a replica that may have spoken)
             config.update(caller.session)
     except errors.GatewayError as exc:
