@@ -3,7 +3,8 @@
 The engine is a separate process (``vllm serve``, or ``vllm serve --omni`` for
 vLLM-Omni models) speaking the OpenAI API. One ``httpx.AsyncClient`` is shared
 by every session; each session ends in one streaming ``/v1/chat/completions``
-request carrying the whole input, sent after ``end_input``.
+request carrying the whole input, sent after ``end_input`` (``/v1/completions`` for a raw
+prompt).
 
 The HTTP API has no streaming input, so this engine is not incremental. What an
 early start policy still buys is the **prefix-cache warm-up**: while input is
@@ -59,6 +60,7 @@ from omni_adapter.session_events import SessionEvents, check_servable
 logger = logging.getLogger(__name__)
 
 CHAT_PATH = "/v1/chat/completions"
+COMPLETIONS_PATH = "/v1/completions"
 #: A new warm-up only after this much new input (bytes): one KV block is 16
 #: tokens, a few dozen bytes of text; fewer would cache nothing new.
 WARMUP_MIN_NEW_BYTES = 48
@@ -154,6 +156,7 @@ class HttpEngine:
             incremental=False,
             model_names=tuple(dict.fromkeys([*model_names, *config.aliases])),
             structured_outputs=True,  # vLLM's server takes response_format
+            raw_prompt=True,  # and serves /v1/completions
         )
 
     def open_session(self, request: EngineRequest) -> HttpSession:
@@ -277,7 +280,7 @@ class HttpSession:
         self._warmup_on_wire = True
         self.warmups_sent += 1
         try:
-            response = await self._client.post(CHAT_PATH, json=body)
+            response = await self._client.post(self._path, json=body)
         except httpx.HTTPError as exc:
             logger.debug("session %s: warm-up failed: %r", self._request.request_id, exc)
             return
@@ -293,7 +296,7 @@ class HttpSession:
         body = self._body(self._content.render(), warm=False)
         try:
             with _engine_errors():
-                async with self._client.stream("POST", CHAT_PATH, json=body) as response:
+                async with self._client.stream("POST", self._path, json=body) as response:
                     if response.status_code != 200:
                         await response.aread()
                         self._fail(_error_from_response(response))
@@ -338,7 +341,7 @@ class HttpSession:
         reason = None
         for choice in chunk.get("choices") or ():
             delta = choice.get("delta") or {}
-            content = delta.get("content")
+            content = choice.get("text") if self._request.raw_prompt else delta.get("content")
             if chunk.get("modality") == "audio":
                 # vLLM-Omni: base64 audio in ``content``, its format beside.
                 if content:
@@ -352,8 +355,16 @@ class HttpSession:
             reason = choice.get("finish_reason") or reason
         return reason
 
+    @property
+    def _path(self) -> str:
+        return COMPLETIONS_PATH if self._request.raw_prompt else CHAT_PATH
+
     def _body(self, content: str | list[dict[str, Any]], *, warm: bool) -> dict[str, Any]:
         request = self._request
+        if request.raw_prompt:
+            if not isinstance(content, str):
+                raise EngineRejectedError("a raw prompt is text")
+            return self._sampled({"model": request.model, "prompt": content + request.assistant_prefix}, warm=warm)
         # The input is whose it is: the user's words, a function's result, or a system note.
         streamed: dict[str, Any] = {"role": request.input_role, "content": content}
         if request.input_tool_call_id is not None:
@@ -366,6 +377,11 @@ class HttpSession:
             messages.append({"role": "assistant", "content": request.assistant_prefix})
             # vLLM's extension: render the last message open, so the answer continues it.
             body.update(add_generation_prompt=False, continue_final_message=True)
+        return self._sampled(body, warm=warm)
+
+    def _sampled(self, body: dict[str, Any], *, warm: bool) -> dict[str, Any]:
+        """``body`` as a warm-up (prefill only) or as the answer's request."""
+        request = self._request
         if warm:
             # Prefill only; text only, so an omni engine's later stages stay idle.
             body.update(max_tokens=1, temperature=0.0, stream=False)

@@ -34,6 +34,9 @@ class Capabilities:
     transcription: bool = False
     #: True when a session's answer may be its input, spoken (``EngineRequest.speak_input``).
     speech: bool = False
+    #: True when a session's input may be the whole prompt, as vLLM's ``/v1/completions`` takes it
+    #: (``EngineRequest.raw_prompt``).
+    raw_prompt: bool = False
 
 
 @dataclass(frozen=True)
@@ -125,6 +128,10 @@ class EngineRequest:
     #: vLLM's ``chat_template_kwargs``: variables for the chat template (``{"enable_thinking":
     #: false}``); an engine passes those its template reads.
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    #: The streamed input is the whole prompt, as vLLM's ``/v1/completions`` takes it: no chat
+    #: template (``messages`` and ``tools`` are empty), the tokenizer's own start (a BOS) before
+    #: it, and the model's special tokens in it are its own.
+    raw_prompt: bool = False
 
 
 @dataclass(frozen=True)

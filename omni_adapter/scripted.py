@@ -87,7 +87,7 @@ def echo(request: EngineRequest, text: str) -> list[str]:
 def text_capabilities(model: str = "scripted") -> Capabilities:
     """Text in, text out, prefilled incrementally, one model name."""
     return Capabilities(input_modalities=frozenset({"text"}), output_modalities=frozenset({"text"}),
-                        incremental=True, model_names=(model,), tools=True)
+                        incremental=True, model_names=(model,), tools=True, raw_prompt=True)
 
 
 @dataclass

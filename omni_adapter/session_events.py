@@ -31,6 +31,8 @@ def check_servable(capabilities: Capabilities, request: EngineRequest) -> None:
         raise EngineRejectedError("this engine does not call functions (tools)")
     if request.sampling.response_format is not None and not capabilities.structured_outputs:
         raise EngineRejectedError("this engine does not hold an answer to JSON (response_format)")
+    if request.raw_prompt and not capabilities.raw_prompt:
+        raise EngineRejectedError("this engine takes chat messages only, not a raw prompt (/v1/completions)")
 
 
 class SessionEvents:

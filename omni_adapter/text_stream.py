@@ -109,6 +109,8 @@ class HfTokenizer(Protocol):
 
     def encode(self, text: str, *, add_special_tokens: bool = ..., split_special_tokens: bool = ...) -> list[int]: ...
 
+    def decode(self, ids: list[int]) -> str: ...
+
     def apply_chat_template(self, conversation: Any, **kwargs: Any) -> Any: ...
 
 
@@ -150,6 +152,20 @@ class StreamingTokenizer:
     def open(self, prefix: Framed | str = "", suffix: Framed | str = "") -> IncrementalTokenizer:
         """Start a stream that begins with ``prefix`` and ends with ``suffix`` (plain strings are trusted)."""
         return IncrementalTokenizer(self, prefix=prefix, suffix=suffix)
+
+    @functools.cached_property
+    def raw_frame(self) -> tuple[Framed, Framed]:
+        """What a raw prompt (vLLM's ``/v1/completions``) is framed with: the special tokens the
+        tokenizer adds around any text (a BOS for most models), as vLLM's tokenization adds them."""
+        probe = "x"
+        bare = self.tokenizer.encode(probe, add_special_tokens=False)
+        framed = self.tokenizer.encode(probe, add_special_tokens=True)
+        at = next((i for i in range(len(framed) - len(bare) + 1) if framed[i:i + len(bare)] == bare), None)
+        if at is None:
+            return trusted(""), trusted("")
+        before, after = framed[:at], framed[at + len(bare):]
+        return (trusted(self.tokenizer.decode(before)) if before else trusted(""),
+                trusted(self.tokenizer.decode(after)) if after else trusted(""))
 
     def chat_frame(self, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[Mapping[str, Any]] = (),
                    streamed: Mapping[str, Any] | None = None,

@@ -330,6 +330,10 @@ class TokenizerChecks:
     def frame(self, request: EngineRequest) -> tuple[Framed, Framed]:
         """The chat template around the streamed input; raises for what the engine would refuse."""
         check_servable(self._capabilities, request)
+        if request.raw_prompt:
+            prefix, suffix = self._streaming.raw_frame
+            self._check_sampling(request)
+            return prefix, suffix
         messages, tools = conversation(request.messages, request.tools, request.tool_choice,
                                        self._streaming.takes_tools)
         streamed: dict[str, Any] = {"role": request.input_role}
@@ -340,11 +344,15 @@ class TokenizerChecks:
                                                         template_kwargs=request.chat_template_kwargs)
         except Exception as exc:
             raise EngineRejectedError(f"the chat template cannot render the messages: {exc}") from exc
-        # Built here to reject invalid options now, not after the input.
+        self._check_sampling(request)
+        return prefix, suffix
+
+    @staticmethod
+    def _check_sampling(request: EngineRequest) -> None:
+        """Built here to reject invalid options now, not after the input."""
         requested = request.sampling.max_tokens
         sampling_params(request.sampling, max_tokens=1 if requested is None else requested)
         check_schema(request.sampling.response_format)
-        return prefix, suffix
 
 
 def load_tokenizer(model: str) -> Any:
@@ -394,6 +402,7 @@ class VllmEngine:
             model_names=model_names,
             tools=tool_parser_cls is not None,
             structured_outputs=True,
+            raw_prompt=True,
         )
 
     @property
@@ -629,8 +638,8 @@ class VllmSession:
     # -- hooks ------------------------------------------------------------------
 
     def _push(self, chunk: InputChunk) -> list[int]:
-        """The ids one input chunk makes final."""
-        return self._tokens.push(chunk.data)
+        """The ids one input chunk makes final (a raw prompt's special tokens are the model's)."""
+        return self._tokens.push(chunk.data, trusted_text=self._request.raw_prompt)
 
     def _flush(self) -> list[int]:
         """The remaining ids at the end of input."""

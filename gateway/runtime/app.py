@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from fastapi import FastAPI
 
+from gateway.api.chat.completions import router as completions_router
 from gateway.api.chat.responses import router as responses_router
 from gateway.api.chat.router import router as chat_router
 from gateway.api.chat.speech import router as speech_router
@@ -194,6 +195,7 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
     app.include_router(upload_router)
     app.include_router(chat_router)
     app.include_router(responses_router)
+    app.include_router(completions_router)
     app.include_router(transcriptions_router)
     app.include_router(speech_router)
     app.include_router(realtime_router)

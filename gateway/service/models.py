@@ -322,6 +322,10 @@ class CreateSessionRequest(GenerationOptions):
     speak_input: bool = Field(
         False, strict=True, description='text to speech: the answer is the text input itself, spoken as it '
         'streams in (each phrase once it is complete); with modalities ["text", "audio"]')
+    raw_prompt: bool = Field(
+        False, strict=True, description="the text input is the whole prompt, as vLLM's /v1/completions takes it: "
+        "no chat template, the model's special tokens in it are its own; no messages, tools or "
+        "chat_template_kwargs")
 
     @model_validator(mode="after")
     def _tool_input(self) -> CreateSessionRequest:
@@ -335,6 +339,14 @@ class CreateSessionRequest(GenerationOptions):
                                  or self.format_constraint() is not None):
             raise ValueError('speak_input says the input as it is: modalities ["text", "audio"], and no '
                              "messages, tools or response_format")
+        return self
+
+    @model_validator(mode="after")
+    def _raw(self) -> CreateSessionRequest:
+        if self.raw_prompt and (self.messages or self.tools or self.chat_template_kwargs or self.speak_input
+                                or self.input_role != "user"):
+            raise ValueError("raw_prompt is the whole prompt: no messages, tools, chat_template_kwargs, "
+                             "input_role or speak_input")
         return self
 
     @field_validator("min_length")

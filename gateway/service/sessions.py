@@ -192,6 +192,8 @@ class SessionService:
         if body.speak_input and not self._capabilities.speech:
             raise errors.UnsupportedModality("the engine cannot speak its input: speak_input needs a Talker stage",
                                              param="speak_input")
+        if body.raw_prompt and not self._capabilities.raw_prompt:
+            raise errors.ValidationFailed("the engine takes chat messages only, not a raw prompt", param="raw_prompt")
         if not body.modalities and not self._capabilities.transcription:
             raise errors.UnsupportedModality("the engine cannot hear without answering: modalities [] (only the "
                                              "transcript) needs a Listener stage", param="modalities")
@@ -382,7 +384,8 @@ class SessionService:
                          else body.tool_choice.model_dump()),
             parallel_tool_calls=body.parallel_tool_calls is not False,
             input_role=body.input_role, input_tool_call_id=body.input_tool_call_id,
-            chat_template_kwargs=body.chat_template_kwargs or {}, speak_input=body.speak_input)
+            chat_template_kwargs=body.chat_template_kwargs or {}, speak_input=body.speak_input,
+            raw_prompt=body.raw_prompt)
         timeout_ms = int(s.session_timeout_sec * 1000)
         return NewSession(
             policy=policy, model=model, identity=identity, request=request,

@@ -70,6 +70,7 @@ class StoredRequest:
     input_tool_call_id: str | None = None
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     speak_input: bool = False
+    raw_prompt: bool = False
 
     def to_json(self) -> str:
         sampling = {**asdict(self.sampling), "stop": list(self.sampling.stop)}
@@ -87,6 +88,8 @@ class StoredRequest:
             stored["chat_template_kwargs"] = self.chat_template_kwargs
         if self.speak_input:
             stored["speak_input"] = True
+        if self.raw_prompt:
+            stored["raw_prompt"] = True
         return json.dumps(stored)
 
     @classmethod
@@ -100,7 +103,7 @@ class StoredRequest:
                    parallel_tool_calls=stored.get("parallel_tool_calls", True),
                    input_role=stored.get("input_role", "user"), input_tool_call_id=stored.get("input_tool_call_id"),
                    chat_template_kwargs=stored.get("chat_template_kwargs") or {},
-                   speak_input=stored.get("speak_input", False))
+                   speak_input=stored.get("speak_input", False), raw_prompt=stored.get("raw_prompt", False))
 
     def engine_request(self, request_id: str, model: str, assistant_prefix: str = "") -> EngineRequest:
         return EngineRequest(request_id=request_id, model=model, messages=self.messages,
@@ -108,7 +111,8 @@ class StoredRequest:
                              assistant_prefix=assistant_prefix, tools=self.tools, tool_choice=self.tool_choice,
                              parallel_tool_calls=self.parallel_tool_calls, input_role=self.input_role,
                              input_tool_call_id=self.input_tool_call_id,
-                             chat_template_kwargs=self.chat_template_kwargs, speak_input=self.speak_input)
+                             chat_template_kwargs=self.chat_template_kwargs, speak_input=self.speak_input,
+                             raw_prompt=self.raw_prompt)
 
 
 @dataclass(frozen=True)

@@ -399,7 +399,8 @@ def test_ingress_forwards_the_identity_header_from_the_auth_service(gpu_objs: li
     assert nginx["auth-response-headers"] == header
     ingress = k8s.one(gpu_objs, "Ingress")
     paths = [p["path"] for rule in ingress["spec"]["rules"] for p in rule["http"]["paths"]]
-    assert paths == ["/v1/streaming_input", "/v1/chat/completions", "/v1/responses", "/v1/audio",
+    assert paths == ["/v1/streaming_input", "/v1/chat/completions", "/v1/responses", "/v1/completions",
+                     "/v1/audio",
                      "/v1/models", "/v1/realtime", "/v1/realtime/calls", "/v1/realtime/client_secrets"], (
         "metrics and probes stay inside the cluster")
     assert ingress["spec"]["tls"]

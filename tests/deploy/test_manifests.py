@@ -45,9 +45,10 @@ def test_edge_routes_to_the_gateway_service_of_the_plain_manifests() -> None:
     edge = k8s.documents(EDGE.read_text())
     ingress = k8s.one(edge, "Ingress")
     backends = [p["backend"]["service"] for rule in ingress["spec"]["rules"] for p in rule["http"]["paths"]]
-    assert backends == 8 * [{"name": service["metadata"]["name"], "port": {"name": service["spec"]["ports"][0]["name"]}}]
+    assert backends == 9 * [{"name": service["metadata"]["name"], "port": {"name": service["spec"]["ports"][0]["name"]}}]
     paths = [p["path"] for rule in ingress["spec"]["rules"] for p in rule["http"]["paths"]]
-    assert paths == ["/v1/streaming_input", "/v1/chat/completions", "/v1/responses", "/v1/audio",
+    assert paths == ["/v1/streaming_input", "/v1/chat/completions", "/v1/responses", "/v1/completions",
+                     "/v1/audio",
                      "/v1/models", "/v1/realtime", "/v1/realtime/calls", "/v1/realtime/client_secrets"]
     policy = k8s.one(edge, "NetworkPolicy")
     pods = k8s.one(gateway, "Deployment")["spec"]["template"]["metadata"]["labels"]

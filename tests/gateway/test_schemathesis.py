@@ -66,6 +66,8 @@ def test_api_conforms_to_its_openapi_document(case: schemathesis.Case, live_url:
     ("/v1/responses", "application/json", {"model": "scripted", "input": "hi", "stream": True},
      "event: response.completed"),
     ("/v1/responses", "application/json", {"model": "scripted", "input": "hi"}, '"object":"response"'),
+    ("/v1/completions", "application/json", {"model": "scripted", "prompt": "hi", "stream": True}, "data: [DONE]"),
+    ("/v1/completions", "application/json", {"model": "scripted", "prompt": "hi"}, '"object":"text_completion"'),
 ])
 def test_an_answer_conforms_whole_or_event_by_event(path: str, media_type: str, body: object, last: str,
                                                    live_url: str) -> None:

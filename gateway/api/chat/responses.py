@@ -10,8 +10,6 @@ agent frameworks do by default.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
@@ -39,6 +37,7 @@ from gateway.api.chat.router import (
     Identity,
     completion_unless_client_leaves,
     get_chat,
+    named_as,
 )
 from gateway.api.chat.service import ChatService
 from gateway.web.event_stream import EVENT_STREAM_CONTENT, EventStream
@@ -62,29 +61,18 @@ async def create_response(body: ResponsesRequest, request: Request, identity: Id
                           idempotency_key: IdempotencyKey = None) -> JSONResponse | EventStream:
     resources = get_resources(request)
     shape = ResponseShape.of(body, body.model or resources.engine.capabilities.model_names[0])
-    with _named_as_input():
+    with named_as("input"):
         session_id = await chat.start(identity, chat_request(body), idempotency_key)
     headers = {"X-Session-Id": session_id}
     if body.stream:
         return EventStream(response_events(chat.stream(identity, session_id), shape, session_id),
                            ping_sec=resources.settings.sse_ping_sec, draining=resources.draining, headers=headers,
                            when_stopped=WHEN_STOPPED)
-    with _named_as_input():  # the engine's own refusal (a sidecar's context check) comes here
+    with named_as("input"):  # the engine's own refusal (a sidecar's context check) comes here
         completion = await completion_unless_client_leaves(request, chat, identity, session_id)
     if completion is None:
         return JSONResponse({}, status_code=CLIENT_LEFT)
     return JSONResponse(response_of(completion, shape), headers=headers)
-
-
-@contextlib.contextmanager
-def _named_as_input() -> Iterator[None]:
-    """An error named in the chat request's terms, named in this one's: the messages are the input."""
-    try:
-        yield
-    except errors.GatewayError as exc:
-        if exc.param is not None and exc.param.startswith("messages"):
-            exc.param = "input"
-        raise
 
 
 #: Fields that mean the same in both requests, checked by the chat request's rules.

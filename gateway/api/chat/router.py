@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterator
 from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, Request
@@ -66,6 +67,18 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request, 
     if answer is None:
         return JSONResponse({}, status_code=CLIENT_LEFT)
     return JSONResponse(answer, headers=headers)
+
+
+@contextlib.contextmanager
+def named_as(param: str) -> Iterator[None]:
+    """An error named in the chat request's terms (its messages), named in another door's (``input``,
+    ``prompt``): what the engine refused is that door's input."""
+    try:
+        yield
+    except errors.GatewayError as exc:
+        if exc.param is not None and exc.param.startswith("messages"):
+            exc.param = param
+        raise
 
 
 async def completion_unless_client_leaves(request: Request, chat: ChatService, identity: str,

@@ -70,21 +70,24 @@ class ChatService:
         request = CreateSessionRequest(
             **options, start_policy=StartPolicy.ON_END_ONLY, input_role=last.role, input_tool_call_id=last.tool_call_id,
             messages=[_history_message(m, f"messages.{i}.content") for i, m in enumerate(history)])
-        try:
-            return await self.open(identity, request, chunks, idempotency_key)
-        except errors.ContextLengthExceeded as exc:
-            raise _prompt_too_long(exc) from None
+        return await self.open(identity, request, chunks, idempotency_key)
 
     async def open(self, identity: str, request: CreateSessionRequest, chunks: list[ChunkRecord],
                    idempotency_key: str | None = None) -> str:
-        """Open a session with its whole input (``chunks``, the last one ending it); its id."""
-        record, _ = await self._sessions.create(identity, request, chunks[0], idempotency_key)
+        """Open a session with its whole input (``chunks``, the last one ending it); its id.
+
+        An input past the model's context is OpenAI's 400 ``context_length_exceeded``, named as
+        the chat's ``messages`` (a door whose input is another field renames it: ``named_as``)."""
         try:
-            for chunk in chunks[1:]:
-                await self._sessions.append(identity, record.session_id, chunk)
-        except BaseException:
-            await self.cancel(identity, record.session_id)
-            raise
+            record, _ = await self._sessions.create(identity, request, chunks[0], idempotency_key)
+            try:
+                for chunk in chunks[1:]:
+                    await self._sessions.append(identity, record.session_id, chunk)
+            except BaseException:
+                await self.cancel(identity, record.session_id)
+                raise
+        except errors.ContextLengthExceeded as exc:
+            raise _prompt_too_long(exc) from None
         return record.session_id
 
     async def answered(self, identity: str, session_id: str, queue_timeout_sec: float) -> SessionRecord:
@@ -194,8 +197,8 @@ def _template_kwargs(given: dict[str, Any] | None, effort: str | None) -> dict[s
 def _prompt_too_long(exc: errors.ContextLengthExceeded) -> errors.PromptTooLong:
     tokens, limit = exc.details.get("prompt_tokens"), exc.details.get("max_input_tokens")
     return errors.PromptTooLong(
-        f"the messages take at least {tokens} tokens, more than the model's context allows ({limit} tokens for "
-        "the input): shorten them", param="messages", prompt_tokens=tokens, max_input_tokens=limit)
+        f"the input takes at least {tokens} tokens, more than the model's context allows ({limit} tokens for "
+        "it): shorten it", param="messages", prompt_tokens=tokens, max_input_tokens=limit)
 
 
 def _history_message(message: ChatCompletionMessage, where: str) -> ChatMessage:
