@@ -141,6 +141,11 @@ async def test_what_a_transcription_session_cannot_do_is_said(server: tuple[str,
             assert error["param"] == f"session.audio.input.transcription.{param}", error
         await connection.input_audio_buffer.commit()  # nothing appended
         assert (await until(connection, "error"))[-1]["error"]["code"] == "input_audio_buffer_commit_empty"
+        # A refused update changes nothing: the session is still a transcription session.
+        await connection.session.update(session={"type": "realtime", "instructions": 5})  # type: ignore[typeddict-item]
+        assert (await until(connection, "error"))[-1]["error"]["param"] == "instructions"
+        await connection.response.create()
+        assert "transcription" in (await until(connection, "error"))[-1]["error"]["message"]
     # A realtime session that has had input does not turn into a transcription session.
     async with websockets.connect(ws_url) as ws:
         await ws.recv()
@@ -202,4 +207,6 @@ def test_a_realtime_session_is_saved_as_the_release_before_saved_it() -> None:
     assert "session_type" not in plain.saved() and "can_transcribe" not in plain.saved()
     plain.update({"type": "transcription", "audio": {"input": {"transcription": {"model": "gpt-realtime-whisper"}}}})
     assert plain.server_vad is None, "OpenAI's recognizers that find no turn ends have no server VAD"
+    plain.update({"type": "transcription", "audio": {"input": {"transcription": None}}})
+    assert plain.transcription == {}, "a transcription session always tells its transcripts"
     assert RealtimeConfig.restored(plain.saved(), can_transcribe=True) == plain

@@ -171,9 +171,11 @@ class RealtimeConfig:
         if kind == TRANSCRIPTION and not self.can_transcribe:
             raise errors.UnsupportedModality("this engine cannot transcribe without answering (it has no "
                                              "Listener stage)", param="session.type")
+        if kind != self.session_type and self.transcription == {}:
+            self.transcription = None  # the transcription session's own default, not the client's choice
         self.session_type = kind
+        self._update_beta_formats(session)
         if kind == TRANSCRIPTION:
-            self.transcription = self.transcription or {}  # a transcription session always tells its transcripts
             audio = session.get("audio")
             if audio is not None:  # its only settings: the input audio's
                 if not isinstance(audio, dict):
@@ -183,6 +185,8 @@ class RealtimeConfig:
                 model = (inputs.get("transcription") or {}).get("model")
                 if "turn_detection" not in inputs and isinstance(model, str) and model.startswith(UNENDPOINTED_MODELS):
                     self.server_vad = None
+            if self.transcription is None:  # a transcription session always tells its transcripts
+                self.transcription = {}
             return
         if "instructions" in session:
             self.instructions = _typed(session, "instructions", str)
@@ -213,6 +217,13 @@ class RealtimeConfig:
             if not isinstance(value, int | float) or isinstance(value, bool) or not 0 <= value <= 2:
                 raise errors.ValidationFailed("temperature is a number from 0 to 2", param="session.temperature")
             self.temperature = float(value)
+        audio = session.get("audio")
+        if audio is not None:
+            if not isinstance(audio, dict):
+                raise errors.ValidationFailed("audio is an object", param="session.audio")
+            self._update_audio(audio)
+
+    def _update_beta_formats(self, session: dict[str, Any]) -> None:
         for side in ("input", "output"):  # the beta protocol's names: "pcm16", "g711_ulaw", "g711_alaw"
             beta = f"{side}_audio_format"
             if beta in session:
@@ -220,11 +231,6 @@ class RealtimeConfig:
                     raise errors.ValidationFailed(f"{beta} is one of {', '.join(BETA_NAMES)}",
                                                   param=f"session.{beta}")
                 setattr(self, beta, BETA_NAMES[session[beta]])
-        audio = session.get("audio")
-        if audio is not None:
-            if not isinstance(audio, dict):
-                raise errors.ValidationFailed("audio is an object", param="session.audio")
-            self._update_audio(audio)
 
     def _update_truncation(self, truncation: Any) -> None:
         where = "session.truncation"

@@ -48,6 +48,7 @@ import asyncio
 import base64
 import binascii
 import contextlib
+import copy
 import json
 import logging
 from collections import deque
@@ -257,9 +258,8 @@ class RealtimeConnection:
         if saved is not None:
             self._turn = await self._restored_run(saved)
         for kept in state.get("hearing") or ():
-            run = await self._restored_run(kept)
-            if run is not None and run.audio_item_id is not None:
-                self._hearing[run.audio_item_id] = run
+            run = await self._restored_hearing(kept)
+            self._hearing[str(run.audio_item_id)] = run
         turn = self._turn
         if turn is not None and self.config.transcribing and turn.committed:  # cut off before it was saved so
             self._turn = None
@@ -290,6 +290,17 @@ class RealtimeConnection:
                                 self.conversation if answer["in_conversation"] else None, answer["metadata"])
         return run
 
+    async def _restored_hearing(self, saved: dict[str, Any]) -> Run:
+        """A run being heard out, as saved: read again, even failed or gone (its reader tells the
+        item's ``...transcription.failed``); one whose input a crash left open is finished now."""
+        saved = {k: v for k, v in saved.items() if k != "answer"}
+        run = Run(**{**saved, "basis": tuple(saved["basis"])})
+        with contextlib.suppress(errors.GatewayError):
+            record = await self._service.view(self._identity, run.session_id)
+            if record.state in (SessionState.OPEN, SessionState.STREAMING):
+                await self._service.finish(self._identity, run.session_id, None)
+        return run
+
     @property
     def _identity_checked(self) -> bool:
         # Open mode has no identities to compare (the id is the secret), as for sessions.
@@ -304,7 +315,9 @@ class RealtimeConnection:
             index, origin.count = origin.count, origin.count + 1
             event["event_id"] = frame_event_id(origin.frame_id, index)
             position = (event_id_key(origin.frame_id), index)
-            if origin.tracked:
+            # A transcription session reads several runs at once: its position only rises.
+            if origin.tracked and not (self.config.transcribing and self._position is not None
+                                       and position <= self._position):
                 self._position, self._position_frame = position, origin.frame_id
             if origin.muted_through is not None and position <= origin.muted_through:
                 return
@@ -413,7 +426,9 @@ class RealtimeConnection:
         if session.get("type", self.config.session_type) != self.config.session_type \
                 and (self._turn is not None or self._hearing or self.conversation.items):
             raise errors.ValidationFailed("a session's type is chosen before its first input", param="session.type")
-        self.config.update(session)
+        updated = copy.deepcopy(self.config)  # applied whole or not at all, as OpenAI does
+        updated.update(session)
+        self.config = updated
         self._detector = None  # new turn detection settings apply from the next audio
         await self._emit(ev.event("session.updated", session=self.config.session_object(self.id)))
 
@@ -465,17 +480,17 @@ class RealtimeConnection:
             if change.kind == "speech_stopped":
                 await self._emit(ev.event("input_audio_buffer.speech_stopped", audio_end_ms=change.at_ms,
                                           item_id=self._turn.audio_item_id if self._turn else ""))
-                await self._commit()
+                committed = await self._commit()
                 if self.config.transcribing:
-                    await self._hear_out()
+                    await self._hear_out(committed)
                 elif vad.create_response:
                     await self._respond(self._params({}))
 
     async def _audio_commit(self, _: dict[str, Any]) -> None:
         self._half_sample = b""  # half a sample at the buffer's end: nothing to hear
-        await self._commit()
+        committed = await self._commit()
         if self.config.transcribing:
-            await self._hear_out()
+            await self._hear_out(committed)
 
     async def _audio_clear(self, _: dict[str, Any]) -> None:
         """Drop the audio since the last commit; the turn's text items stay in the conversation."""
@@ -786,7 +801,8 @@ class RealtimeConnection:
         record, _ = await self._service.create(self._identity, request, None)
         turn = Run(record.session_id, streaming=True, basis=self._basis(params))
         self._turn = turn
-        self._position = self._position_frame = None
+        if not self.config.transcribing:  # (runs being heard out are still read: their place stays)
+            self._position = self._position_frame = None
         self._follow(turn, None)
         return turn
 
@@ -830,7 +846,8 @@ class RealtimeConnection:
         await self._emit(ev.event("input_audio_buffer.speech_started", audio_start_ms=at_ms,
                                   item_id=turn.audio_item_id))
 
-    async def _commit(self) -> None:
+    async def _commit(self) -> Run:
+        """The input buffer's audio becomes its item; the turn it is in."""
         turn = self._turn
         if turn is None or turn.audio_item_id is None or turn.committed or turn.answer is not None:
             raise errors.EmptyAudioBuffer("the input audio buffer is empty", param="audio")
@@ -841,25 +858,36 @@ class RealtimeConnection:
         await self._emit(ev.event("input_audio_buffer.committed", previous_item_id=before,
                                   item_id=turn.audio_item_id))
         await self._tell_item(item, before)
+        return turn
 
-    async def _hear_out(self) -> None:
+    async def _hear_out(self, turn: Run) -> None:
         """A transcription session's committed turn: its input ends, and it is heard out while the
-        next audio opens the next turn (its transcript ends it: ``_on_frame``)."""
-        turn, self._turn = self._turn, None
-        assert turn is not None and turn.audio_item_id is not None
-        self._hearing[turn.audio_item_id] = turn
+        next audio opens the next turn (its transcript ends it: ``_on_frame``). Like a response, it
+        takes one request of the identity's rate."""
+        if self._turn is turn:
+            self._turn = None
+        self._hearing[str(turn.audio_item_id)] = turn
         self.conversation.keep_last(TRANSCRIBED_ITEMS_KEPT)
         try:
+            if turn.reader is None or turn.reader.done():  # its output could not be read (the log says why)
+                raise errors.StoreUnavailable("the transcript could not be read; the audio is not heard")
+            await self._charge_turn()
             await self._service.finish(self._identity, turn.session_id, None)
         except errors.GatewayError as exc:
             await self._hearing_failed(turn, exc.envelope()["error"])
+            if turn.reader is not None:
+                turn.reader.cancel()
+            with contextlib.suppress(errors.GatewayError):
+                await self._service.cancel(self._identity, turn.session_id)
 
     async def _hearing_failed(self, run: Run, error: dict[str, Any]) -> None:
         """A transcription session's turn that failed: said of its item, and the session goes on."""
-        if self._hearing.pop(str(run.audio_item_id), None) is None:
+        key = str(run.audio_item_id)
+        if self._hearing.get(key) is not run:
             return
         await self._emit(ev.event("conversation.item.input_audio_transcription.failed", item_id=run.audio_item_id,
                                   content_index=0, error={k: error.get(k) for k in ("type", "code", "message", "param")}))
+        self._hearing.pop(key, None)  # after the event: a failure to send it is told again by the reader's end
 
     async def _drop_turn(self, *, cancel: bool = True) -> None:
         """End the open turn without an answer: stop reading it and cancel its session."""
@@ -932,6 +960,9 @@ class RealtimeConnection:
             raise
         except Exception:
             logger.exception("realtime %s: following session %s failed", self.id, run.session_id)
+            if self._hearing.get(str(run.audio_item_id)) is run:
+                await self._hearing_failed(run, {"type": "server_error", "code": "internal_error",
+                                                 "message": "the transcript broke off"})
             if run.answer is not None:
                 await self._end_run(run, "failed", None,
                                     {"type": "server_error", "code": "internal_error", "message": "the answer broke off"})
