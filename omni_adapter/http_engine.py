@@ -226,6 +226,8 @@ class HttpSession:
             if chunk.modality not in self._accepted:
                 accepted = ", ".join(sorted(self._accepted))
                 raise EngineRejectedError(f"this engine accepts {accepted}, not {chunk.modality}")
+            if self._request.raw_prompt and chunk.modality != "text":
+                raise EngineRejectedError("a raw prompt is text")
         if self._events.ended:
             return
         if self._input_ended:
@@ -362,8 +364,7 @@ class HttpSession:
     def _body(self, content: str | list[dict[str, Any]], *, warm: bool) -> dict[str, Any]:
         request = self._request
         if request.raw_prompt:
-            if not isinstance(content, str):
-                raise EngineRejectedError("a raw prompt is text")
+            assert isinstance(content, str)  # feed takes only text for it
             return self._sampled({"model": request.model, "prompt": content + request.assistant_prefix}, warm=warm)
         # The input is whose it is: the user's words, a function's result, or a system note.
         streamed: dict[str, Any] = {"role": request.input_role, "content": content}
@@ -470,6 +471,8 @@ def openai_sampling(options: SamplingOptions) -> dict[str, Any]:
         "logit_bias": options.logit_bias,
         "response_format": options.response_format,
         "stop": list(options.stop) or None,
+        "min_tokens": options.min_tokens,
+        "ignore_eos": options.ignore_eos,
     }
     return {key: value for key, value in fields.items() if value is not None}
 

@@ -58,11 +58,14 @@ class SamplingOptions:
     #: OpenAI's ``response_format`` when it constrains the answer (``json_object`` or
     #: ``json_schema``, as sent); ``None`` for free text.
     response_format: dict[str, Any] | None = None
+    #: vLLM's: no end (EOS or stop) before this many tokens; the end of sequence ignored (benchmarks).
+    min_tokens: int | None = None
+    ignore_eos: bool | None = None
 
     @classmethod
     def known(cls, values: dict[str, Any]) -> SamplingOptions:
         """The options among ``values`` (a model's generation defaults), the rest left out."""
-        names = {f.name for f in fields(cls)} - {"stop", "logit_bias", "response_format"}
+        names = {f.name for f in fields(cls)} - {"stop", "logit_bias", "response_format", "min_tokens", "ignore_eos"}
         return cls(**{k: v for k, v in values.items() if k in names and v is not None})
 
     def or_defaults(self, defaults: SamplingOptions) -> SamplingOptions:

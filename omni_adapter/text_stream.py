@@ -477,17 +477,19 @@ class IncrementalTokenizer:
             raise RuntimeError("push() after finish()")
         raw = data if isinstance(data, bytes) else data.encode()
         text = self._decoder.decode(raw)
-        if trusted_text:
-            self._take(trusted(text))
-            text = ""
-        for at in range(0, len(text), PUSH_SLICE_CHARS):
-            self._pending += text[at:at + PUSH_SLICE_CHARS]
-            if self._incremental:
-                self._settle(self._rules.split_point(self._pending))
-                while len(self._pending) > MAX_PENDING_CHARS:
-                    self._settle(MAX_PENDING_CHARS // 2)
-        if self._incremental and trusted_text:
-            self._settle(self._rules.split_point(self._pending))
+        # Trusted text's special tokens are the model's; the runs between them are plain text,
+        # taken as client text is (in slices, the pending text bounded).
+        for part in self._rules.split_trusted(text) if trusted_text else [text]:
+            if isinstance(part, int):
+                self._settle(len(self._pending))
+                self._ready.append(part)
+                continue
+            for at in range(0, len(part), PUSH_SLICE_CHARS):
+                self._pending += part[at:at + PUSH_SLICE_CHARS]
+                if self._incremental:
+                    self._settle(self._rules.split_point(self._pending))
+                    while len(self._pending) > MAX_PENDING_CHARS:
+                        self._settle(MAX_PENDING_CHARS // 2)
         return self._drain()
 
     def finish(self) -> list[int]:

@@ -310,7 +310,15 @@ class TokenizerChecks:
         # merge with their neighbours); one more token is kept as a margin.
         inside = _INSIDE_WORDS.match(text)
         interior = inside.group(1).rstrip() if inside else ""
-        return max(0, len(self._streaming.encode_plain(interior)) - 1) if interior else 0
+        if not interior:
+            return 0
+        count = len(self._streaming.encode_plain(interior))
+        if self._streaming.has_control_tokens(interior):
+            # A raw prompt's special tokens are one token each, not their text's (the session
+            # is not known here: the smaller count bounds both).
+            count = min(count, sum(1 if isinstance(part, int) else len(self._streaming.encode_plain(part))
+                                   for part in self._streaming.split_trusted(interior)))
+        return max(0, count - 1)
 
     def common_prefix_tokens(self, old: str, new: str) -> tuple[int, int]:
         before, after = self._streaming.encode_plain(old), self._streaming.encode_plain(new)
@@ -929,6 +937,8 @@ def sampling_params(options: SamplingOptions, *, max_tokens: int) -> SamplingPar
         "min_p": options.min_p,
         # OpenAI's keys are strings; vLLM's engine compares them with token ids.
         "logit_bias": {int(token): bias for token, bias in options.logit_bias.items()} if options.logit_bias else None,
+        "min_tokens": options.min_tokens,
+        "ignore_eos": options.ignore_eos,
     }
     fields.update({k: v for k, v in optional.items() if v is not None})
     try:

@@ -258,6 +258,9 @@ class GenerationOptions(StrictModel):
     response_format: ResponseFormat | None = Field(
         None, description="text (the default), json_object (any JSON object) or json_schema (JSON matching "
         "json_schema.schema): the answer is held to it as the engine decodes")
+    min_tokens: int | None = Field(None, ge=0, description="vLLM's: the answer does not end before this many tokens")
+    ignore_eos: bool | None = Field(None, strict=True, description="vLLM's: the answer runs to max_tokens "
+                                                                   "(benchmarks)")
     stream_options: StreamOptions | None = None
     metadata: dict[str, str] | None = None
     tools: list[Tool] | None = Field(None, min_length=1)
@@ -309,6 +312,10 @@ class GenerationOptions(StrictModel):
         return self.response_format.model_dump(by_alias=True, exclude_none=True)
 
 
+#: A raw prompt's ``max_tokens`` unless set: OpenAI's and vLLM's completions default.
+RAW_PROMPT_MAX_TOKENS = 16
+
+
 class CreateSessionRequest(GenerationOptions):
     messages: list[ChatMessage] = Field(
         default_factory=list, description="system prompt / history placed before the streamed input")
@@ -325,7 +332,7 @@ class CreateSessionRequest(GenerationOptions):
     raw_prompt: bool = Field(
         False, strict=True, description="the text input is the whole prompt, as vLLM's /v1/completions takes it: "
         "no chat template, the model's special tokens in it are its own; no messages, tools or "
-        "chat_template_kwargs")
+        "chat_template_kwargs; max_tokens 16 unless set, as vLLM's completions")
 
     @model_validator(mode="after")
     def _tool_input(self) -> CreateSessionRequest:
@@ -347,6 +354,8 @@ class CreateSessionRequest(GenerationOptions):
                                 or self.input_role != "user"):
             raise ValueError("raw_prompt is the whole prompt: no messages, tools, chat_template_kwargs, "
                              "input_role or speak_input")
+        if self.raw_prompt and self.max_tokens is None and self.max_completion_tokens is None:
+            self.max_tokens = RAW_PROMPT_MAX_TOKENS  # vLLM's completions default, whichever engine serves it
         return self
 
     @field_validator("min_length")

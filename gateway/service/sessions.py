@@ -373,7 +373,7 @@ class SessionService:
             seed=body.seed if body.seed is not None or not _made_again(body) else secrets.randbelow(2**31),
             presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
             repetition_penalty=body.repetition_penalty, min_p=body.min_p, logit_bias=body.logit_bias,
-            response_format=body.format_constraint())
+            response_format=body.format_constraint(), min_tokens=body.min_tokens, ignore_eos=body.ignore_eos)
         request = StoredRequest(
             messages=tuple(m.as_history() for m in body.messages),
             modalities=tuple(body.modalities), sampling=sampling,

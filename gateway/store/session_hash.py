@@ -51,7 +51,7 @@ from gateway.domain.states import SessionState
 from omni_adapter.port import EngineRequest, SamplingOptions
 
 #: Sampling fields newer than the stored form's first release (see ``StoredRequest.to_json``).
-_ADDED_SAMPLING = ("min_p", "logit_bias", "response_format")
+_ADDED_SAMPLING = ("min_p", "logit_bias", "response_format", "min_tokens", "ignore_eos")
 
 
 @dataclass(frozen=True)

@@ -47,8 +47,12 @@ async def test_a_completion_continues_the_prompt_with_no_chat_template(
     assert completion.usage is not None and completion.usage.total_tokens > 0
     asked = engine.sessions[-1].request
     assert asked.raw_prompt and asked.messages == () and asked.sampling.max_tokens == 16  # OpenAI's default
-    echoed = await oai.completions.create(model="scripted", prompt=["Say it"], echo=True, max_tokens=40)
+    echoed = await oai.completions.create(model="scripted", prompt=["Say it"], echo=True, max_tokens=None,
+                                          extra_body={"ignore_eos": True, "min_tokens": 2})
     assert echoed.choices[0].text == "Say itecho: Say it"
+    asked = engine.sessions[-1].request
+    assert asked.sampling.max_tokens == 16, "an explicit null is vLLM's default too"
+    assert asked.sampling.ignore_eos is True and asked.sampling.min_tokens == 2  # vllm bench serve sends them
 
     stream = await oai.completions.create(model="scripted", prompt="one two three", stream=True,
                                           stream_options={"include_usage": True}, echo=True)
@@ -79,6 +83,9 @@ async def test_what_is_not_served_is_said(scripted: tuple[httpx.AsyncClient, Scr
         assert refused.value.status_code == status, (fields, refused.value.body)
         body = refused.value.body
         assert isinstance(body, dict) and body.get("param") == param, (fields, body)
+    surrogate = await client.post("/v1/completions", content=b'{"model": "scripted", "prompt": "hi \\ud800"}',
+                                  headers={"Content-Type": "application/json"})
+    assert surrogate.status_code == 422 and surrogate.json()["error"]["param"] == "prompt", surrogate.text
     assert engine.sessions == [], "nothing refused reached the engine"
 
 
@@ -101,6 +108,15 @@ async def test_the_real_engines_complete_as_vllm_does(redis_url: str, real_engin
             assert ours.usage.prompt_tokens == theirs.usage.prompt_tokens
             assert ours.choices[0].finish_reason == theirs.choices[0].finish_reason
         assert "Paris" in ours.choices[0].text
+        # vllm bench serve's random dataset: the answer runs to max_tokens, past the end of sequence.
+        benched = await oai.completions.create(model=model, prompt="Hi", max_tokens=24, temperature=0,
+                                               extra_body={"ignore_eos": True})
+        assert benched.usage is not None and benched.usage.completion_tokens == 24
+        assert benched.choices[0].finish_reason == "length"
+        # A long prompt in the model's chat format fits: its special tokens count one each.
+        turns = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nhello<|im_end|>\n" * 111
+        long = await oai.completions.create(model=model, prompt=turns, max_tokens=2, temperature=0)
+        assert long.usage is not None and 1400 < long.usage.prompt_tokens < 1500
         with pytest.raises(openai.BadRequestError) as too_long:
             await oai.completions.create(model=model, prompt="word " * 5000, max_tokens=4)
         assert too_long.value.code == "context_length_exceeded" and too_long.value.param == "prompt"

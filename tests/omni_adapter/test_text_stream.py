@@ -225,14 +225,27 @@ def test_trusted_pushes_keep_their_control_tokens(
     assert IM_END in ids
 
 
+def test_a_raw_prompt_streams_as_vllm_tokenizes_it_whole(tokenizer: Any, streaming: StreamingTokenizer) -> None:
+    """A raw prompt (``/v1/completions``) is pushed as trusted text, chunk by chunk: the model's
+    own special tokens in it, each within a chunk, are its own, as ``encode`` makes them."""
+    prompt = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+    prefix, suffix = streaming.raw_frame
+    stream = streaming.open(prefix, suffix)
+    ids = [i for piece in (prompt[:20], prompt[20:47], prompt[47:]) for i in stream.push(piece, trusted_text=True)]
+    ids += stream.finish()
+    assert ids == tokenizer.encode(prompt)
+    assert IM_END in ids
+
+
+@pytest.mark.parametrize("trusted_text", [False, True])
 @pytest.mark.parametrize("blob", ["a" * 200_000, "QUJD" * 50_000, "日本語" * 70_000])
 def test_text_without_a_boundary_cannot_pile_up(
-    tokenizer: Any, streaming: StreamingTokenizer, blob: str
+    tokenizer: Any, streaming: StreamingTokenizer, blob: str, trusted_text: bool
 ) -> None:
     stream = streaming.open()
     ids: list[int] = []
     for _ in range(10):
-        ids += stream.push(blob)
+        ids += stream.push(blob, trusted_text=trusted_text)
         assert len(stream.pending_text) <= MAX_PENDING_CHARS
     ids += stream.finish()
     assert tokenizer.decode(ids) == blob * 10  # cut, but nothing lost or changed

@@ -39,15 +39,17 @@ from gateway.api.chat.service import ChatService
 from gateway.domain.policies import StartPolicy
 from gateway.output.frames import DONE
 from gateway.output.sse import FrameEvent
-from gateway.service.models import CreateSessionRequest, ResponseFormat, StreamOptions
-from gateway.store.records import ChunkRecord
+from gateway.service.models import (
+    RAW_PROMPT_MAX_TOKENS,
+    CreateSessionRequest,
+    ResponseFormat,
+    StreamOptions,
+)
 from gateway.web.event_stream import EVENT_STREAM_CONTENT, EventStream
 from gateway.web.resources import get_resources
 from gateway.web.validation import IdempotencyKey
 
 router = APIRouter(prefix="/v1", tags=["openai"])
-#: OpenAI's and vLLM's ``max_tokens`` when a completion request sets none.
-DEFAULT_MAX_TOKENS = 16
 WHEN_STOPPED = ("the completion goes on at another replica: read it as a chat.completion at "
                 "GET /v1/streaming_input/sessions/{id}/result (the id in X-Session-Id), or ask again")
 
@@ -58,7 +60,7 @@ class CompletionRequest(OpenAIBookkeeping):
     model: str | None = None
     prompt: str | list[str] | list[int] | list[list[int]]
     suffix: str | None = None
-    max_tokens: int | None = Field(DEFAULT_MAX_TOKENS, ge=1)
+    max_tokens: int | None = Field(RAW_PROMPT_MAX_TOKENS, ge=1)
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
     n: Literal[1] = 1
@@ -76,11 +78,18 @@ class CompletionRequest(OpenAIBookkeeping):
     min_p: float | None = None
     repetition_penalty: float | None = None
     response_format: ResponseFormat | None = None
+    min_tokens: int | None = None
+    ignore_eos: bool | None = None
 
     @field_validator("logprobs")
     @classmethod
     def _no_logprobs(cls, value: int | None) -> int | None:
         return no_logprobs(value)
+
+    @field_validator("max_tokens")
+    @classmethod
+    def _default_when_null(cls, value: int | None) -> int:
+        return RAW_PROMPT_MAX_TOKENS if value is None else value  # as vLLM takes an explicit null
 
 
 class TextCompletionChoice(BaseModel):
@@ -103,7 +112,8 @@ class TextCompletion(BaseModel):
 
 #: The fields that mean the same in a session, checked by its rules.
 _SAMPLING = {"model", "max_tokens", "temperature", "top_p", "stream_options", "stop", "presence_penalty",
-             "frequency_penalty", "logit_bias", "seed", "top_k", "min_p", "repetition_penalty", "response_format"}
+             "frequency_penalty", "logit_bias", "seed", "top_k", "min_p", "repetition_penalty", "response_format",
+             "min_tokens", "ignore_eos"}
 
 
 @router.post("/completions", response_model=None,
@@ -119,8 +129,7 @@ async def create_completion(body: CompletionRequest, request: Request, identity:
     prompt = _prompt(body)
     model = body.model or resources.engine.capabilities.model_names[0]
     with named_as("prompt"):
-        session_id = await chat.open(identity, _session(body), [ChunkRecord(0, "text", prompt.encode(),
-                                                                             end_of_input=True)], idempotency_key)
+        session_id = await chat.open(identity, _session(body), chat.text_input(prompt), idempotency_key)
     headers = {"X-Session-Id": session_id}
     echoed = prompt if body.echo else ""
     if body.stream:
@@ -145,10 +154,10 @@ def _prompt(body: CompletionRequest) -> str:
         if len(prompt) > 1:
             raise errors.InvalidRequest("one prompt per request here: send each as its own request", param="prompt")
         prompt = prompt[0]
+    if not prompt:  # "" or []
+        raise errors.EmptyInput("the prompt is empty", param="prompt")
     if not isinstance(prompt, str):
         raise errors.InvalidRequest("the prompt is text here (a string), not token ids", param="prompt")
-    if not prompt:
-        raise errors.EmptyInput("the prompt is empty", param="prompt")
     return prompt
 
 

@@ -90,6 +90,15 @@ class ChatService:
             raise _prompt_too_long(exc) from None
         return record.session_id
 
+    def text_input(self, text: str) -> list[ChunkRecord]:
+        """A door's whole text input as its one chunk; its errors (a lone surrogate, too big) are
+        named as a chat's input is, ``messages`` (the door renames it: ``named_as``)."""
+        try:
+            return [record_from_json(ChunkIn(sequence_id=0, text=text, end_of_input=True), self._max_chunk_bytes)]
+        except errors.GatewayError as exc:
+            exc.param = "messages"
+            raise
+
     async def answered(self, identity: str, session_id: str, queue_timeout_sec: float) -> SessionRecord:
         """The session once it completed (its ``chat.completion`` in ``result``); its error if it failed.
 

@@ -32,13 +32,13 @@ from gateway.api.chat.router import (
     CLIENT_LEFT,
     Identity,
     get_chat,
+    named_as,
     unless_client_leaves,
 )
 from gateway.api.chat.service import ChatService
 from gateway.domain.policies import StartPolicy
 from gateway.output.audio_file import MEDIA_TYPES, AudioFileWriter, SpeechFormat
 from gateway.service.models import CreateSessionRequest, StrictModel
-from gateway.store.records import ChunkRecord
 from gateway.web.event_stream import EventStream
 from gateway.web.resources import get_resources
 
@@ -72,7 +72,8 @@ async def create_speech(body: SpeechRequest, request: Request, identity: Identit
     writer = AudioFileWriter(body.response_format)
     session = CreateSessionRequest(model=resources.engine.capabilities.model_names[0], modalities=["text", "audio"],
                                    speak_input=True, start_policy=StartPolicy.ON_END_ONLY)
-    session_id = await chat.open(identity, session, [ChunkRecord(0, "text", body.input.encode(), end_of_input=True)])
+    with named_as("input"):
+        session_id = await chat.open(identity, session, chat.text_input(body.input))
     audio = _file_bytes(chat.stream(identity, session_id), writer)
     first = await _first_audio(request, chat, identity, session_id, audio)
     if first is None:
