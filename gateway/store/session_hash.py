@@ -48,10 +48,18 @@ from typing import Any, Literal
 
 from gateway.domain.policies import StartPolicy, StartThresholds
 from gateway.domain.states import SessionState
-from omni_adapter.port import EngineRequest, SamplingOptions
+from omni_adapter.port import EngineRejectedError, EngineRequest, SamplingOptions
 
 #: Sampling fields newer than the stored form's first release (see ``StoredRequest.to_json``).
 _ADDED_SAMPLING = ("min_p", "logit_bias", "response_format", "min_tokens", "ignore_eos")
+
+
+#: What a session may need that a release without it would silently ignore (answering the
+#: wrong question: a chat template around a raw prompt, the model asked for a transcription).
+#: A stored request lists those it needs; a release refuses to run one that needs what it does
+#: not know, so a rolling deploy (or a rollback) fails such a session loudly, never answers
+#: it wrongly. A later release that adds such a feature adds its name here.
+KNOWN_NEEDS = frozenset({"hearing", "speak_input", "chat_template_kwargs", "raw_prompt"})
 
 
 @dataclass(frozen=True)
@@ -71,6 +79,15 @@ class StoredRequest:
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     speak_input: bool = False
     raw_prompt: bool = False
+    #: The ``needs`` it was stored with (a newer release's may hold names this one does not know).
+    stored_needs: tuple[str, ...] = field(default=(), compare=False)
+
+    @property
+    def needs(self) -> tuple[str, ...]:
+        """The features of ``KNOWN_NEEDS`` this request uses."""
+        used = {"hearing": not self.modalities, "speak_input": self.speak_input,
+                "chat_template_kwargs": bool(self.chat_template_kwargs), "raw_prompt": self.raw_prompt}
+        return tuple(name for name, on in used.items() if on)
 
     def to_json(self) -> str:
         sampling = {**asdict(self.sampling), "stop": list(self.sampling.stop)}
@@ -90,6 +107,8 @@ class StoredRequest:
             stored["speak_input"] = True
         if self.raw_prompt:
             stored["raw_prompt"] = True
+        if self.needs:
+            stored["needs"] = list(self.needs)
         return json.dumps(stored)
 
     @classmethod
@@ -103,9 +122,14 @@ class StoredRequest:
                    parallel_tool_calls=stored.get("parallel_tool_calls", True),
                    input_role=stored.get("input_role", "user"), input_tool_call_id=stored.get("input_tool_call_id"),
                    chat_template_kwargs=stored.get("chat_template_kwargs") or {},
-                   speak_input=stored.get("speak_input", False), raw_prompt=stored.get("raw_prompt", False))
+                   speak_input=stored.get("speak_input", False), raw_prompt=stored.get("raw_prompt", False),
+                   stored_needs=tuple(stored.get("needs") or ()))
 
     def engine_request(self, request_id: str, model: str, assistant_prefix: str = "") -> EngineRequest:
+        unknown = sorted(set(self.stored_needs) - KNOWN_NEEDS)
+        if unknown:  # made by a newer release (a rolling deploy, a rollback): run, it would be answered wrongly
+            raise EngineRejectedError(f"this replica runs an older release, which cannot serve a session that "
+                                      f"needs {', '.join(unknown)}; ask again (a newer replica serves it)")
         return EngineRequest(request_id=request_id, model=model, messages=self.messages,
                              sampling=self.sampling, output_modalities=self.modalities,
                              assistant_prefix=assistant_prefix, tools=self.tools, tool_choice=self.tool_choice,

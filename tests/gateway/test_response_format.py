@@ -23,6 +23,7 @@ from omni_adapter.http_engine import openai_sampling
 from omni_adapter.model_bootstrap import converted_default_model
 from omni_adapter.port import (
     Engine,
+    EngineRejectedError,
     EngineRequest,
     EngineSession,
     InputChunk,
@@ -375,3 +376,17 @@ def test_the_new_fields_are_stored_only_when_set_and_reach_a_sidecar() -> None:
     assert StoredRequest.from_json(held.to_json()) == held
     sent = openai_sampling(held.sampling)
     assert sent["response_format"] == fmt and sent["min_p"] == 0.1 and sent["logit_bias"] == {"7": -5.0}
+
+
+def test_a_session_that_needs_what_a_release_does_not_know_is_refused_by_it_not_misread() -> None:
+    """A rolling deploy or a rollback: an older replica that claims a session made by a newer one
+    whose needs it does not know fails it with a clear error; it still reads it (its result, its
+    events), and what it knows it runs."""
+    raw = StoredRequest(messages=(), modalities=("text",), sampling=SamplingOptions(), raw_prompt=True)
+    assert json.loads(raw.to_json())["needs"] == ["raw_prompt"]
+    assert "needs" not in json.loads(replace(raw, raw_prompt=False).to_json())
+    assert StoredRequest.from_json(raw.to_json()).engine_request("r", "m").raw_prompt
+    newer = {**json.loads(raw.to_json()), "needs": ["raw_prompt", "a_later_feature"]}
+    read = StoredRequest.from_json(json.dumps(newer))
+    with pytest.raises(EngineRejectedError, match="a_later_feature"):
+        read.engine_request("r", "m")
