@@ -210,3 +210,24 @@ def test_a_realtime_session_is_saved_as_the_release_before_saved_it() -> None:
     plain.update({"type": "transcription", "audio": {"input": {"transcription": None}}})
     assert plain.transcription == {}, "a transcription session always tells its transcripts"
     assert RealtimeConfig.restored(plain.saved(), can_transcribe=True) == plain
+
+
+async def test_utterances_sent_faster_than_they_play_are_cut_where_they_are(
+        server: tuple[str, ScriptedEngine]) -> None:
+    """A recording sent in appends of seconds (faster than it plays): server VAD hears the end of
+    one utterance and the start of the next inside one append, and cuts there."""
+    url, _ = server
+    said = ["Please set a timer for ten minutes.", "What is the capital of France?"]
+    pause = bytes(2 * SPEECH_RATE * 6 // 10)  # 600 ms: longer than the 500 ms that ends a turn
+    recording = speech(said[0]) + pause + speech(said[1]) + 2 * SILENCE
+    async with sdk(url).realtime.connect(model="gpt-4o-transcribe",
+                                         extra_query={"intent": "transcription"}) as connection:
+        await connection.session.update(session={"type": "transcription", "audio": {"input": {
+            "turn_detection": {"type": "server_vad", "silence_duration_ms": 500}}}})
+        for piece in pieces(recording, SPEECH_RATE, 4000):
+            await connection.input_audio_buffer.append(audio=base64.b64encode(piece).decode())
+        events = await until(connection, TRANSCRIBED)
+        events += await until(connection, TRANSCRIBED)
+    assert types(events).count("input_audio_buffer.speech_started") == 2
+    heard = [e["transcript"] for e in events if e["type"] == TRANSCRIBED]
+    assert [word_error_rate(words, text) for words, text in zip(said, heard, strict=True)] == [0, 0], heard

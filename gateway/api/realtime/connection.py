@@ -66,6 +66,7 @@ from gateway.api.realtime import events as ev
 from gateway.api.realtime.answer import BYTES_PER_MS, Answer
 from gateway.api.realtime.config import (
     RealtimeConfig,
+    ServerVad,
     chat_tool_choice,
     chat_tools,
     output_token_limit,
@@ -98,6 +99,9 @@ logger = logging.getLogger(__name__)
 RATE = 24_000
 #: Appended audio is handled a second at a time (pcm16 bytes).
 AUDIO_PIECE_BYTES = RATE * 2
+#: Server VAD hears it 100 ms at a time: the end of one utterance and the start of the next in
+#: one append (a file sent faster than it plays) each happen where they are in the audio.
+VAD_STEP_BYTES = AUDIO_PIECE_BYTES // 10
 #: Base64 audio from this size on is decoded in a worker thread.
 OFF_LOOP_CHARS = 256 * 1024
 
@@ -170,6 +174,9 @@ class Run:
     audio_ms: int = 0
     transcript: str = ""
     told_transcript: bool = False
+    #: A run being heard out: ``{}`` once its transcript is complete, ``{"error": ...}`` once it
+    #: failed; told in commit order (``_tell_heard_in_order``).
+    outcome: dict[str, Any] | None = None
     answer: Answer | None = None
     reader: asyncio.Task[None] | None = None
 
@@ -201,8 +208,9 @@ class RealtimeConnection:
         self._turn: Run | None = None
         #: Out-of-band answers, by response id.
         self._side: dict[str, Run] = {}
-        #: A transcription session's committed turns whose transcript is not complete, by item id.
+        #: A transcription session's committed turns whose end is not told yet, by item id, in order.
         self._hearing: dict[str, Run] = {}
+        self._telling = asyncio.Lock()
         self._held: deque[dict[str, Any]] = deque()
         self._held_chars = 0
         self._detector: SpeechDetector | None = None
@@ -464,6 +472,10 @@ class RealtimeConnection:
             self._disarm_idle()
             await self._append_audio(pcm)
             return
+        for start in range(0, len(pcm), VAD_STEP_BYTES):
+            await self._vad_step(pcm[start:start + VAD_STEP_BYTES], vad)
+
+    async def _vad_step(self, pcm: bytes, vad: ServerVad) -> None:
         if self._detector is None:
             self._detector = SpeechDetector(RATE, vad.threshold, vad.silence_duration_ms, vad.prefix_padding_ms)
         was_speaking = self._detector.speaking
@@ -882,12 +894,25 @@ class RealtimeConnection:
 
     async def _hearing_failed(self, run: Run, error: dict[str, Any]) -> None:
         """A transcription session's turn that failed: said of its item, and the session goes on."""
-        key = str(run.audio_item_id)
-        if self._hearing.get(key) is not run:
-            return
-        await self._emit(ev.event("conversation.item.input_audio_transcription.failed", item_id=run.audio_item_id,
-                                  content_index=0, error={k: error.get(k) for k in ("type", "code", "message", "param")}))
-        self._hearing.pop(key, None)  # after the event: a failure to send it is told again by the reader's end
+        if self._hearing.get(str(run.audio_item_id)) is run:
+            run.outcome = {"error": {k: error.get(k) for k in ("type", "code", "message", "param")}}
+            await self._tell_heard_in_order()
+
+    async def _tell_heard_in_order(self) -> None:
+        """The ends of the runs being heard out, in the order they were committed: a short
+        utterance is heard sooner than a long one before it, and a transcript is read in order."""
+        async with self._telling:
+            while self._hearing:
+                key, run = next(iter(self._hearing.items()))
+                if run.outcome is None:
+                    return
+                if "error" in run.outcome:
+                    await self._emit(ev.event("conversation.item.input_audio_transcription.failed", item_id=key,
+                                              content_index=0, error=run.outcome["error"]))
+                else:
+                    await self._tell_transcript(run)
+                del self._hearing[key]  # after its event: one that could not be sent is told again
+            await self._save()
 
     async def _drop_turn(self, *, cancel: bool = True) -> None:
         """End the open turn without an answer: stop reading it and cancel its session."""
@@ -994,9 +1019,9 @@ class RealtimeConnection:
             if run.answer is not None:
                 await self._tell_transcript(run)
                 await self._end_run(run, "completed")
-            elif data == "[DONE]" and self._hearing.pop(str(run.audio_item_id), None) is run:
-                await self._tell_transcript(run)
-                await self._save()
+            elif data == "[DONE]" and self._hearing.get(str(run.audio_item_id)) is run:
+                run.outcome = {}
+                await self._tell_heard_in_order()
             return
         chunk = orjson.loads(data)  # a frame per answer token; written by orjson too (output/frames.py)
         if chunk.get("usage"):
