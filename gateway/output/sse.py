@@ -38,6 +38,10 @@ class FrameEvent(ServerSentEvent):  # type: ignore[misc]  # sse_starlette is unt
     break takes the general path, so the bytes stay right whatever is stored.
     """
 
+    #: Lines end as OpenAI's and vLLM's streams end them: clients written against those split
+    #: events on a blank line of ``\n\n`` (vLLM's ``vllm bench serve`` does).
+    DEFAULT_SEPARATOR = "\n"
+
     def encode(self) -> bytes:
         data, event = self.data, self.event
         one_line = isinstance(data, str) and "\n" not in data and "\r" not in data \
@@ -45,9 +49,9 @@ class FrameEvent(ServerSentEvent):  # type: ignore[misc]  # sse_starlette is unt
         if not one_line:
             general: bytes = super().encode()
             return general
-        ident = f"id: {self.id}\r\n" if self.id is not None else ""
-        named = f"event: {event}\r\n" if event else ""
-        return f"{ident}{named}data: {data}\r\n\r\n".encode()
+        ident = f"id: {self.id}\n" if self.id is not None else ""
+        named = f"event: {event}\n" if event else ""
+        return f"{ident}{named}data: {data}\n\n".encode()
 
 
 def parse_last_event_id(value: str | None) -> str:
@@ -87,4 +91,4 @@ async def session_events(store: SessionStore, session_id: str, after: str) -> As
                     return
     except errors.GatewayError as exc:
         logger.warning("session %s: stream ended early: %s", session_id, exc.code)
-        yield ServerSentEvent(data=json.dumps(exc.envelope()), event="error")
+        yield FrameEvent(data=json.dumps(exc.envelope()), event="error")

@@ -7,13 +7,15 @@ some 12% of a replica's CPU relaying 20,000 tokens/s (bench/README.md,
 section 2). Here a send is just a send, and one watchdog per stream does the
 rest:
 
-- **keep-alive**: a comment line (``: ping - <time>``) every ``ping_sec``, so
-  proxies keep an idle stream open. A line, with no blank line after it: the
-  openai SDK's decoder keeps the last ``id:`` it saw and takes any blank line
-  after one for an event, so a ping's blank line became an event with no data,
-  which it failed to parse (JSONDecodeError) in every chat stream past the first
-  ping. Comment lines are ignored by every SSE parser (and by that one, once
-  the next frame's blank line ends them);
+- **keep-alive**: a few bytes every ``ping_sec``, so proxies keep an idle
+  stream open. In a stream of OpenAI's shape (no ``id:`` lines) an empty line,
+  which every SSE parser ignores: vLLM's ``vllm bench serve`` strips each read
+  and joins what is left, so a comment sent alone was glued to the next event
+  and the rest of the stream lost. Once an ``id:`` was sent, a comment line
+  (``: ping - <time>``) with no blank line after it: the openai SDK's decoder
+  keeps the last ``id:`` it saw and takes any blank line after one for an
+  event, so a blank line became an event with no data, which it failed to
+  parse (JSONDecodeError); the comment ends with the next frame's blank line;
 - **a client that stopped reading** (a send blocked ``send_timeout_sec`` on
   a full socket buffer) is dropped;
 - **the client left** (``http.disconnect``): the stream ends;
@@ -41,6 +43,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from gateway import errors
+from gateway.output.sse import FrameEvent
 from gateway.work.draining import Draining
 
 logger = logging.getLogger(__name__)
@@ -87,6 +90,8 @@ class EventStream(Response):
         self._sending_since: float | None = None
         #: The events ran out and the response was ended.
         self._finished = False
+        #: A frame with an ``id:`` went out (the ping's form depends on it).
+        self._ids_sent = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
@@ -118,12 +123,13 @@ class EventStream(Response):
             stopping = errors.ReplicaStopping(f"this replica is stopping before the answer ended; {self._when_stopped}")
             with anyio.move_on_after(1):
                 await send({"type": "http.response.body", "more_body": True,
-                            "body": ServerSentEvent(data=stopping.envelope_json(), event="error").encode()})
+                            "body": FrameEvent(data=stopping.envelope_json(), event="error").encode()})
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _stream(self, send: Send) -> None:
         try:
             async for event in self._events:
+                self._ids_sent = self._ids_sent or event.id is not None
                 await self._send(send, event.encode())
         finally:
             # Cancelled while sending, the generator still waits at its yield:
@@ -166,7 +172,7 @@ class EventStream(Response):
                 continue  # frames are going out, or trying to: no ping needed
             if now - last_ping >= self._ping_sec:
                 last_ping = now
-                ping = f": ping - {datetime.now(UTC)}\r\n".encode()
+                ping = f": ping - {datetime.now(UTC)}\n".encode() if self._ids_sent else b"\n"  # see the docstring
                 with anyio.move_on_after(self._send_timeout_sec) as bounded:
                     await send({"type": "http.response.body", "body": ping, "more_body": True})
                 if bounded.cancel_called:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -159,18 +160,35 @@ async def test_a_model_served_under_several_names_answers_to_each(redis_url: str
         assert "scripted, gpt-4o-mini" in raised.value.message
 
 
-async def test_the_openai_sdk_reads_a_stream_that_outlasts_a_keep_alive_ping(redis_url: str) -> None:
-    # The SDK takes a blank line after an id: for an event; a ping's must not be one.
+async def test_streams_that_outlast_a_keep_alive_ping_read_whole_by_the_sdk_and_by_vllms_benchmark(
+        redis_url: str) -> None:
+    """The SDK takes a blank line after an ``id:`` for an event, so a ping's must not be one when
+    the stream has ids (``X-Event-Ids``, for a resume); vLLM's ``vllm bench serve`` splits events
+    on ``\n\n`` and reads each as ``data: <json>`` alone, so an OpenAI-shaped stream has neither
+    ids nor a ping glued to the next event."""
+    from vllm.benchmarks.lib.endpoint_request_func import StreamedResponseHandler
+
     words = "one two three four five six seven eight nine ten eleven twelve"
     engine = ScriptedEngine(Script(word_delay_sec=0.25))
+    body = {"model": "scripted", "messages": [{"role": "user", "content": words}], "stream": True}
     async with live_app(make_settings(redis_url=redis_url, sse_ping_sec=1), engine) as url:
         oai = AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
-        stream = await oai.chat.completions.create(model="scripted", messages=[{"role": "user", "content": words}],
-                                                   stream=True)
-        started = time.monotonic()
-        text = "".join([chunk.choices[0].delta.content or "" async for chunk in stream if chunk.choices])
-        assert time.monotonic() - started > 2, "the stream lasted past a ping"
-    assert text == f"echo: {words}"
+        for headers in ({}, {"X-Event-Ids": "true"}):
+            stream = await oai.chat.completions.create(**body, extra_headers=headers)  # type: ignore[call-overload]
+            started = time.monotonic()
+            text = "".join([chunk.choices[0].delta.content or "" async for chunk in stream if chunk.choices])
+            assert time.monotonic() - started > 2, "the stream lasted past a ping"
+            assert text == f"echo: {words}"
+        async with httpx.AsyncClient(base_url=url) as client, client.stream("POST", "/v1/chat/completions",
+                                                                           json=body) as response:
+            parser, read = StreamedResponseHandler(), ""
+            async for piece in response.aiter_raw():  # as it arrives, as the benchmark reads it
+                for message in parser.add_chunk(piece.strip()):
+                    if message.startswith(":") or message == "data: [DONE]":
+                        continue
+                    for choice in json.loads(message.removeprefix("data: "))["choices"]:
+                        read += choice["delta"].get("content") or ""
+    assert b"id:" not in piece and read == f"echo: {words}"
 
 
 async def test_bad_requests_get_the_envelope_and_open_no_session(

@@ -58,7 +58,7 @@ class Events:
     async def __call__(self) -> AsyncIterator[ServerSentEvent]:
         try:
             for n in range(self.count):
-                yield ServerSentEvent(data=f"frame {n}", id=f"1-{n}")
+                yield FrameEvent(data=f"frame {n}", id=f"1-{n}")
             if self.then_wait:
                 await asyncio.Event().wait()
         finally:
@@ -77,7 +77,7 @@ async def test_events_go_out_in_order_then_the_response_ends() -> None:
     headers = dict(start["headers"])
     assert headers[b"content-type"] == b"text/event-stream; charset=utf-8"
     assert headers[b"cache-control"] == b"no-cache" and headers[b"x-session-id"] == b"s1"
-    assert client.body == b"".join(f"id: 1-{n}\r\ndata: frame {n}\r\n\r\n".encode() for n in range(3))
+    assert client.body == b"".join(f"id: 1-{n}\ndata: frame {n}\n\n".encode() for n in range(3))
     assert client.ended and events.cleaned_up
 
 
@@ -90,11 +90,18 @@ async def test_a_client_that_leaves_ends_the_stream_and_its_generator_cleans_up(
     assert b"frame 0" in client.body and events.cleaned_up
 
 
-async def test_an_idle_stream_gets_keep_alive_comments() -> None:
-    client, events = Client(), Events(0, then_wait=True)
+@pytest.mark.parametrize("frames", [0, 1])
+async def test_an_idle_stream_gets_keep_alives_that_no_parser_takes_for_an_event(frames: int) -> None:
+    """Before any id (a stream of OpenAI's shape): empty lines. After one: comment lines with no
+    blank line (the openai SDK takes a blank line after an id for an event)."""
+    client, events = Client(), Events(frames, then_wait=True)
     response = asyncio.create_task(stream(events, ping_sec=0.1)(HTTP_GET, client.receive, client.send))
     await asyncio.sleep(0.35)
-    assert client.body.count(b": ping - ") >= 2
+    if frames:
+        after = client.body.split(b"frame 0\n\n", 1)[1]
+        assert after.count(b": ping - ") >= 2 and b"\n\n" not in after
+    else:
+        assert client.body.count(b"\n") >= 2 and client.body.strip() == b""
     client.left.set()
     await asyncio.wait_for(response, 2)
 
@@ -166,6 +173,7 @@ async def test_a_failing_generator_fails_the_response_after_its_other_parts_stop
        frame_id=st.one_of(st.none(), st.from_regex(r"\A[0-9]{1,13}-[0-9]{1,3}\Z")))
 def test_a_stored_frame_encodes_as_server_sent_event_does(data: str, event: str | None,
                                                            frame_id: str | None) -> None:
-    """The relay's lean encoding of a frame: byte for byte sse_starlette's, line breaks and all."""
+    """The relay's lean encoding of a frame: byte for byte sse_starlette's with OpenAI's line ends
+    (``\n``), line breaks in the data and all."""
     lean = FrameEvent(data=data, event=event, id=frame_id).encode()
-    assert lean == ServerSentEvent(data=data, event=event, id=frame_id).encode()
+    assert lean == ServerSentEvent(data=data, event=event, id=frame_id, sep="\n").encode()

@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Iterator
 from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
+from sse_starlette import ServerSentEvent
 
 from gateway import errors
 from gateway.api.chat.models import ChatCompletion, ChatCompletionRequest, ModelCard, ModelList
@@ -61,8 +62,10 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request, 
     headers = {"X-Session-Id": session_id}
     resources = get_resources(request)
     if body.stream:
-        return EventStream(chat.stream(identity, session_id), ping_sec=resources.settings.sse_ping_sec,
-                           draining=resources.draining, headers=headers)
+        frames = chat.stream(identity, session_id)
+        with_ids = request.headers.get("x-event-ids", "").lower() in ("1", "true")
+        return EventStream(frames if with_ids else as_openai_sends(frames), ping_sec=resources.settings.sse_ping_sec, draining=resources.draining,
+                           headers=headers)
     answer = await completion_unless_client_leaves(request, chat, identity, session_id)
     if answer is None:
         return JSONResponse({}, status_code=CLIENT_LEFT)
@@ -79,6 +82,16 @@ def named_as(param: str) -> Iterator[None]:
         if exc.param is not None and exc.param.startswith("messages"):
             exc.param = param
         raise
+
+
+async def as_openai_sends(frames: AsyncGenerator[ServerSentEvent, None]) -> AsyncIterator[ServerSentEvent]:
+    """The frames without their ``id:`` lines, as OpenAI and vLLM send a chat stream: some clients
+    read each event as ``data: <json>`` alone (vLLM's ``vllm bench serve``). ``X-Event-Ids: true``
+    keeps them, for a resume at the session's events with ``Last-Event-ID``."""
+    async with contextlib.aclosing(frames):  # closed with this one (a client that left): the session is cancelled
+        async for frame in frames:
+            frame.id = None
+            yield frame
 
 
 async def completion_unless_client_leaves(request: Request, chat: ChatService, identity: str,

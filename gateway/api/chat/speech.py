@@ -38,6 +38,7 @@ from gateway.api.chat.router import (
 from gateway.api.chat.service import ChatService
 from gateway.domain.policies import StartPolicy
 from gateway.output.audio_file import MEDIA_TYPES, AudioFileWriter, SpeechFormat
+from gateway.output.sse import FrameEvent
 from gateway.service.models import CreateSessionRequest, StrictModel
 from gateway.web.event_stream import EventStream
 from gateway.web.resources import get_resources
@@ -130,12 +131,12 @@ async def _speech_events(audio: AsyncIterator[bytes]) -> AsyncIterator[ServerSen
     session fails on the way."""
     try:
         async for data in audio:
-            yield ServerSentEvent(json.dumps({"type": "speech.audio.delta",
+            yield FrameEvent(json.dumps({"type": "speech.audio.delta",
                                               "audio": base64.b64encode(data).decode()}))
     except errors.GatewayError as exc:
-        yield ServerSentEvent(exc.envelope_json(), event="error")
+        yield FrameEvent(exc.envelope_json(), event="error")
         return
-    yield ServerSentEvent(json.dumps({"type": "speech.audio.done",
+    yield FrameEvent(json.dumps({"type": "speech.audio.done",
                                       "usage": {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0}}))
 
 

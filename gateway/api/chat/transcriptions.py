@@ -41,6 +41,7 @@ from gateway.api.chat.service import ChatService
 from gateway.api.languages import check_heard
 from gateway.domain.policies import StartPolicy
 from gateway.output.frames import TRANSCRIPT_EVENT
+from gateway.output.sse import FrameEvent
 from gateway.service.models import CreateSessionRequest
 from gateway.store.records import ChunkRecord
 from gateway.web.event_stream import EVENT_STREAM_CONTENT, EventStream
@@ -193,8 +194,8 @@ async def _transcript_events(frames: AsyncGenerator[ServerSentEvent, None]) -> A
                 delta = heard[len(told):] if heard.startswith(told) else heard
                 told = heard
                 if delta:
-                    yield ServerSentEvent(json.dumps({"type": "transcript.text.delta", "delta": delta}))
+                    yield FrameEvent(json.dumps({"type": "transcript.text.delta", "delta": delta}))
             elif frame.event == "error":
                 yield frame
             elif frame.data == "[DONE]":
-                yield ServerSentEvent(json.dumps({"type": "transcript.text.done", "text": told}))
+                yield FrameEvent(json.dumps({"type": "transcript.text.done", "text": told}))

@@ -29,6 +29,7 @@ from starlette.types import Message, Receive, Scope, Send
 from gateway import errors
 from gateway.api.chunks import record_from_json
 from gateway.api.upload.lines import NdjsonReader
+from gateway.output.sse import FrameEvent
 from gateway.service.models import ChunkIn, CreateSessionRequest
 from gateway.service.sessions import SessionService
 from gateway.settings import Settings
@@ -141,7 +142,7 @@ async def _until_refused(opening: Awaitable[AsyncIterator[ServerSentEvent] | Non
     try:
         events = await opening
     except errors.GatewayError as exc:
-        yield ServerSentEvent(data=json.dumps(exc.envelope()), event="error")
+        yield FrameEvent(data=json.dumps(exc.envelope()), event="error")
         return
     if events is None:
         return
@@ -153,7 +154,7 @@ async def _until_refused(opening: Awaitable[AsyncIterator[ServerSentEvent] | Non
             following.cancel()
             with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
                 await following
-            yield ServerSentEvent(data=json.dumps(refused.result().envelope()), event="error")
+            yield FrameEvent(data=json.dumps(refused.result().envelope()), event="error")
             return
         frame = following.result()
         if frame is None:
