@@ -68,7 +68,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             gateway = f"http://127.0.0.1:{port}"
             for name, backend, endpoint in (("completions", "vllm", "/v1/completions"),
                                             ("chat", "openai-chat", "/v1/chat/completions")):
-                run_benchmark(sidecar.url, model, tokenizer, backend, endpoint, args)  # warm both paths once
+                run_benchmark(gateway, model, tokenizer, backend, endpoint, args)  # warms both: not measured
                 for target, url in (("vllm serve", sidecar.url), ("gateway -> vllm serve", gateway)):
                     result = run_benchmark(url, model, tokenizer, backend, endpoint, args)
                     assert result["completed"] == args.prompts, f"{target} {name}: {result['completed']} done"
