@@ -46,9 +46,10 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from gateway import errors
 from gateway.domain.policies import StartPolicy, StartThresholds
 from gateway.domain.states import SessionState
-from omni_adapter.port import EngineRejectedError, EngineRequest, SamplingOptions
+from omni_adapter.port import EngineRequest, SamplingOptions
 
 #: Sampling fields newer than the stored form's first release (see ``StoredRequest.to_json``).
 _ADDED_SAMPLING = ("min_p", "logit_bias", "response_format", "min_tokens", "ignore_eos")
@@ -128,8 +129,8 @@ class StoredRequest:
     def engine_request(self, request_id: str, model: str, assistant_prefix: str = "") -> EngineRequest:
         unknown = sorted(set(self.stored_needs) - KNOWN_NEEDS)
         if unknown:  # made by a newer release (a rolling deploy, a rollback): run, it would be answered wrongly
-            raise EngineRejectedError(f"this replica runs an older release, which cannot serve a session that "
-                                      f"needs {', '.join(unknown)}; ask again (a newer replica serves it)")
+            raise errors.EngineUnavailable(f"this replica runs an older release, which cannot serve a session "
+                                           f"that needs {', '.join(unknown)}; ask again (a newer replica serves it)")
         return EngineRequest(request_id=request_id, model=model, messages=self.messages,
                              sampling=self.sampling, output_modalities=self.modalities,
                              assistant_prefix=assistant_prefix, tools=self.tools, tool_choice=self.tool_choice,

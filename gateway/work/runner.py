@@ -226,6 +226,9 @@ class SessionRunner:
             # Nothing else would ever end this session: fail it for the client.
             await self._fail(errors.ValidationFailed(str(exc)))
             return None
+        except errors.GatewayError as exc:  # the stored request says why (a release that cannot serve it)
+            await self._fail(exc)
+            return None
         except Exception:
             if await stop_if_dead(self._engine, self._on_engine_dead):
                 await self._release()

@@ -18,12 +18,12 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
+from gateway import errors
 from gateway.store.session_hash import StoredRequest
 from omni_adapter.http_engine import openai_sampling
 from omni_adapter.model_bootstrap import converted_default_model
 from omni_adapter.port import (
     Engine,
-    EngineRejectedError,
     EngineRequest,
     EngineSession,
     InputChunk,
@@ -388,5 +388,5 @@ def test_a_session_that_needs_what_a_release_does_not_know_is_refused_by_it_not_
     assert StoredRequest.from_json(raw.to_json()).engine_request("r", "m").raw_prompt
     newer = {**json.loads(raw.to_json()), "needs": ["raw_prompt", "a_later_feature"]}
     read = StoredRequest.from_json(json.dumps(newer))
-    with pytest.raises(EngineRejectedError, match="a_later_feature"):
+    with pytest.raises(errors.EngineUnavailable, match="a_later_feature"):
         read.engine_request("r", "m")

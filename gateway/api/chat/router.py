@@ -16,7 +16,7 @@ from gateway import errors
 from gateway.api.chat.models import ChatCompletion, ChatCompletionRequest, ModelCard, ModelList
 from gateway.api.chat.service import ChatService
 from gateway.store.session_hash import SessionRecord
-from gateway.web.event_stream import EVENT_STREAM_CONTENT, EventStream
+from gateway.web.event_stream import EVENT_STREAM_CONTENT, RESUME_ELSEWHERE, EventStream
 from gateway.web.resources import get_identity, get_resources
 from gateway.web.validation import IdempotencyKey
 
@@ -48,6 +48,10 @@ ANSWER_ERRORS = errors.error_responses(
     errors.EngineUnavailable, errors.IdempotencyKeyReused)
 #: nginx's "client closed request": the answer of a client that hung up, which no one reads.
 CLIENT_LEFT = 499
+#: A chat stream with no ids cut by a stopping replica: there is no id to resume after.
+WITHOUT_IDS_STOPPED = ("the answer goes on at another replica: read it whole at GET "
+                       "/v1/streaming_input/sessions/{id}/result, or its stream from the start at .../events "
+                       "(the id in X-Session-Id; X-Event-Ids: true gives a stream ids to resume after)")
 
 
 @router.post("/chat/completions", response_model=None, responses={200: _ANSWER, **ANSWER_ERRORS})
@@ -64,8 +68,9 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request, 
     if body.stream:
         frames = chat.stream(identity, session_id)
         with_ids = request.headers.get("x-event-ids", "").lower() in ("1", "true")
-        return EventStream(frames if with_ids else as_openai_sends(frames), ping_sec=resources.settings.sse_ping_sec, draining=resources.draining,
-                           headers=headers)
+        return EventStream(frames if with_ids else as_openai_sends(frames), ping_sec=resources.settings.sse_ping_sec,
+                           draining=resources.draining, headers=headers,
+                           when_stopped=RESUME_ELSEWHERE if with_ids else WITHOUT_IDS_STOPPED)
     answer = await completion_unless_client_leaves(request, chat, identity, session_id)
     if answer is None:
         return JSONResponse({}, status_code=CLIENT_LEFT)

@@ -272,6 +272,8 @@ class RealtimeConnection:
         if turn is not None and self.config.transcribing and turn.committed:  # cut off before it was saved so
             self._turn = None
             self._hearing[str(turn.audio_item_id)] = turn
+            with contextlib.suppress(errors.GatewayError):  # (its input may not have been ended yet)
+                await self._service.finish(self._identity, turn.session_id, None)
         if saved is not None or self._hearing:
             self._resume_at = resume_position(last_event_id) or START  # its reader starts after session.created
         self._saved = self._state()
@@ -901,18 +903,25 @@ class RealtimeConnection:
     async def _tell_heard_in_order(self) -> None:
         """The ends of the runs being heard out, in the order they were committed: a short
         utterance is heard sooner than a long one before it, and a transcript is read in order."""
-        async with self._telling:
-            while self._hearing:
-                key, run = next(iter(self._hearing.items()))
-                if run.outcome is None:
-                    return
-                if "error" in run.outcome:
-                    await self._emit(ev.event("conversation.item.input_audio_transcription.failed", item_id=key,
-                                              content_index=0, error=run.outcome["error"]))
-                else:
-                    await self._tell_transcript(run)
-                del self._hearing[key]  # after its event: one that could not be sent is told again
-            await self._save()
+        # Told with no frame's position: a run held back behind an earlier one is told by whichever
+        # reader frees it, so a position would depend on that, and a replay after a reconnect could
+        # mute an end the client never got. What the saved state still lists was not told.
+        origin = _FRAME.set(None)
+        try:
+            async with self._telling:
+                while self._hearing:
+                    key, run = next(iter(self._hearing.items()))
+                    if run.outcome is None:
+                        return
+                    if "error" in run.outcome:
+                        await self._emit(ev.event("conversation.item.input_audio_transcription.failed",
+                                                  item_id=key, content_index=0, error=run.outcome["error"]))
+                    else:
+                        await self._tell_transcript(run)
+                    del self._hearing[key]  # after its event: one that could not be sent is told again
+                    await self._save()
+        finally:
+            _FRAME.reset(origin)
 
     async def _drop_turn(self, *, cancel: bool = True) -> None:
         """End the open turn without an answer: stop reading it and cancel its session."""
