@@ -7,11 +7,12 @@ session, limits, queue and errors), and its ``chat.completion`` or chunk frames 
 back as a ``text_completion``. vLLM's quickstart, ``vllm bench serve`` and evaluation
 harnesses speak it.
 
-Served: one text prompt (a string, or a list of one), ``max_tokens`` (16 unless set, as
-OpenAI and vLLM), the sampling fields chat takes, ``echo``, ``stream`` with
-``stream_options``. Refused with a clear 400: several prompts or ``n``/``best_of`` above 1
-(one answer per request here), prompts of token ids, ``suffix`` (insertion), and
-``logprobs`` (no log probabilities are returned).
+Served: one text prompt (a string, or a list of one), ``max_tokens`` (16 unless set or null,
+as OpenAI and vLLM), the sampling fields chat takes with vLLM's ``min_tokens`` and
+``ignore_eos``, ``echo``, ``stream`` with ``stream_options``. Refused with an error that says
+why: several prompts, prompts of token ids and ``suffix`` (insertion) are 400s; ``n`` or
+``best_of`` above 1 (one answer per request here), ``logprobs`` (none are returned) and an
+empty prompt are 422s.
 """
 
 from __future__ import annotations

@@ -269,7 +269,8 @@ class RealtimeConnection:
             run = await self._restored_hearing(kept)
             self._hearing[str(run.audio_item_id)] = run
         turn = self._turn
-        if turn is not None and self.config.transcribing and turn.committed:  # cut off before it was saved so
+        if turn is not None and self.config.transcribing and turn.committed:
+            # Committed, but the connection broke before its state said it was being heard out.
             self._turn = None
             self._hearing[str(turn.audio_item_id)] = turn
             with contextlib.suppress(errors.GatewayError):  # (its input may not have been ended yet)
