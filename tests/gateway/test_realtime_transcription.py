@@ -16,6 +16,7 @@ import subprocess
 from collections.abc import AsyncIterator
 from typing import Any
 
+import numpy as np
 import pytest
 import websockets
 
@@ -212,22 +213,45 @@ def test_a_realtime_session_is_saved_as_the_release_before_saved_it() -> None:
     assert RealtimeConfig.restored(plain.saved(), can_transcribe=True) == plain
 
 
+def spoken(text: str) -> bytes:
+    """hibari saying ``text`` with nothing before or after: speech that ends where the pause begins."""
+    samples = np.frombuffer(speech(text), dtype="<i2")
+    loud = np.flatnonzero(np.abs(samples) > 100)
+    return samples[loud[0]:loud[-1] + 1].tobytes()
+
+
 async def test_utterances_sent_faster_than_they_play_are_cut_where_they_are(
         server: tuple[str, ScriptedEngine]) -> None:
-    """A recording sent in appends of seconds (faster than it plays): server VAD hears the end of
-    one utterance and the start of the next inside one append, and cuts there."""
+    """A recording sent in appends of seconds (faster than it plays), its pauses just over the
+    500 ms that end a turn: server VAD hears the end of one utterance and the start of the next
+    inside one append, often within 100 ms of each other, and cuts each where it was heard. Each
+    utterance is its own item, whole, with its own start and stop."""
     url, _ = server
-    said = ["Please set a timer for ten minutes.", "What is the capital of France?"]
-    pause = bytes(2 * SPEECH_RATE * 6 // 10)  # 600 ms: longer than the 500 ms that ends a turn
-    recording = speech(said[0]) + pause + speech(said[1]) + 2 * SILENCE
+    said = ["Please set a timer for ten minutes.", "What is the capital of France?", "Turn off the lights.",
+            "What time is it?"]
+    recording = bytearray(SILENCE)
+    for at, words in enumerate(said):
+        # Pauses of 580-640 ms: the next start is heard 60-130 ms after the stop.
+        recording += spoken(words) + bytes(2 * SPEECH_RATE * (580 + 20 * at) // 1000)
+    recording += 2 * SILENCE
     async with sdk(url).realtime.connect(model="gpt-4o-transcribe",
                                          extra_query={"intent": "transcription"}) as connection:
         await connection.session.update(session={"type": "transcription", "audio": {"input": {
             "turn_detection": {"type": "server_vad", "silence_duration_ms": 500}}}})
-        for piece in pieces(recording, SPEECH_RATE, 4000):
+        for piece in pieces(bytes(recording), SPEECH_RATE, 4000):
             await connection.input_audio_buffer.append(audio=base64.b64encode(piece).decode())
-        events = await until(connection, TRANSCRIBED)
-        events += await until(connection, TRANSCRIBED)
-    assert types(events).count("input_audio_buffer.speech_started") == 2
-    heard = [e["transcript"] for e in events if e["type"] == TRANSCRIBED]
-    assert [word_error_rate(words, text) for words, text in zip(said, heard, strict=True)] == [0, 0], heard
+        events: list[dict[str, Any]] = []
+        while sum(e["type"] == TRANSCRIBED for e in events) < len(said):
+            events += await until(connection, TRANSCRIBED)
+    started, stopped, committed, transcribed = ([e for e in events if e["type"] == kind] for kind in (
+        "input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped", "input_audio_buffer.committed",
+        TRANSCRIBED))
+    items = [e["item_id"] for e in committed]
+    assert len(set(items)) == len(said)
+    assert [e["item_id"] for e in started] == [e["item_id"] for e in stopped] == items == \
+        [e["item_id"] for e in transcribed]
+    starts, stops = [e["audio_start_ms"] for e in started], [e["audio_end_ms"] for e in stopped]
+    assert all(start < stop for start, stop in zip(starts, stops, strict=True)), (starts, stops)
+    assert all(stop < start for stop, start in zip(stops, starts[1:], strict=False)), (starts, stops)
+    heard = [e["transcript"] for e in transcribed]
+    assert [word_error_rate(words, text) for words, text in zip(said, heard, strict=True)] == [0] * len(said), heard

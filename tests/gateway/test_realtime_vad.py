@@ -49,3 +49,19 @@ def test_noise_music_and_breathing_do_not_open_a_turn() -> None:
     breaths = np.convolve(RNG.normal(0, 6000, t.size), np.ones(8) / 8, mode="same") * envelope
     for name, sound in {"hiss": hiss, "music": chords, "breathing": breaths}.items():
         assert changes(as_pcm(sound)) == [], name
+
+
+def test_a_piece_holding_several_changes_says_where_each_was_heard() -> None:
+    """Fed a whole recording at once, the detector finds what it finds fed 20 ms at a time, and
+    says where in the piece each change was decided (so the audio is cut there); a detector
+    started later in the buffer counts from the buffer's start."""
+    pause = bytes(2 * seconds(0.6))
+    recording = bytes(2 * seconds(1)) + speech("Turn off the lights.") + pause + speech("What time is it?") + pause
+    framed = changes(recording, silence_duration_ms=500)
+    whole = SpeechDetector(SPEECH_RATE, silence_duration_ms=500, origin_ms=7000).feed(recording)
+    assert [c.kind for c in whole] == [c.kind for c in framed] == ["speech_started", "speech_stopped"] * 2
+    assert [c.at_ms - 7000 for c in whole] == [c.at_ms for c in framed]
+    for change in whole:
+        heard_ms = change.cut * 1000 // (2 * SPEECH_RATE)
+        waited = 300 + 64 if change.kind == "speech_started" else 500  # the padding and two windows, or the silence
+        assert 0 <= heard_ms - (change.at_ms - 7000) - waited <= 32, (change, heard_ms)

@@ -99,9 +99,6 @@ logger = logging.getLogger(__name__)
 RATE = 24_000
 #: Appended audio is handled a second at a time (pcm16 bytes).
 AUDIO_PIECE_BYTES = RATE * 2
-#: Server VAD hears it 100 ms at a time: the end of one utterance and the start of the next in
-#: one append (a file sent faster than it plays) each happen where they are in the audio.
-VAD_STEP_BYTES = AUDIO_PIECE_BYTES // 10
 #: Base64 audio from this size on is decoded in a worker thread.
 OFF_LOOP_CHARS = 256 * 1024
 
@@ -221,8 +218,8 @@ class RealtimeConnection:
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[None]] = set()
         self._idle: asyncio.Task[None] | None = None
-        #: Audio received on this connection, and where the last answer ended (ms).
-        self._audio_in_ms = 0
+        #: Audio received on this connection (pcm16 bytes), and where the last answer ended (ms).
+        self._audio_in_bytes = 0
         self._answered_at_ms = 0
         #: The last frame event of the open turn that was sent (see resume.py).
         self._position: Position | None = None
@@ -460,7 +457,6 @@ class RealtimeConnection:
             pcm = self._half_sample + pcm
             whole = len(pcm) // 2 * 2
             pcm, self._half_sample = pcm[:whole], pcm[whole:]
-        self._audio_in_ms += len(pcm) // BYTES_PER_MS
         # A long stretch of audio in one event is taken a second at a time, as if the client
         # had sent it so: the event loop gets a turn between pieces (minutes of audio in one
         # event held it for over 0.1 s).
@@ -470,36 +466,46 @@ class RealtimeConnection:
             await self._audio_piece(pcm[start:start + AUDIO_PIECE_BYTES])
 
     async def _audio_piece(self, pcm: bytes) -> None:
+        heard_before_ms = self._audio_in_bytes // BYTES_PER_MS
+        self._audio_in_bytes += len(pcm)
         vad = self.config.server_vad
         if vad is None:
             self._disarm_idle()
             await self._append_audio(pcm)
             return
-        for start in range(0, len(pcm), VAD_STEP_BYTES):
-            await self._vad_step(pcm[start:start + VAD_STEP_BYTES], vad)
-
-    async def _vad_step(self, pcm: bytes, vad: ServerVad) -> None:
         if self._detector is None:
-            self._detector = SpeechDetector(RATE, vad.threshold, vad.silence_duration_ms, vad.prefix_padding_ms)
-        was_speaking = self._detector.speaking
-        changes = self._detector.feed(pcm)
-        if not was_speaking and not any(c.kind == "speech_started" for c in changes):
-            self._keep_padding(pcm, vad.prefix_padding_ms)
-            return
-        self._disarm_idle()
-        for change in changes:
+            self._detector = SpeechDetector(RATE, vad.threshold, vad.silence_duration_ms, vad.prefix_padding_ms,
+                                            origin_ms=heard_before_ms)
+        detector = self._detector
+        # Each change takes effect where it was heard, so a piece that holds the end of one utterance
+        # and the start of the next (a recording sent faster than it plays) puts each in its own item.
+        done = 0
+        for change in detector.feed(pcm):
+            await self._vad_audio(pcm[done:change.cut], detector, speaking=change.kind == "speech_stopped")
+            done = max(done, change.cut)
             if change.kind == "speech_started":
+                self._disarm_idle()
                 await self._speech_started(change.at_ms, vad.interrupt_response)
-        await self._append_audio(pcm)
-        for change in changes:
-            if change.kind == "speech_stopped":
-                await self._emit(ev.event("input_audio_buffer.speech_stopped", audio_end_ms=change.at_ms,
-                                          item_id=self._turn.audio_item_id if self._turn else ""))
-                committed = await self._commit()
-                if self.config.transcribing:
-                    await self._hear_out(committed)
-                elif vad.create_response:
-                    await self._respond(self._params({}))
+            else:
+                await self._speech_stopped(change.at_ms, vad)
+        await self._vad_audio(pcm[done:], detector, speaking=detector.speaking)
+
+    async def _vad_audio(self, pcm: bytes, detector: SpeechDetector, speaking: bool) -> None:
+        """Audio heard by server VAD: the open utterance's, or padding kept for the next one."""
+        if speaking:
+            self._disarm_idle()
+            await self._append_audio(pcm)
+        else:
+            self._keep_padding(pcm, detector.padding_ms)
+
+    async def _speech_stopped(self, at_ms: int, vad: ServerVad) -> None:
+        await self._emit(ev.event("input_audio_buffer.speech_stopped", audio_end_ms=at_ms,
+                                  item_id=self._turn.audio_item_id if self._turn else ""))
+        committed = await self._commit()
+        if self.config.transcribing:
+            await self._hear_out(committed)
+        elif vad.create_response:
+            await self._respond(self._params({}))
 
     async def _audio_commit(self, _: dict[str, Any]) -> None:
         self._half_sample = b""  # half a sample at the buffer's end: nothing to hear
@@ -963,7 +969,7 @@ class RealtimeConnection:
                 return
             self._idle = None
             await self._emit(ev.event("input_audio_buffer.timeout_triggered", audio_start_ms=self._answered_at_ms,
-                                      audio_end_ms=self._audio_in_ms, item_id=ev.new_id("item")))
+                                      audio_end_ms=self._audio_in_bytes // BYTES_PER_MS, item_id=ev.new_id("item")))
             vad = self.config.server_vad
             if vad is not None and vad.create_response:
                 try:
@@ -1082,7 +1088,7 @@ class RealtimeConnection:
         if run.in_conversation:
             if self._turn is run:
                 self._turn = None
-            self._answered_at_ms = self._audio_in_ms
+            self._answered_at_ms = self._audio_in_bytes // BYTES_PER_MS
             self._arm_idle()
         else:
             self._side.pop(run.answer.response_id, None)

@@ -40,8 +40,11 @@ START_WINDOWS = 2
 class VadChange:
     #: "speech_started" or "speech_stopped".
     kind: str
-    #: Milliseconds since the first audio of the connection's buffer.
+    #: Milliseconds since the buffer's first audio (the speech's start less the padding, or its end).
     at_ms: int
+    #: Where in the piece fed the change was decided (bytes): the audio before it is the old side's,
+    #: the audio after it the new side's, so a piece holding a stop and the next start is cut twice.
+    cut: int = 0
 
 
 @functools.cache
@@ -56,21 +59,36 @@ def _model() -> SileroVad | LoudnessVad:
 
 class SpeechDetector:
     def __init__(self, rate: int, threshold: float = 0.5, silence_duration_ms: int = 500,
-                 prefix_padding_ms: int = 300) -> None:
+                 prefix_padding_ms: int = 300, origin_ms: int = 0) -> None:
         self._rate = rate
+        #: Where the detector's first audio is in the connection's buffer (a session.update
+        #: starts a new detector): OpenAI's ``audio_start_ms`` counts from the buffer's start.
+        self._origin_ms = origin_ms
         self._threshold = threshold
         self._silence_windows = max(1, -(-silence_duration_ms // WINDOW_MS))
-        self.prefix_padding_ms = prefix_padding_ms
+        #: Audio kept before a start is decided: the padding asked for, before the speech found
+        #: (which began ``START_WINDOWS`` windows before the decision).
+        self.padding_ms = prefix_padding_ms + START_WINDOWS * WINDOW_MS
+        self._prefix_padding_ms = prefix_padding_ms
         self._resampler = StreamResampler(RATE)
         self._probability: SpeechProbability | LoudnessProbability = _model().stream()
         self._windows_seen = 0
+        self._samples_fed = 0
         self._loud_run = 0
         self._quiet_run = 0
         self.speaking = False
 
     def feed(self, pcm16: bytes) -> list[VadChange]:
-        """The starts and stops this audio makes (usually none)."""
+        """The starts and stops this audio makes (usually none), in order."""
         changes: list[VadChange] = []
+        fed_before, self._samples_fed = self._samples_fed, self._samples_fed + len(pcm16) // 2
+
+        def cut() -> int:
+            """The byte of this piece the windows heard so far end at (the resampler's few
+            samples of delay put it a little early; the piece's bounds hold it)."""
+            heard = self._windows_seen * WINDOW_MS * self._rate // 1000
+            return 2 * min(max(0, heard - fed_before), len(pcm16) // 2)
+
         for probability in self._probability.push(self._resampler.push(pcm16, self._rate)):
             self._windows_seen += 1
             if probability >= self._threshold:
@@ -82,8 +100,10 @@ class SpeechDetector:
             if not self.speaking and self._loud_run >= START_WINDOWS:
                 self.speaking = True
                 start = (self._windows_seen - START_WINDOWS) * WINDOW_MS
-                changes.append(VadChange("speech_started", max(0, start - self.prefix_padding_ms)))
+                changes.append(VadChange("speech_started",
+                                         self._origin_ms + max(0, start - self._prefix_padding_ms), cut()))
             elif self.speaking and self._quiet_run >= self._silence_windows:
                 self.speaking = False
-                changes.append(VadChange("speech_stopped", (self._windows_seen - self._quiet_run) * WINDOW_MS))
+                changes.append(VadChange("speech_stopped",
+                                         self._origin_ms + (self._windows_seen - self._quiet_run) * WINDOW_MS, cut()))
         return changes
