@@ -5,13 +5,15 @@ kill -9 mid-input, then the replica that took it over is killed
 mid-generation. The text a subscriber reads (reconnecting with
 Last-Event-ID) and the stored result must equal an undisturbed run at
 temperature 0: nothing lost, nothing repeated. The same holds when only a
-replica's engine core is killed (the replica hands over and exits 1). Then
+replica's engine core is killed (the replica hands over and exits 1), and
+for Realtime sockets (an answer, a transcription) reconnected elsewhere. Then
 SIGTERM on the last replica: /readyz fails at once and its running session
 still completes.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import signal
 import time
@@ -30,6 +32,7 @@ from gateway.store.keys import SCHEDULE, session_keys
 from tests.gateway.test_edge import nginx
 from tests.redis_server import redis_process
 from tests.replicas.gateways import Gateway, ready, stop_all, wait_until
+from tests.voice import SPEECH_RATE, pieces, speech, word_error_rate
 
 SESSIONS = "/v1/streaming_input/sessions"
 NAMES = ("replica-a", "replica-b", "replica-c")
@@ -303,6 +306,51 @@ def test_kill_9_of_the_replica_holding_a_realtime_socket_mid_answer(replicas: Re
     finally:
         if not b.alive():
             b.start()  # the next test needs three replicas (it waits for it)
+
+
+def test_kill_9_of_the_replica_holding_a_transcription_socket_loses_no_committed_utterance(
+        replicas: Replicas) -> None:
+    """A Realtime transcription session (the real Listener) whose replica is killed right after
+    an utterance was committed: the client reconnects through the edge with its session id and
+    last event, gets that utterance's transcript (told by the survivor, or replayed if the dead
+    replica had told it), and the session goes on."""
+    from websockets.sync.client import connect
+
+    _, _, c = (replicas.gateways[n] for n in NAMES)
+    said = ["What is the capital of France?", "Please set a timer for ten minutes.", "Turn off the lights."]
+    transcribed = "conversation.item.input_audio_transcription.completed"
+
+    def say(ws: Any, words: str) -> None:
+        for piece in pieces(speech(words) + bytes(SPEECH_RATE), SPEECH_RATE, 100):
+            ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(piece).decode()}))
+        ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+
+    try:
+        with connect(c.url.replace("http", "ws") + "/v1/realtime?intent=transcription") as ws:
+            session_id = json.loads(ws.recv(timeout=60))["session"]["id"]
+            ws.send(json.dumps({"type": "session.update", "session": {
+                "type": "transcription", "audio": {"input": {"turn_detection": None}}}}))
+            realtime_events(ws, "session.updated")
+            say(ws, said[0])
+            first = realtime_events(ws, transcribed)
+            say(ws, said[1])
+            committed = realtime_events(ws, "input_audio_buffer.committed")
+            c.kill9()  # the socket, and the hearing of the committed utterance, go with it
+        c.start()  # as its supervisor would (the next test waits for it)
+        with connect(f"{replicas.edge.replace('http', 'ws')}/v1/realtime?session_id={session_id}"
+                     f"&last_event_id={committed[-1]['event_id']}") as ws:
+            after = realtime_events(ws, transcribed)
+            say(ws, said[2])
+            last = realtime_events(ws, transcribed)
+    finally:
+        if not c.alive():
+            c.start()
+    assert after[0]["type"] == "session.created" and after[0]["session"]["id"] == session_id
+    assert after[0]["session"]["type"] == "transcription"
+    second = [e for e in after if e["type"] == transcribed]
+    assert [e["item_id"] for e in second] == [committed[-1]["item_id"]], "told once, for the committed item"
+    heard = [e["transcript"] for e in (first[-1], second[0], last[-1])]
+    assert [word_error_rate(words, text) for words, text in zip(said, heard, strict=True)] == [0, 0, 0], heard
 
 
 def test_kill_9_mid_input_then_mid_generation_loses_and_repeats_nothing(
