@@ -220,6 +220,7 @@ class HttpSession:
         self.cached_prompt_tokens = 0
         self._prompt_tokens = 0
         self._completion_tokens = 0
+        self._answer_started = False
 
     async def feed(self, chunks: Sequence[InputChunk]) -> None:
         for chunk in chunks:
@@ -349,8 +350,10 @@ class HttpSession:
                 if content:
                     rate = (choice.get("audio_metadata") or {}).get("sample_rate_hz")
                     self._events.emit(AudioDelta(base64.b64decode(content), rate or OPENAI_PCM16_RATE))
-            elif content:
-                self._events.emit(TextDelta(content))
+            elif content or not self._answer_started:
+                # The first chunk (vLLM's role chunk: no content) says the answer began.
+                self._events.emit(TextDelta(content or ""))
+            self._answer_started = True
             if (audio := delta.get("audio")) and audio.get("data"):
                 self._events.emit(AudioDelta(base64.b64decode(audio["data"]), OPENAI_PCM16_RATE,
                                     transcript=audio.get("transcript") or ""))

@@ -152,6 +152,8 @@ class InputChunk:
 
 @dataclass(frozen=True)
 class TextDelta:
+    #: Empty once at most, first: the answer's first token decoded to nothing yet (a special
+    #: token, text held back), and the answer began (its role frame goes out, as vLLM's does).
     text: str
 
 

@@ -591,6 +591,7 @@ class VllmSession:
         self._ready: list[int] = []
         self._fed = 0
         self._completion_tokens = 0
+        self._answer_started = False
         self._phase = Phase.FEEDING
         self._wake = asyncio.Event()
         self._driver: asyncio.Task[None] | None = None
@@ -764,6 +765,10 @@ class VllmSession:
 
     def _emit_text(self, text: str, token_ids: Sequence[int], done: bool) -> None:
         """The answer's text as it is, or through the tool-call parser: content and calls."""
+        if not self._answer_started:
+            self._answer_started = True
+            if not text:  # its first token said nothing yet (a special token, held back): it began anyway
+                self._events.emit(TextDelta(""))
         if self._tool_calls is None:
             if text:
                 self._events.emit(TextDelta(text))

@@ -454,6 +454,7 @@ class SessionRunner:
         again = progress.said_again(record)
         calls = progress.calls  # the completion lists each call whole, whoever made which part
         written = emitted = len(progress.frame_data)
+        began = bool(pieces)
 
         async def publish(out: list[tuple[str, str, bool]], completion: dict[str, Any] | None = None) -> bool:
             nonlocal written
@@ -487,10 +488,15 @@ class SessionRunner:
                         continue
                     event = new
                 if isinstance(event, TextDelta):
-                    if not pieces and timing.input_done_ms is not None:
+                    if not began and timing.input_done_ms is not None:
                         self._metrics.ttft.observe(max(0.0, time.time() - timing.input_done_ms / 1000))
-                    pieces.append(event.text)
-                    await emit(("", frames.content(event.text), False))
+                    began = True
+                    if event.text:
+                        pieces.append(event.text)
+                        await emit(("", frames.content(event.text), False))
+                    elif emitted == 0:  # the answer began with nothing to say yet: its role frame
+                        emitted += 1
+                        await batcher.add([("", frames.role(), False)])
                 elif isinstance(event, AudioDelta):
                     await emit(("", audio.frame(event), False))
                 elif isinstance(event, ToolCallDelta):

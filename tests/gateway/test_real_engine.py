@@ -12,6 +12,7 @@ and its prompt is exactly the one-shot chat-template tokenization.
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 from collections.abc import AsyncIterator
 
@@ -19,7 +20,7 @@ import httpx
 import pytest
 
 from omni_adapter.port import Engine
-from tests.gateway.client import BASE, app_client, content_of, make_settings, parse_sse
+from tests.gateway.client import BASE, app_client, content_of, live_app, make_settings, parse_sse
 
 pytestmark = pytest.mark.engine
 
@@ -153,3 +154,26 @@ async def test_cancel_mid_generation_aborts_the_engine(client: httpx.AsyncClient
     await asyncio.sleep(1.0)
     events_later = parse_sse((await client.get(f"{BASE}/{sid}/events")).text)
     assert len(events_later) == tokens_at_cancel, "frames kept coming after the cancel"
+
+
+async def test_an_answer_begins_with_its_first_token_even_one_that_says_nothing(
+        redis_url: str, real_engine: Engine) -> None:
+    """An answer whose tokens decode to nothing (here only ``<|im_start|>``, a special token,
+    which logit_bias forces) begins all the same: its role chunk comes with its first token, as
+    vLLM's does, while the rest is still being made. Before, it came with the end (a benchmark's
+    first token was the last)."""
+    asked = {"model": "SmolLM2-135M-Instruct", "messages": [{"role": "user", "content": "Hi"}], "stream": True,
+             "temperature": 0, "max_tokens": 64, "logit_bias": {"1": 100}}
+    async with live_app(make_settings(redis_url=redis_url), real_engine) as url, \
+            httpx.AsyncClient(base_url=url, timeout=60) as http, \
+            http.stream("POST", "/v1/chat/completions", json=asked) as response:
+        assert response.status_code == 200
+        lines = (line async for line in response.aiter_lines() if line.startswith("data: "))
+        first = json.loads((await anext(lines))[6:])
+        while_made = (await http.get(f"{BASE}/{first['id']}")).json()["state"]
+        rest = [line[6:] async for line in lines]
+    assert first["choices"][0]["delta"]["role"] == "assistant"
+    assert while_made == "generating", "the first chunk came with the end of the answer"
+    assert rest[-1] == "[DONE]"
+    last = json.loads(rest[-2])["choices"][0]
+    assert last["finish_reason"] == "length" and not last["delta"].get("content")
