@@ -33,9 +33,10 @@ import json
 import logging
 import time
 import weakref
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from itertools import repeat
 from typing import Any
 
 import httpx
@@ -53,6 +54,7 @@ from omni_adapter.port import (
     OutputEvent,
     SamplingOptions,
     TextDelta,
+    TokenLogprob,
     Usage,
 )
 from omni_adapter.session_events import SessionEvents, check_servable
@@ -157,6 +159,7 @@ class HttpEngine:
             model_names=tuple(dict.fromkeys([*model_names, *config.aliases])),
             structured_outputs=True,  # vLLM's server takes response_format
             raw_prompt=True,  # and serves /v1/completions
+            logprobs=True,
         )
 
     def open_session(self, request: EngineRequest) -> HttpSession:
@@ -350,15 +353,27 @@ class HttpSession:
                 if content:
                     rate = (choice.get("audio_metadata") or {}).get("sample_rate_hz")
                     self._events.emit(AudioDelta(base64.b64decode(content), rate or OPENAI_PCM16_RATE))
-            elif content or not self._answer_started:
+            elif content or not self._answer_started or choice.get("logprobs"):
                 # The first chunk (vLLM's role chunk: no content) says the answer began.
-                self._events.emit(TextDelta(content or ""))
+                self._events.emit(TextDelta(content or "", self._logprobs_of(choice.get("logprobs"))))
             self._answer_started = True
             if (audio := delta.get("audio")) and audio.get("data"):
                 self._events.emit(AudioDelta(base64.b64decode(audio["data"]), OPENAI_PCM16_RATE,
                                     transcript=audio.get("transcript") or ""))
             reason = choice.get("finish_reason") or reason
         return reason
+
+    def _logprobs_of(self, given: dict[str, Any] | None) -> tuple[TokenLogprob, ...]:
+        """A chunk's log probabilities (chat's ``content`` list, or the completions' columns)."""
+        top = self._request.sampling.logprobs
+        if not given or top is None:
+            return ()
+        if not self._request.raw_prompt:
+            return tuple(TokenLogprob(t["token"], t["logprob"], _likeliest(
+                ((o["token"], o["logprob"]) for o in t.get("top_logprobs") or ()), top)) for t in given["content"] or ())
+        return tuple(TokenLogprob(token, logprob, _likeliest((alternatives or {}).items(), top))
+                     for token, logprob, alternatives in zip(given["tokens"], given["token_logprobs"],
+                                                             given.get("top_logprobs") or repeat(None), strict=False))
 
     @property
     def _path(self) -> str:
@@ -393,6 +408,8 @@ class HttpSession:
                 body["modalities"] = ["text"]
             return body
         body.update(openai_sampling(request.sampling))
+        if (top := request.sampling.logprobs) is not None:
+            body.update({"logprobs": top} if request.raw_prompt else {"logprobs": True, "top_logprobs": top})
         body.update(stream=True, stream_options={"include_usage": True})
         if "audio" in request.output_modalities:
             body.update(modalities=list(request.output_modalities), audio={"format": "pcm16"})
@@ -456,6 +473,11 @@ class UserContent:
                 wav = base64.b64encode(wav_of(bytes(part[0]), part[1])).decode()
                 rendered.append({"type": "input_audio", "input_audio": {"data": wav, "format": "wav"}})
         return rendered
+
+
+def _likeliest(tokens: Iterable[tuple[str, float]], top: int) -> tuple[tuple[str, float], ...]:
+    """The ``top`` likeliest, likeliest first (vLLM lists the sampled token first)."""
+    return tuple(sorted(tokens, key=lambda token: token[1], reverse=True)[:top])
 
 
 def openai_sampling(options: SamplingOptions) -> dict[str, Any]:

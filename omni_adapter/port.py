@@ -37,6 +37,8 @@ class Capabilities:
     #: True when a session's input may be the whole prompt, as vLLM's ``/v1/completions`` takes it
     #: (``EngineRequest.raw_prompt``).
     raw_prompt: bool = False
+    #: True when the answer's tokens come with their log probabilities (``SamplingOptions.logprobs``).
+    logprobs: bool = False
 
 
 @dataclass(frozen=True)
@@ -61,11 +63,15 @@ class SamplingOptions:
     #: vLLM's: no end (EOS or stop) before this many tokens; the end of sequence ignored (benchmarks).
     min_tokens: int | None = None
     ignore_eos: bool | None = None
+    #: Each answer token's log probability, with this many of the likeliest beside it (0: the
+    #: token's own only); ``None``: none (OpenAI's ``logprobs`` / ``top_logprobs``).
+    logprobs: int | None = None
 
     @classmethod
     def known(cls, values: dict[str, Any]) -> SamplingOptions:
         """The options among ``values`` (a model's generation defaults), the rest left out."""
-        names = {f.name for f in fields(cls)} - {"stop", "logit_bias", "response_format", "min_tokens", "ignore_eos"}
+        names = {f.name for f in fields(cls)} - {"stop", "logit_bias", "response_format", "min_tokens", "ignore_eos",
+                                                 "logprobs"}
         return cls(**{k: v for k, v in values.items() if k in names and v is not None})
 
     def or_defaults(self, defaults: SamplingOptions) -> SamplingOptions:
@@ -151,10 +157,23 @@ class InputChunk:
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """An answer token (its text, as the tokenizer decodes it alone) and its log probability,
+    with the likeliest tokens at its place, likeliest first."""
+
+    token: str
+    logprob: float
+    top: tuple[tuple[str, float], ...] = ()
+
+
+@dataclass(frozen=True)
 class TextDelta:
     #: Empty once at most, first: the answer's first token decoded to nothing yet (a special
     #: token, text held back), and the answer began (its role frame goes out, as vLLM's does).
+    #: Empty also when only ``logprobs`` are new (tokens whose text is not out yet).
     text: str
+    #: The tokens this delta comes from, when the request asked for ``logprobs``.
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True)

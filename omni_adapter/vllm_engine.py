@@ -62,6 +62,7 @@ from omni_adapter.port import (
     OutputEvent,
     SamplingOptions,
     TextDelta,
+    TokenLogprob,
     Usage,
 )
 from omni_adapter.process_lifetime import engine_children_die_with_parent
@@ -78,6 +79,7 @@ from omni_adapter.vllm_compile_cache import let_the_aot_cache_load
 
 if TYPE_CHECKING:
     from vllm.engine.protocol import EngineClient, StreamingInput
+    from vllm.logprobs import Logprob
     from vllm.outputs import CompletionOutput, RequestOutput
     from vllm.sampling_params import SamplingParams, StructuredOutputsParams
 
@@ -411,6 +413,7 @@ class VllmEngine:
             tools=tool_parser_cls is not None,
             structured_outputs=True,
             raw_prompt=True,
+            logprobs=True,
         )
 
     @property
@@ -754,7 +757,9 @@ class VllmSession:
         done = stopped or completion.finish_reason is not None
         if done and not stopped:
             text += self._stops.flush()
-        self._emit_text(text, completion.token_ids, done)
+        logprobs = () if self._request.sampling.logprobs is None else \
+            token_logprobs(completion.token_ids, completion.logprobs, self._request.sampling.logprobs)
+        self._emit_text(text, completion.token_ids, done, logprobs)
         if stopped:
             self._finish(self._reason("stop"))
             # Ends the generate() loop with an "abort" output, ignored.
@@ -763,16 +768,17 @@ class VllmSession:
         reason: str | None = completion.finish_reason
         return reason
 
-    def _emit_text(self, text: str, token_ids: Sequence[int], done: bool) -> None:
-        """The answer's text as it is, or through the tool-call parser: content and calls."""
-        if not self._answer_started:
-            self._answer_started = True
-            if not text:  # its first token said nothing yet (a special token, held back): it began anyway
-                self._events.emit(TextDelta(""))
+    def _emit_text(self, text: str, token_ids: Sequence[int], done: bool,
+                   logprobs: tuple[TokenLogprob, ...] = ()) -> None:
+        """The answer's text as it is, or through the tool-call parser: content and calls. The
+        tokens' log probabilities go with the text they made (before a parser's events)."""
+        began, self._answer_started = self._answer_started, True
         if self._tool_calls is None:
-            if text:
-                self._events.emit(TextDelta(text))
+            if text or logprobs or not began:  # the first token began the answer, even saying nothing
+                self._events.emit(TextDelta(text, logprobs))
             return
+        if logprobs or not began:
+            self._events.emit(TextDelta("", logprobs))
         for event in self._tool_calls.parse(text, token_ids, finished=done):
             self._events.emit(event)
 
@@ -944,12 +950,33 @@ def sampling_params(options: SamplingOptions, *, max_tokens: int) -> SamplingPar
         "logit_bias": {int(token): bias for token, bias in options.logit_bias.items()} if options.logit_bias else None,
         "min_tokens": options.min_tokens,
         "ignore_eos": options.ignore_eos,
+        "logprobs": options.logprobs,
     }
     fields.update({k: v for k, v in optional.items() if v is not None})
     try:
         return SamplingParams(**fields, structured_outputs=structured_outputs(options.response_format))
     except Exception as exc:
         raise EngineRejectedError(f"invalid sampling options: {exc}") from exc
+
+
+def token_logprobs(token_ids: Sequence[int], positions: Sequence[Mapping[int, Logprob] | None] | None,
+                   top: int) -> tuple[TokenLogprob, ...]:
+    """vLLM's log probabilities of an output's new tokens, OpenAI's way: each token's own, and the
+    ``top`` likeliest at its place, likeliest first (vLLM lists the sampled token first)."""
+    tokens = []
+    for token_id, position in zip(token_ids, positions or (), strict=False):
+        if not position or token_id not in position:
+            continue
+        chosen = position[token_id]
+        likeliest = sorted(position.values(), key=lambda p: p.logprob, reverse=True)[:top]
+        tokens.append(TokenLogprob(chosen.decoded_token or "", _finite(chosen.logprob),
+                                   tuple((p.decoded_token or "", _finite(p.logprob)) for p in likeliest)))
+    return tuple(tokens)
+
+
+def _finite(logprob: float) -> float:
+    """As vLLM's server says it: a token the model rules out (-inf) is -9999.0 in JSON."""
+    return max(logprob, -9999.0)
 
 
 def check_schema(response_format: Mapping[str, Any] | None) -> None:

@@ -9,13 +9,13 @@ the stream as its own.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
-from omni_adapter.port import HeardInput, ToolCallDelta, Usage
+from omni_adapter.port import HeardInput, TokenLogprob, ToolCallDelta, Usage
 
 DONE = "[DONE]"
 
@@ -74,6 +74,22 @@ def unspoken_end(text: str, frame_data: list[str]) -> str:
     return text[at:]
 
 
+def openai_logprob(token: TokenLogprob) -> dict[str, Any]:
+    """OpenAI's entry of ``choices[].logprobs.content``: the token, its log probability and UTF-8
+    bytes, and the likeliest tokens at its place."""
+    return {"token": token.token, "logprob": token.logprob, "bytes": list(token.token.encode("utf-8", "replace")),
+            "top_logprobs": [{"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8", "replace"))}
+                             for text, logprob in token.top]}
+
+
+def logprobs_of(data: str) -> list[dict[str, Any]]:
+    """The log probability entries of a published frame (none in most)."""
+    if '"logprobs"' not in data:
+        return []
+    return [entry for choice in orjson.loads(data).get("choices") or ()
+            for entry in (choice.get("logprobs") or {}).get("content") or ()]
+
+
 def usage_dict(usage: Usage) -> dict[str, int]:
     return {
         "prompt_tokens": usage.prompt_tokens,
@@ -95,8 +111,12 @@ class FrameBuilder:
     def role(self) -> str:
         return self._chunk([{"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}])
 
-    def content(self, text: str) -> str:
-        return self._chunk([{"index": 0, "delta": {"content": text}, "finish_reason": None}])
+    def content(self, text: str, logprobs: Sequence[TokenLogprob] = ()) -> str:
+        """A content delta; with the log probabilities of its tokens when the request asked for them."""
+        choice: dict[str, Any] = {"index": 0, "delta": {"content": text}, "finish_reason": None}
+        if logprobs:
+            choice["logprobs"] = {"content": [openai_logprob(t) for t in logprobs]}
+        return self._chunk([choice])
 
     def audio(self, audio: dict[str, Any]) -> str:
         """An OpenAI audio delta: ``{"id", "data" (base64 pcm16), "transcript", "expires_at"}``."""
@@ -132,7 +152,9 @@ class FrameBuilder:
         return self._chunk([], usage=usage_dict(usage))
 
     def completion(self, text: str, finish_reason: str, usage: Usage,
-                   tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+                   tool_calls: list[dict[str, Any]] | None = None,
+                   logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """The whole answer; ``logprobs``: its tokens' (OpenAI's entries), when the request asked."""
         message: dict[str, Any] = {"role": "assistant", "content": text}
         if tool_calls:
             message.update(content=text or None, tool_calls=tool_calls)
@@ -144,6 +166,7 @@ class FrameBuilder:
             "choices": [{
                 "index": 0,
                 "message": message,
+                "logprobs": None if logprobs is None else {"content": logprobs, "refusal": None},
                 "finish_reason": finish_reason,
             }],
             "usage": usage_dict(usage),

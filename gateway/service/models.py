@@ -9,6 +9,7 @@ from pydantic import (
     ConfigDict,
     Field,
     SerializerFunctionWrapHandler,
+    ValidationInfo,
     field_validator,
     model_serializer,
     model_validator,
@@ -261,6 +262,10 @@ class GenerationOptions(StrictModel):
     min_tokens: int | None = Field(None, ge=0, description="vLLM's: the answer does not end before this many tokens")
     ignore_eos: bool | None = Field(None, strict=True, description="vLLM's: the answer runs to max_tokens "
                                                                    "(benchmarks)")
+    logprobs: bool | None = Field(None, strict=True, description="each answer token's log probability, in "
+                                                                 "choices[].logprobs.content")
+    top_logprobs: int | None = Field(None, ge=0, le=20, description="with logprobs: this many of the likeliest "
+                                                                     "tokens at each place too")
     stream_options: StreamOptions | None = None
     metadata: dict[str, str] | None = None
     tools: list[Tool] | None = Field(None, min_length=1)
@@ -294,6 +299,18 @@ class GenerationOptions(StrictModel):
             raise ValueError("response_format json_object or json_schema cannot go with tool_choice required "
                              "or a named function: the answer is a function call")
         return self
+
+    @property
+    def logprobs_asked(self) -> int | None:
+        """``SamplingOptions.logprobs``: how many of the likeliest tokens with each, or ``None``."""
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_of_logprobs(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value and not info.data.get("logprobs"):
+            raise ValueError("top_logprobs needs logprobs: true")
+        return value
 
     @field_validator("logit_bias")
     @classmethod

@@ -194,6 +194,8 @@ class SessionService:
                                              param="speak_input")
         if body.raw_prompt and not self._capabilities.raw_prompt:
             raise errors.ValidationFailed("the engine takes chat messages only, not a raw prompt", param="raw_prompt")
+        if body.logprobs and not self._capabilities.logprobs:
+            raise errors.ValidationFailed("the engine does not return log probabilities", param="logprobs")
         if not body.modalities and not self._capabilities.transcription:
             raise errors.UnsupportedModality("the engine cannot hear without answering: modalities [] (only the "
                                              "transcript) needs a Listener stage", param="modalities")
@@ -373,7 +375,8 @@ class SessionService:
             seed=body.seed if body.seed is not None or not _made_again(body) else secrets.randbelow(2**31),
             presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
             repetition_penalty=body.repetition_penalty, min_p=body.min_p, logit_bias=body.logit_bias,
-            response_format=body.format_constraint(), min_tokens=body.min_tokens, ignore_eos=body.ignore_eos)
+            response_format=body.format_constraint(), min_tokens=body.min_tokens, ignore_eos=body.ignore_eos,
+            logprobs=body.logprobs_asked)
         request = StoredRequest(
             messages=tuple(m.as_history() for m in body.messages),
             modalities=tuple(body.modalities), sampling=sampling,

@@ -43,7 +43,7 @@ The session's other keys (``keys.SessionKeys``): its chunks, their digests
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
 from gateway import errors
@@ -52,7 +52,8 @@ from gateway.domain.states import SessionState
 from omni_adapter.port import EngineRequest, SamplingOptions
 
 #: Sampling fields newer than the stored form's first release (see ``StoredRequest.to_json``).
-_ADDED_SAMPLING = ("min_p", "logit_bias", "response_format", "min_tokens", "ignore_eos")
+_ADDED_SAMPLING = ("min_p", "logit_bias", "response_format", "min_tokens", "ignore_eos", "logprobs")
+_SAMPLING_FIELDS = frozenset(f.name for f in fields(SamplingOptions))
 
 
 #: What a session may need that a release without it would silently ignore (answering the
@@ -60,7 +61,7 @@ _ADDED_SAMPLING = ("min_p", "logit_bias", "response_format", "min_tokens", "igno
 #: A stored request lists those it needs; a release refuses to run one that needs what it does
 #: not know, so a rolling deploy (or a rollback) fails such a session loudly, never answers
 #: it wrongly. A later release that adds such a feature adds its name here.
-KNOWN_NEEDS = frozenset({"hearing", "speak_input", "chat_template_kwargs", "raw_prompt"})
+KNOWN_NEEDS = frozenset({"hearing", "speak_input", "chat_template_kwargs", "raw_prompt", "logprobs"})
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,8 @@ class StoredRequest:
     def needs(self) -> tuple[str, ...]:
         """The features of ``KNOWN_NEEDS`` this request uses."""
         used = {"hearing": not self.modalities, "speak_input": self.speak_input,
-                "chat_template_kwargs": bool(self.chat_template_kwargs), "raw_prompt": self.raw_prompt}
+                "chat_template_kwargs": bool(self.chat_template_kwargs), "raw_prompt": self.raw_prompt,
+                "logprobs": self.sampling.logprobs is not None}
         return tuple(name for name, on in used.items() if on)
 
     def to_json(self) -> str:
@@ -115,7 +117,8 @@ class StoredRequest:
     @classmethod
     def from_json(cls, text: str) -> StoredRequest:
         stored = json.loads(text)
-        sampling = stored["sampling"]
+        # A newer release's sampling fields are left out: its ``needs`` say whether this one may run it.
+        sampling = {k: v for k, v in stored["sampling"].items() if k in _SAMPLING_FIELDS}
         return cls(messages=tuple(stored["messages"]), modalities=tuple(stored["modalities"]),
                    sampling=SamplingOptions(**{**sampling, "stop": tuple(sampling["stop"])}),
                    include_usage=stored.get("include_usage", False), metadata=stored.get("metadata") or {},

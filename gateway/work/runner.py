@@ -53,6 +53,8 @@ from gateway.output.frames import (
     ToolCalls,
     content_of,
     heard_of,
+    logprobs_of,
+    openai_logprob,
     tool_call_deltas_of,
     unspoken_end,
 )
@@ -455,6 +457,9 @@ class SessionRunner:
         calls = progress.calls  # the completion lists each call whole, whoever made which part
         written = emitted = len(progress.frame_data)
         began = bool(pieces)
+        # The answer's token log probabilities, when asked for: those published before, then these.
+        logprobs = None if record.request.sampling.logprobs is None else \
+            [entry for data in progress.frame_data for entry in logprobs_of(data)]
 
         async def publish(out: list[tuple[str, str, bool]], completion: dict[str, Any] | None = None) -> bool:
             nonlocal written
@@ -491,9 +496,11 @@ class SessionRunner:
                     if not began and timing.input_done_ms is not None:
                         self._metrics.ttft.observe(max(0.0, time.time() - timing.input_done_ms / 1000))
                     began = True
-                    if event.text:
+                    if logprobs is not None:
+                        logprobs += map(openai_logprob, event.logprobs)
+                    if event.text or event.logprobs:
                         pieces.append(event.text)
-                        await emit(("", frames.content(event.text), False))
+                        await emit(("", frames.content(event.text, event.logprobs), False))
                     elif emitted == 0:  # the answer began with nothing to say yet: its role frame
                         emitted += 1
                         await batcher.add([("", frames.role(), False)])
@@ -518,7 +525,7 @@ class SessionRunner:
                         out.append(("", frames.usage(event.usage), False))
                     out.append(("", DONE, True))
                     completion = audio.complete(frames.completion("".join(pieces), event.finish_reason, event.usage,
-                                                                  calls.listed()))
+                                                                  calls.listed(), logprobs))
                     if await publish(out, completion):
                         self._metrics.transition(SessionState.GENERATING, SessionState.COMPLETED)
                     return

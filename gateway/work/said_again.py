@@ -54,7 +54,8 @@ class SaidAgain:
             if not self.text.startswith(said):
                 return None
             self.text = self.text[len(said):]
-            return TextDelta(event.text[len(said):])
+            new = event.text[len(said):]
+            return TextDelta(new, event.logprobs if new else ())  # the tokens of what was said went out before
         if isinstance(event, ToolCallDelta):
             name, left = self.calls[event.index]
             said = event.arguments[:len(left)]

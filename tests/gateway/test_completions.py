@@ -3,12 +3,13 @@
 The official ``openai`` SDK as the client and real Redis; the scripted engine for the
 shapes and the refusals, and the real engines (in-process vLLM, and the ``openai-http``
 adapter over a ``vllm serve`` sidecar) against that sidecar's own ``/v1/completions``:
-the same prompt at temperature 0 gets the same words.
+the same prompt at temperature 0 gets the same words (and log probabilities, in chat too).
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 import openai
@@ -72,7 +73,8 @@ async def test_what_is_not_served_is_said(scripted: tuple[httpx.AsyncClient, Scr
         ({"prompt": [1, 2, 3]}, 400, "prompt"),
         ({"prompt": "a", "suffix": "b"}, 400, "suffix"),
         ({"prompt": ""}, 422, "prompt"),
-        ({"prompt": "a", "logprobs": 2}, 422, "logprobs"),
+        ({"prompt": "a", "logprobs": 2}, 422, "logprobs"),  # the scripted engine returns none
+        ({"prompt": "a", "logprobs": 2, "echo": True}, 400, "logprobs"),  # the prompt's
         ({"prompt": "a", "n": 2}, 422, "n"),
         ({"prompt": "a", "logit_bias": {"x": 1}}, 422, "logit_bias"),
         ({"prompt": "a", "stream_options": {"include_usage": True}}, 400, "stream_options"),
@@ -120,6 +122,50 @@ async def test_the_real_engines_complete_as_vllm_does(redis_url: str, real_engin
         with pytest.raises(openai.BadRequestError) as too_long:
             await oai.completions.create(model=model, prompt="word " * 5000, max_tokens=4)
         assert too_long.value.code == "context_length_exceeded" and too_long.value.param == "prompt"
+
+
+@pytest.mark.engine
+async def test_the_real_engines_return_the_answer_s_log_probabilities_as_vllm_does(
+        redis_url: str, real_engine: Engine, vllm_sidecar: VllmSidecar) -> None:
+    """``logprobs`` / ``top_logprobs`` in chat (whole and streamed) and ``logprobs`` in completions, at
+    temperature 0: the tokens are the answer's and vLLM's own, their log probabilities vLLM's (to
+    numerical noise), and each token is the likeliest of those listed beside it."""
+    vllm_sidecar.ensure_running()
+    vllm = openai.AsyncOpenAI(base_url=f"{vllm_sidecar.url}/v1", api_key="unused", max_retries=0)
+    served = (await vllm.models.list()).data[0].id
+    asked: dict[str, Any] = {"messages": [{"role": "user", "content": "What is the capital of France?"}],
+                             "max_tokens": 8, "temperature": 0, "logprobs": True, "top_logprobs": 3}
+    async with app_client(make_settings(redis_url=redis_url), real_engine) as client:
+        oai = openai_client(client)
+        model = real_engine.capabilities.model_names[0]
+        ours = (await oai.chat.completions.create(model=model, **asked)).choices[0]
+        theirs = (await vllm.chat.completions.create(model=served, **asked)).choices[0]
+        stream = await oai.chat.completions.create(model=model, stream=True, **asked)
+        streamed = [entry async for chunk in stream for choice in chunk.choices
+                    for entry in (choice.logprobs.content or [] if choice.logprobs else [])]
+        completed = (await oai.completions.create(model=model, prompt="San Francisco is a", max_tokens=6,
+                                                  temperature=0, logprobs=2)).choices[0]
+        reference = (await vllm.completions.create(model=served, prompt="San Francisco is a", max_tokens=6,
+                                                   temperature=0, logprobs=2)).choices[0]
+        unscored = (await oai.chat.completions.create(model=model, **{**asked, "logprobs": False,
+                                                                      "top_logprobs": None})).choices[0]
+    assert ours.logprobs is not None and ours.logprobs.content and theirs.logprobs and theirs.logprobs.content
+    tokens = ours.logprobs.content
+    # vLLM lists the end of sequence too (``<|im_end|>``) when the answer ends with it.
+    assert "".join(t.token for t in tokens).removesuffix("<|im_end|>") == ours.message.content
+    assert [t.token for t in tokens] == [t.token for t in theirs.logprobs.content]
+    assert [t.logprob for t in tokens] == pytest.approx([t.logprob for t in theirs.logprobs.content], abs=0.05)
+    for token in tokens:
+        assert len(token.top_logprobs) == 3 and token.top_logprobs[0].token == token.token
+        assert token.logprob <= 0 and token.bytes == list(token.token.encode())
+        assert [t.logprob for t in token.top_logprobs] == sorted((t.logprob for t in token.top_logprobs), reverse=True)
+    assert [(t.token, t.logprob) for t in streamed] == [(t.token, t.logprob) for t in tokens]
+    assert unscored.logprobs is None
+    assert completed.logprobs is not None and reference.logprobs is not None
+    assert completed.logprobs.tokens == reference.logprobs.tokens and "".join(completed.logprobs.tokens) == completed.text
+    assert completed.logprobs.text_offset == reference.logprobs.text_offset
+    assert completed.logprobs.token_logprobs == pytest.approx(reference.logprobs.token_logprobs, abs=0.05)
+    assert completed.logprobs.top_logprobs and all(len(top) == 2 for top in completed.logprobs.top_logprobs)
 
 
 async def test_the_sessions_api_streams_a_raw_prompt(scripted: tuple[httpx.AsyncClient, ScriptedEngine]) -> None:

@@ -387,6 +387,10 @@ def test_a_session_that_needs_what_a_release_does_not_know_is_refused_by_it_not_
     assert "needs" not in json.loads(replace(raw, raw_prompt=False).to_json())
     assert StoredRequest.from_json(raw.to_json()).engine_request("r", "m").raw_prompt
     newer = {**json.loads(raw.to_json()), "needs": ["raw_prompt", "a_later_feature"]}
+    newer["sampling"]["a_later_option"] = 3  # read all the same: the needs decide
     read = StoredRequest.from_json(json.dumps(newer))
     with pytest.raises(errors.EngineUnavailable, match="a_later_feature"):
         read.engine_request("r", "m")
+    scored = replace(raw, raw_prompt=False, sampling=SamplingOptions(logprobs=2))
+    assert json.loads(scored.to_json())["needs"] == ["logprobs"]
+    assert StoredRequest.from_json(scored.to_json()) == scored

@@ -59,7 +59,7 @@ async def test_a_named_function_is_called_with_valid_arguments_even_by_the_small
                           tool_choice={"type": "function", "function": {"name": "get_weather"}})
     [(name, arguments)] = calls(events)
     assert name == "get_weather" and isinstance(arguments.get("city"), str)
-    assert not any(isinstance(e, TextDelta) for e in events)
+    assert not any(isinstance(e, TextDelta) and e.text for e in events), "no content beside the call"
     first = next(e for e in events if isinstance(e, ToolCallDelta))
     assert first.id and first.name == "get_weather", "the first delta names the call"
     assert isinstance(events[-1], Finished) and events[-1].finish_reason == "stop", "OpenAI's reason for a named call"

@@ -11,8 +11,8 @@ Served: one text prompt (a string, or a list of one), ``max_tokens`` (16 unless 
 as OpenAI and vLLM), the sampling fields chat takes with vLLM's ``min_tokens`` and
 ``ignore_eos``, ``echo``, ``stream`` with ``stream_options``. Refused with an error that says
 why: several prompts, prompts of token ids and ``suffix`` (insertion) are 400s; ``n`` or
-``best_of`` above 1 (one answer per request here), ``logprobs`` (none are returned) and an
-empty prompt are 422s.
+``best_of`` above 1 (one answer per request here) and an empty prompt are 422s. ``logprobs``
+(the answer's tokens, as vLLM returns them) is served; with ``echo`` (the prompt's too) it is a 400.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from pydantic import BaseModel, Field, ValidationError, field_validator
 from sse_starlette import ServerSentEvent
 
 from gateway import errors
-from gateway.api.chat.models import CompletionUsage, OpenAIBookkeeping, no_logprobs
+from gateway.api.chat.models import CompletionUsage, OpenAIBookkeeping
 from gateway.api.chat.router import (
     ANSWER_ERRORS,
     CLIENT_LEFT,
@@ -82,21 +82,27 @@ class CompletionRequest(OpenAIBookkeeping):
     min_tokens: int | None = None
     ignore_eos: bool | None = None
 
-    @field_validator("logprobs")
-    @classmethod
-    def _no_logprobs(cls, value: int | None) -> int | None:
-        return no_logprobs(value)
-
     @field_validator("max_tokens")
     @classmethod
     def _default_when_null(cls, value: int | None) -> int:
         return RAW_PROMPT_MAX_TOKENS if value is None else value  # as vLLM takes an explicit null
 
 
+class TextLogprobs(BaseModel):
+    """The legacy completions' log probabilities: a column per field, a row per token."""
+
+    tokens: list[str]
+    token_logprobs: list[float]
+    #: Each token's likeliest alternatives (and itself): token -> log probability.
+    top_logprobs: list[dict[str, float]]
+    #: Where each token starts in the choice's text (after the echoed prompt).
+    text_offset: list[int]
+
+
 class TextCompletionChoice(BaseModel):
     index: int
     text: str
-    logprobs: None = None
+    logprobs: TextLogprobs | None = None
     finish_reason: Literal["stop", "length", "abort"] | None
 
 
@@ -134,7 +140,8 @@ async def create_completion(body: CompletionRequest, request: Request, identity:
     headers = {"X-Session-Id": session_id}
     echoed = prompt if body.echo else ""
     if body.stream:
-        return EventStream(_chunks(chat.stream(identity, session_id), session_id, model, echoed),
+        return EventStream(_chunks(chat.stream(identity, session_id), session_id, model, echoed,
+                                   _Logprobs(0) if body.logprobs is not None else None),
                            ping_sec=resources.settings.sse_ping_sec, draining=resources.draining, headers=headers,
                            when_stopped=WHEN_STOPPED)
     with named_as("prompt"):
@@ -143,13 +150,17 @@ async def create_completion(body: CompletionRequest, request: Request, identity:
         return JSONResponse({}, status_code=CLIENT_LEFT)
     choice = answer["choices"][0]
     text = echoed + (choice["message"].get("content") or "")
+    logprobs = _Logprobs(len(echoed)).of(choice["logprobs"]) if body.logprobs is not None else None
     return JSONResponse({**_shell(session_id, answer["created"], model), "usage": answer["usage"],
-                         "choices": [_choice(text, choice["finish_reason"])]}, headers=headers)
+                         "choices": [_choice(text, choice["finish_reason"], logprobs)]}, headers=headers)
 
 
 def _prompt(body: CompletionRequest) -> str:
     if body.suffix:
         raise errors.InvalidRequest("suffix (text inserted after the completion) is not served here", param="suffix")
+    if body.echo and body.logprobs is not None:
+        raise errors.InvalidRequest("the prompt's log probabilities (echo with logprobs) are not served here: the "
+                                    "answer's are, without echo", param="logprobs")
     prompt: Any = body.prompt
     if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
         if len(prompt) > 1:
@@ -166,8 +177,9 @@ def _session(body: CompletionRequest) -> CreateSessionRequest:
     if body.stream_options is not None and not body.stream:
         raise errors.InvalidRequest("stream_options is only allowed with stream: true", param="stream_options")
     try:
+        asked = {"logprobs": True, "top_logprobs": body.logprobs} if body.logprobs is not None else {}
         return CreateSessionRequest.model_validate(
-            {**body.model_dump(include=_SAMPLING, exclude_none=True, by_alias=True), "raw_prompt": True,
+            {**body.model_dump(include=_SAMPLING, exclude_none=True, by_alias=True), **asked, "raw_prompt": True,
              "start_policy": StartPolicy.ON_END_ONLY})
     except ValidationError as exc:  # a rule of the session's (stop words, logit_bias keys, the schema)
         first = exc.errors()[0]
@@ -179,14 +191,34 @@ def _shell(session_id: str, created: int, model: str) -> dict[str, Any]:
     return {"id": session_id, "object": "text_completion", "created": created, "model": model}
 
 
-def _choice(text: str, finish_reason: str | None) -> dict[str, Any]:
-    return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+def _choice(text: str, finish_reason: str | None, logprobs: dict[str, list[Any]] | None = None) -> dict[str, Any]:
+    return {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+
+
+class _Logprobs:
+    """Chat's log probability entries as the legacy completions' columns, each token's
+    ``text_offset`` counted on from the tokens before it."""
+
+    def __init__(self, offset: int) -> None:
+        self._offset = offset
+
+    def of(self, chat: dict[str, Any] | None) -> dict[str, list[Any]]:
+        columns: dict[str, list[Any]] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        for entry in (chat or {}).get("content") or ():
+            columns["tokens"].append(entry["token"])
+            columns["token_logprobs"].append(entry["logprob"])
+            # vLLM's: the token itself, then the likeliest (one entry when it is among them).
+            columns["top_logprobs"].append({entry["token"]: entry["logprob"],
+                                            **{t["token"]: t["logprob"] for t in entry["top_logprobs"]}})
+            columns["text_offset"].append(self._offset)
+            self._offset += len(entry["token"])
+        return columns
 
 
 async def _chunks(frames: AsyncGenerator[ServerSentEvent, None], session_id: str, model: str,
-                  echoed: str) -> AsyncIterator[ServerSentEvent]:
+                  echoed: str, logprobs: _Logprobs | None) -> AsyncIterator[ServerSentEvent]:
     """The session's ``chat.completion.chunk`` frames as ``text_completion`` chunks; an error frame
-    (the session failed) as it is, as a chat stream sends it."""
+    (the session failed) as it is, as a chat stream sends it. ``logprobs``: asked for (no echo)."""
     async for frame in frames:
         if frame.event == "error":
             yield frame
@@ -201,10 +233,12 @@ async def _chunks(frames: AsyncGenerator[ServerSentEvent, None], session_id: str
         if echoed:
             yield FrameEvent(data=orjson.dumps({**shell, "choices": [_choice(echoed, None)]}).decode())
             echoed = ""
-        choices = [_choice((c.get("delta") or {}).get("content") or "", c.get("finish_reason"))
+        choices = [_choice((c.get("delta") or {}).get("content") or "", c.get("finish_reason"),
+                           logprobs.of(c["logprobs"]) if logprobs is not None and c.get("logprobs") else None)
                    for c in chunk.get("choices") or ()]
-        if any(c["text"] or c["finish_reason"] for c in choices) or chunk.get("usage"):
-            out = {**shell, "choices": [c for c in choices if c["text"] or c["finish_reason"]]}
+        told = [c for c in choices if c["text"] or c["finish_reason"] or c["logprobs"]]
+        if told or chunk.get("usage"):
+            out = {**shell, "choices": told}
             if chunk.get("usage"):
                 out["usage"] = chunk["usage"]
             yield FrameEvent(data=orjson.dumps(out).decode())

@@ -58,19 +58,6 @@ class OpenAIBookkeeping(StrictModel):
     service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
     prompt_cache_key: str | None = None
     prompt_cache_retention: str | None = None
-    #: Log probabilities are not returned: 0 (or none) only.
-    top_logprobs: int | None = Field(None, ge=0, le=20)
-
-    @field_validator("top_logprobs")
-    @classmethod
-    def _no_logprobs(cls, value: int | None) -> int | None:
-        return no_logprobs(value)
-
-
-def no_logprobs(value: bool | int | None) -> bool | int | None:
-    if value:  # true, or a count above 0
-        raise ValueError("log probabilities are not returned by this server; send false (0) or leave it out")
-    return value
 
 
 class ChatCompletionRequest(GenerationOptions, OpenAIBookkeeping):
@@ -89,12 +76,6 @@ class ChatCompletionRequest(GenerationOptions, OpenAIBookkeeping):
     prediction: dict[str, Any] | None = None
     #: Refused with a clear error: there is no web search here (no hosted tools).
     web_search_options: dict[str, Any] | None = None
-    logprobs: bool | None = Field(None, strict=True)
-
-    @field_validator("logprobs")
-    @classmethod
-    def _no_logprobs_either(cls, value: bool | None) -> bool | None:
-        return no_logprobs(value)  # type: ignore[return-value]
 
     @field_validator("web_search_options")
     @classmethod

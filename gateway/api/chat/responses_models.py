@@ -189,6 +189,16 @@ class ResponsesRequest(OpenAIBookkeeping):
     repetition_penalty: float | None = None
     min_p: float | None = None
     logit_bias: dict[str, float] | None = None
+    #: Log probabilities are returned by chat completions and completions, not here yet: 0 (or none) only.
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _no_logprobs(cls, value: int | None) -> int | None:
+        if value:
+            raise ValueError("log probabilities are not returned by the Responses API here (chat completions "
+                             "return them); send 0 or leave it out")
+        return value
 
     @field_validator("input", mode="before")
     @classmethod
