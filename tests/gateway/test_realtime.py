@@ -28,7 +28,7 @@ from pydantic import TypeAdapter
 from omni_adapter.listener import with_listener
 from omni_adapter.scripted import Script, ScriptedEngine, text_capabilities
 from tests.gateway.client import live_app, make_settings
-from tests.voice import SPEECH_RATE, pieces, speech
+from tests.voice import SPEECH_RATE, pieces, speech, word_error_rate
 
 SERVER_EVENT: TypeAdapter[Any] = TypeAdapter(RealtimeServerEvent)
 TEXT_ONLY = {"type": "realtime", "output_modalities": ["text"], "audio": {"input": {"turn_detection": None}}}
@@ -272,6 +272,39 @@ async def test_server_vad_answers_without_a_commit_and_speech_cancels_an_answer(
         events = await until(connection, "response.done")
         assert events[-1]["response"]["status"] == "cancelled"
         assert events[-1]["response"]["status_details"]["reason"] == "turn_detected"
+
+
+async def test_a_turn_cut_off_before_it_was_heard_keeps_its_words(redis_url: str) -> None:
+    """Two spoken turns sent faster than they play (appends of 4 s): server VAD commits the first,
+    and the second's speech cancels its answer (barge-in) before its audio was even heard. As at
+    OpenAI, the first item still gets its transcript, and the second turn's history has its words."""
+    engine = ScriptedEngine()
+    said = ["My name is Bob.", "What is my name?"]
+    second = bytes(2 * SPEECH_RATE)  # a second of silence
+    recording = second + speech(said[0]) + second + speech(said[1]) + second
+    async with live_app(make_settings(redis_url=redis_url), with_listener(engine)) as url, \
+            sdk(url).realtime.connect(model="scripted") as connection:
+        await connection.session.update(session={"type": "realtime", "output_modalities": ["text"], "audio": {
+            "input": {"transcription": {"model": "whisper-1"}}}})
+        for piece in pieces(recording, SPEECH_RATE, 4000):
+            await connection.input_audio_buffer.append(audio=base64.b64encode(piece).decode())
+        events: list[dict[str, Any]] = []
+        while types(events).count("response.done") < 2:
+            events += await until(connection, "response.done")
+        transcribed = "conversation.item.input_audio_transcription.completed"
+        while types(events).count(transcribed) < 2:
+            events += await until(connection, transcribed)
+    first, last = (e["response"] for e in events if e["type"] == "response.done")
+    assert first["status"] == "cancelled" and first["status_details"]["reason"] == "turn_detected"
+    assert last["status"] == "completed"
+    order = types(events)
+    assert order.index("input_audio_buffer.speech_started", order.index("input_audio_buffer.committed")) \
+        < order.index("response.done"), "the user's speech is told before the answer it cancels"
+    items = [e["item_id"] for e in events if e["type"] == "input_audio_buffer.committed"]
+    heard = {e["item_id"]: e["transcript"] for e in events if e["type"] == transcribed}
+    assert [word_error_rate(words, heard[item]) for words, item in zip(said, items, strict=True)] == [0, 0], heard
+    history = [m["content"] for m in engine.sessions[-1].request.messages if m["role"] == "user"]
+    assert any("Bob" in text for text in history), history
 
 
 @pytest.mark.engine

@@ -111,6 +111,8 @@ MAX_HELD_CHARS = 4 * 1024 * 1024
 #: recognizer's.
 ANSWERING = frozenset({"response.create", "response.cancel", "conversation.item.create",
                        "conversation.item.delete", "conversation.item.truncate"})
+#: How long a new turn waits for the words of a turn whose answer was cancelled (barge-in).
+UNHEARD_WAIT_SEC = 5.0
 #: A transcription session keeps its latest items only (for ``retrieve``): it may run for hours.
 TRANSCRIBED_ITEMS_KEPT = 32
 
@@ -207,6 +209,9 @@ class RealtimeConnection:
         self._side: dict[str, Run] = {}
         #: A transcription session's committed turns whose end is not told yet, by item id, in order.
         self._hearing: dict[str, Run] = {}
+        #: Conversation turns whose answer was cancelled before their words were heard: their
+        #: session goes on until its transcript is whole (``_hear_rest``), then is cancelled.
+        self._unheard: dict[str, Run] = {}
         self._telling = asyncio.Lock()
         self._held: deque[dict[str, Any]] = deque()
         self._held_chars = 0
@@ -817,6 +822,11 @@ class RealtimeConnection:
         if turn is not None and turn.answering:
             raise errors.ActiveResponse("a response is in progress; wait for response.done or cancel it")
         params = self._params({})
+        if hearing := {r.reader for r in self._unheard.values() if r.reader is not None and not r.reader.done()}:
+            # The history below has the words of a turn whose answer was cancelled (barge-in)
+            # only once they are heard (the client was told of the cancel already).
+            await asyncio.wait(hearing, timeout=UNHEARD_WAIT_SEC)
+        self._unheard = {key: r for key, r in self._unheard.items() if r.reader is not None and not r.reader.done()}
         request = CreateSessionRequest(modalities=[]) if self.config.transcribing else \
             await self._session_request(list(self.conversation.items), params, trim=True, streaming=True)
         record, _ = await self._service.create(self._identity, request, None)
@@ -857,15 +867,18 @@ class RealtimeConnection:
 
     async def _speech_started(self, at_ms: int, interrupt: bool) -> None:
         turn = self._turn
+        # Told first, as OpenAI does, and before the turn opens (which may wait for a cancelled
+        # turn's words): a client stops playing the answer at this event.
+        item_id = turn.audio_item_id if turn is not None and turn.audio_item_id and not turn.committed \
+            else ev.new_id("item")
+        await self._emit(ev.event("input_audio_buffer.speech_started", audio_start_ms=at_ms, item_id=item_id))
         if interrupt and turn is not None and turn.answering:
             await self._cancel_answer(turn, "turn_detected")  # barge-in
         padding, self._padding = bytes(self._padding), bytearray()
-        await self._append_audio(padding)
         turn = await self._streaming_turn()
         if turn.audio_item_id is None:
-            turn.audio_item_id = ev.new_id("item")
-        await self._emit(ev.event("input_audio_buffer.speech_started", audio_start_ms=at_ms,
-                                  item_id=turn.audio_item_id))
+            turn.audio_item_id = item_id
+        await self._append_audio(padding)
 
     async def _commit(self) -> Run:
         """The input buffer's audio becomes its item; the turn it is in."""
@@ -945,6 +958,10 @@ class RealtimeConnection:
     async def _cancel_answer(self, run: Run, reason: str) -> None:
         # Told first, so the reason is this one (the session's own cancel frame follows).
         await self._end_run(run, "cancelled", reason)
+        if run.audio_item_id is not None and not run.told_transcript and run.reader is not None \
+                and not run.reader.done():
+            self._unheard[run.session_id] = run  # its words are still being heard: cancelled once they are
+            return
         with contextlib.suppress(errors.SessionClosed):  # it completed meanwhile
             await self._service.cancel(self._identity, run.session_id)
 
@@ -1010,6 +1027,8 @@ class RealtimeConnection:
 
     async def _on_frame(self, run: Run, frame: ServerSentEvent) -> None:
         if run.answer is not None and run.answer.ended:
+            if run.session_id in self._unheard:
+                await self._hear_rest(run, frame)
             return  # cancelled: what the engine wrote before it stopped is not sent after response.done
         data = str(frame.data)
         if frame.event == "transcript":
@@ -1052,6 +1071,26 @@ class RealtimeConnection:
             for call in delta.get("tool_calls") or ():
                 await self._tell_transcript(run)
                 await run.answer.on_tool_call(call)
+
+    async def _hear_rest(self, run: Run, frame: ServerSentEvent) -> None:
+        """A cancelled answer's spoken input, heard out: its transcript frames, up to the answer's
+        first frame (the transcript is whole before it), then its item's transcript and the cancel."""
+        data = str(frame.data)
+        if frame.event == "transcript":
+            await self._heard(run, json.loads(data)["input_transcript"])
+            return
+        if frame.event != "error" and data != "[DONE]" and not any(
+                c.get("finish_reason") or set(c.get("delta") or {}) - {"role"}
+                for c in orjson.loads(data).get("choices") or ()):
+            return  # the answer's role frame
+        self._unheard.pop(run.session_id, None)
+        if frame.event == "error" and self.config.transcription is not None:
+            run.told_transcript = True
+            await self._emit(ev.event("conversation.item.input_audio_transcription.failed", item_id=run.audio_item_id,
+                                      content_index=0, error=json.loads(data)["error"]))
+        await self._tell_transcript(run)
+        with contextlib.suppress(errors.GatewayError):
+            await self._service.cancel(self._identity, run.session_id)
 
     async def _heard(self, run: Run, heard: str) -> None:
         """What the recognizer heard so far; told as it grows when transcription is on."""
