@@ -57,6 +57,7 @@ class Answer:
         self._spoken: list[list[Any]] = []
         self._audio_ms = 0
         self._usage: dict[str, Any] | None = None
+        self._cut_off = False
         self.ended = False
 
     @property
@@ -190,16 +191,23 @@ class Answer:
     def on_usage(self, usage: dict[str, Any]) -> None:
         self._usage = ev.usage(usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0))
 
+    def on_finish(self, finish_reason: str) -> None:
+        """The answer's finish reason: one cut off at ``max_output_tokens`` ends ``incomplete``."""
+        self._cut_off = finish_reason == "length"
+
     async def end(self, status: str = "completed", reason: str | None = None,
                   error: dict[str, Any] | None = None) -> None:
         """Close the open item, then ``response.done``.
 
-        ``status``: completed, cancelled (``reason`` client_cancelled or
-        turn_detected) or failed (``error``: the envelope's type, code, message).
+        ``status``: completed (incomplete, ``max_output_tokens``, when it was cut off there),
+        cancelled (``reason`` client_cancelled or turn_detected) or failed (``error``: the
+        envelope's type, code, message).
         """
         if self.ended:
             return
         self.ended = True
+        if status == "completed" and self._cut_off:  # as OpenAI: its items are incomplete too
+            status, reason = "incomplete", "max_output_tokens"
         await self._close("completed" if status == "completed" else "incomplete")
         details = None if status == "completed" else {"type": status, "reason": reason, "error": error}
         await self._send(ev.event("response.done", response=self._response(status, details)))

@@ -1071,6 +1071,8 @@ class RealtimeConnection:
             for call in delta.get("tool_calls") or ():
                 await self._tell_transcript(run)
                 await run.answer.on_tool_call(call)
+            if choice.get("finish_reason"):
+                run.answer.on_finish(choice["finish_reason"])
 
     async def _hear_rest(self, run: Run, frame: ServerSentEvent) -> None:
         """A cancelled answer's spoken input, heard out: its transcript frames, up to the answer's
