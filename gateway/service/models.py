@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import typing
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -28,6 +30,29 @@ OutputModality = Literal["text", "audio"]
 class StrictModel(BaseModel):
     #: Unknown fields are a client bug worth a 422, not something to drop silently.
     model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_not_given(cls, data: Any) -> Any:
+        """An explicit ``null`` for a field that takes none is the field left out (its default),
+        as OpenAI and vLLM take it: clients that send every unset option as null (``"n": null``,
+        ``"stream": null``) run unchanged."""
+        if isinstance(data, dict) and None in data.values():
+            unset = _not_nullable(cls)
+            return {key: value for key, value in data.items() if value is not None or key not in unset}
+        return data
+
+
+@functools.cache
+def _not_nullable(model: type[BaseModel]) -> frozenset[str]:
+    """The names (and aliases) of ``model``'s fields whose type does not take ``None``."""
+    return frozenset(name for field_name, info in model.model_fields.items()
+                     if not _takes_none(info.annotation) for name in (field_name, info.alias) if name)
+
+
+def _takes_none(annotation: Any) -> bool:
+    return annotation is None or annotation is type(None) or annotation is Any or any(
+        _takes_none(arg) for arg in typing.get_args(annotation))
 
 
 class ChunkIn(StrictModel):

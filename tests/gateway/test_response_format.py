@@ -300,6 +300,24 @@ async def test_the_openai_playgrounds_exported_request_is_answered(scripted: htt
     assert response.status_code == 200, response.text
 
 
+async def test_a_client_that_sends_every_unset_option_as_null_is_answered(scripted: httpx.AsyncClient) -> None:
+    """Clients generated from OpenAI's schema send each option they do not set as null; OpenAI and
+    vLLM take it as left out. A null where a value is required is still refused, by name."""
+    nulls = {name: None for name in ("n", "stream", "modalities", "temperature", "stop", "tools", "seed",
+                                     "stream_options", "response_format", "logprobs", "top_logprobs", "audio")}
+    chat = await scripted.post(CHAT, json=ask("hello", **nulls))
+    assert chat.status_code == 200 and chat.json()["choices"][0]["message"]["content"] == "echo: hello", chat.text
+    completion = await scripted.post("/v1/completions", json={
+        "model": "scripted", "prompt": "hi", "n": None, "echo": None, "stream": None, "best_of": None, "suffix": None})
+    assert completion.status_code == 200 and completion.json()["choices"][0]["text"] == "echo: hi", completion.text
+    response = await scripted.post("/v1/responses", json={"model": "scripted", "input": "hi", "stream": None,
+                                                          "tools": None, "background": None})
+    assert response.status_code == 200 and response.json()["status"] == "completed", response.text
+    refused = assert_error(await scripted.post(CHAT, json={"model": "scripted", "messages": None}), 422,
+                           "validation_error")
+    assert refused["param"] == "messages", refused
+
+
 async def test_openai_fields_that_change_nothing_here_are_taken(scripted: httpx.AsyncClient) -> None:
     """Newer OpenAI fields that SDK helpers and frameworks set: bookkeeping, cache keys, hints."""
     response = await scripted.post(CHAT, json=ask(
