@@ -120,7 +120,7 @@ class EngineRequest:
     #: Whose words the streamed input is: the user's, a function's result
     #: (``tool``, answering ``input_tool_call_id``) fed back to the model, or a
     #: system note (the assistant speaks without the user: a greeting, a nudge).
-    input_role: Literal["user", "tool", "system"] = "user"
+    input_role: Literal["user", "tool", "system", "assistant"] = "user"
     input_tool_call_id: str | None = None
     #: The end of ``assistant_prefix`` that no audio has spoken yet: a Talker
     #: speaks it first, so the answer's audio is complete after a hand-off.

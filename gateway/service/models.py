@@ -361,9 +361,10 @@ RAW_PROMPT_MAX_TOKENS = 16
 class CreateSessionRequest(GenerationOptions):
     messages: list[ChatMessage] = Field(
         default_factory=list, description="system prompt / history placed before the streamed input")
-    input_role: Literal["user", "tool", "system"] = Field(
-        "user", description="whose words the streamed input is: the user's, a function's result (tool), or a "
-        "system note (a turn the assistant takes without the user: a greeting, a nudge)")
+    input_role: Literal["user", "tool", "system", "assistant"] = Field(
+        "user", description="whose words the streamed input is: the user's, a function's result (tool), a "
+        "system note (a turn the assistant takes without the user: a greeting, a nudge), or the assistant's "
+        "own message, after which it takes a new turn (as vLLM renders a conversation that ends with it)")
     input_tool_call_id: str | None = Field(None, description="with input_role tool: the call it answers")
     start_policy: StartPolicy | None = None
     min_length: dict[MinLengthKind, int] | None = None

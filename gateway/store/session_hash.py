@@ -76,7 +76,7 @@ class StoredRequest:
     tools: tuple[dict[str, Any], ...] = ()
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool = True
-    input_role: Literal["user", "tool", "system"] = "user"
+    input_role: Literal["user", "tool", "system", "assistant"] = "user"
     input_tool_call_id: str | None = None
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     speak_input: bool = False

@@ -70,6 +70,22 @@ async def test_streamed_and_non_streamed_answers_agree(client: httpx.AsyncClient
     assert chunks[-1].choices == [] and chunks[-1].usage == completion.usage
 
 
+async def test_the_assistant_answers_whoever_spoke_last(client: httpx.AsyncClient, engine: ScriptedEngine) -> None:
+    """A conversation of a system message alone (the assistant speaks first: a voice agent's
+    greeting), or one that ends with the assistant's message (a new turn after it), is answered
+    as vLLM answers it: the last message, whoever's, is the input."""
+    oai = openai_client(client)
+    greeting = await oai.chat.completions.create(model="scripted", messages=[
+        {"role": "system", "content": "Greet the user."}])
+    assert greeting.choices[0].message.content == "echo: Greet the user."
+    assert engine.sessions[-1].request.input_role == "system" and engine.sessions[-1].request.messages == ()
+    again = await oai.chat.completions.create(model="scripted", messages=[
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hello! How can I help?"}])
+    assert again.choices[0].message.content == "echo: Hello! How can I help?"
+    request = engine.sessions[-1].request
+    assert request.input_role == "assistant" and request.messages == ({"role": "user", "content": "hi"},)
+
+
 async def test_an_answer_sent_back_as_the_sdk_dumps_it_is_history(client: httpx.AsyncClient,
                                                                   engine: ScriptedEngine) -> None:
     """``completion.choices[0].message.model_dump()`` carries ``refusal``, ``annotations``,
@@ -200,7 +216,9 @@ async def test_bad_requests_get_the_envelope_and_open_no_session(
         ({"messages": USER, "n": 2}, 422, "validation_error", "n"),
         ({"messages": USER, "tools": []}, 422, "validation_error", "tools"),
         ({"messages": USER, "model": "gpt-9"}, 404, "model_not_found", "model"),
-        ({"messages": [*USER, {"role": "assistant", "content": "hi"}]}, 422, "validation_error", "messages"),
+        ({"messages": [*USER, {"role": "assistant", "content": None, "tool_calls": [{
+            "id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]}, 422,
+         "validation_error", "messages.1.tool_calls"),
         ({"messages": USER, "stream": False, "stream_options": {"include_usage": True}}, 400, "invalid_request",
          "stream_options"),
         ({"messages": [{"role": "user", "content": ""}]}, 422, "empty_input", "messages.0.content"),

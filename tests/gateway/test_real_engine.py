@@ -15,12 +15,23 @@ import asyncio
 import json
 import random
 from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
+import openai
 import pytest
 
 from omni_adapter.port import Engine
-from tests.gateway.client import BASE, app_client, content_of, live_app, make_settings, parse_sse
+from tests.gateway.client import (
+    BASE,
+    app_client,
+    content_of,
+    live_app,
+    make_settings,
+    openai_client,
+    parse_sse,
+)
+from tests.vllm_sidecar import VllmSidecar
 
 pytestmark = pytest.mark.engine
 
@@ -177,3 +188,25 @@ async def test_an_answer_begins_with_its_first_token_even_one_that_says_nothing(
     assert rest[-1] == "[DONE]"
     last = json.loads(rest[-2])["choices"][0]
     assert last["finish_reason"] == "length" and not last["delta"].get("content")
+
+
+async def test_a_conversation_that_does_not_end_with_the_user_is_answered_as_vllm_answers_it(
+        redis_url: str, real_engine: Engine, vllm_sidecar: VllmSidecar) -> None:
+    """The assistant speaking first (a system message alone) and a new assistant turn after its
+    own message: at temperature 0, the words vLLM's own server gives for the same messages."""
+    vllm_sidecar.ensure_running()
+    vllm = openai.AsyncOpenAI(base_url=f"{vllm_sidecar.url}/v1", api_key="unused", max_retries=0)
+    served = (await vllm.models.list()).data[0].id
+    conversations: list[list[Any]] = [
+        [{"role": "system", "content": "You are a friendly voice assistant. Greet the user."}],
+        [{"role": "user", "content": "Name a fruit."}, {"role": "assistant", "content": "Apple."}]]
+    async with app_client(make_settings(redis_url=redis_url), real_engine) as client:
+        oai = openai_client(client)
+        for messages in conversations:
+            ours = await oai.chat.completions.create(model=real_engine.capabilities.model_names[0],
+                                                     messages=messages, max_tokens=12, temperature=0)
+            theirs = await vllm.chat.completions.create(model=served, messages=messages, max_tokens=12,
+                                                        temperature=0)
+            assert ours.choices[0].message.content == theirs.choices[0].message.content, messages
+            assert ours.usage is not None and theirs.usage is not None
+            assert ours.usage.prompt_tokens == theirs.usage.prompt_tokens, messages

@@ -108,6 +108,26 @@ async def test_truncate_cuts_what_was_not_heard_and_the_next_turn_sees_the_cut(r
     assert history(engine)[-1] == ("assistant", "echo: One two.")
 
 
+async def test_the_assistant_speaks_first_and_again_after_itself(served: tuple[str, ScriptedEngine]) -> None:
+    """A voice agent's greeting: response.create before anything is said answers the session's
+    instructions (as a conversation of the system message alone); after the assistant's own item,
+    response.create answers again (a new turn, as vLLM renders it)."""
+    url, engine = served
+    async with sdk(url).realtime.connect(model="scripted") as conn:
+        await conn.session.update(session={**TEXT_ONLY, "instructions": "Greet the user warmly."})
+        await conn.response.create()
+        greeting = await until(conn, "response.done")
+        assert greeting[-1]["response"]["status"] == "completed"
+        assert answer_text(greeting) == "echo: Greet the user warmly."
+        request = engine.sessions[-1].request
+        assert request.input_role == "system" and request.messages == (), "the instructions once, as the input"
+        await conn.response.create()
+        again = await until(conn, "response.done")
+        assert answer_text(again) == "echo: echo: Greet the user warmly."
+        assert engine.sessions[-1].request.input_role == "assistant"
+        assert history(engine) == [("system", "Greet the user warmly.")]
+
+
 async def test_response_parameters_and_an_out_of_band_answer(served: tuple[str, ScriptedEngine]) -> None:
     url, engine = served
     async with sdk(url).realtime.connect(model="scripted") as conn:

@@ -90,9 +90,11 @@ def chat_request(body: ResponsesRequest) -> ChatCompletionRequest:
     if not items:
         raise errors.EmptyInput("input has no items", param="input")
     last = items[-1]
-    if not (isinstance(last, FunctionCallOutputItem) or (isinstance(last, MessageItem) and last.role == "user")):
-        raise errors.ValidationFailed("the last input item must be the user's message or a function_call_output",
-                                      param=f"input.{len(items) - 1}")
+    # The last item is answered whoever's it is (the instructions alone, an assistant's message), as
+    # chat completions answer it; a call is answered once its output follows it.
+    if not isinstance(last, FunctionCallOutputItem | MessageItem):
+        raise errors.ValidationFailed("the last input item is a function call: send its function_call_output "
+                                      "after it", param=f"input.{len(items) - 1}")
     chat: dict[str, Any] = {
         "model": body.model, "messages": _with_instructions(body.instructions, _messages(items)), "stream": body.stream,
         "max_completion_tokens": body.max_output_tokens, "temperature": body.temperature, "top_p": body.top_p,

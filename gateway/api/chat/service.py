@@ -59,9 +59,14 @@ class ChatService:
             raise errors.InvalidRequest("stream_options is only allowed with stream: true",
                                         param="stream_options")
         *history, last = body.messages
-        if last.role not in ("user", "tool"):
-            raise errors.ValidationFailed("the last message must be the user's or a function's result (tool)",
-                                          param="messages")
+        # Whoever's it is, the last message is the streamed input and the assistant answers it, as
+        # vLLM renders the conversation: a system message alone (the assistant speaks first), or an
+        # assistant's message (a new turn after it).
+        if last.role == "assistant" and last.tool_calls:
+            raise errors.ValidationFailed("the last message calls functions: send their results (tool messages) "
+                                          "after it", param=f"messages.{len(history)}.tool_calls")
+        if last.role == "assistant" and isinstance(last.said, str):  # its words (a refusal's, a transcript's)
+            last = last.model_copy(update={"content": last.said})
         chunks = self._input_chunks(last, f"messages.{len(history)}.content")
         for chunk in chunks:
             self._sessions.check_input_modality(chunk, param=f"messages.{len(history)}.content")

@@ -54,7 +54,7 @@ import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import orjson
@@ -715,8 +715,6 @@ class RealtimeConnection:
             return
         if turn is not None:
             await self._drop_turn()  # made otherwise: answered from its items instead
-        if not self.conversation.items:
-            raise errors.EmptyInput("no input to respond to: append audio or create a user item first")
         await self._answer_from_items(list(self.conversation.items), params, in_conversation=True)
 
     async def _finish_turn(self, turn: Run, params: Params) -> None:
@@ -744,7 +742,11 @@ class RealtimeConnection:
             items = [*items, {"id": "", "type": "message", "role": "system",
                               "content": [{"type": "input_text", "text": cue}]}]
         if not items:
-            raise errors.EmptyInput("no input to respond to", param="response.input")
+            # Nothing said yet (the assistant speaks first): the instructions are the input, as a
+            # conversation of the system message alone (an empty one without instructions).
+            items = [{"id": "", "type": "message", "role": "system",
+                      "content": [{"type": "input_text", "text": params.instructions or " "}]}]
+            params = replace(params, instructions="")
         *history, last = items
         role, text, call_id = _input_of(last)
         request = await self._session_request(history, params, trim=whole, streaming=False)
@@ -1193,15 +1195,16 @@ def _item_for_conversation(item: dict[str, Any], where: str = "item") -> dict[st
     return {**base, "type": "message", "role": role, "content": kept}
 
 
-def _input_of(item: dict[str, Any]) -> tuple[Literal["user", "tool", "system"], str, str | None]:
-    """(role, text, call id) of the item an answer from items responds to."""
+def _input_of(item: dict[str, Any]) -> tuple[Literal["user", "tool", "system", "assistant"], str, str | None]:
+    """(role, text, call id) of the item an answer from items responds to: whoever's it is, as
+    vLLM renders a conversation (after an assistant's message, the assistant takes a new turn)."""
     if item["type"] == "function_call_output":
         return "tool", item["output"] or " ", item["call_id"]
-    if item["type"] == "message" and item["role"] in ("user", "system"):
-        text = item_text(item)
-        if not text:
-            raise errors.EmptyInput("the last item says nothing (spoken input is answered in its own turn)",
-                                    param="response.input")
-        return ("system" if item["role"] == "system" else "user"), text, None
-    raise errors.EmptyInput("nothing to respond to: the conversation ends with the assistant's item",
-                            param="response.input")
+    if item["type"] == "function_call":
+        raise errors.EmptyInput("the conversation ends with a function call: add its function_call_output "
+                                "item first", param="response.input")
+    text = item_text(item)
+    if not text:
+        raise errors.EmptyInput("the last item says nothing (spoken input is answered in its own turn)",
+                                param="response.input")
+    return item["role"], text, None
