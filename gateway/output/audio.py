@@ -10,13 +10,14 @@ for every adapter (the CPU Talker, vLLM-Omni's own Talker, a sidecar).
 from __future__ import annotations
 
 import base64
+import copy
 import json
 import time
 from collections.abc import Iterable
 from typing import Any
 
 from gateway.output.frames import DONE, FrameBuilder
-from omni_adapter.audio import OPENAI_PCM16_RATE, StreamResampler, wav_of
+from omni_adapter.audio import OPENAI_PCM16_RATE, StreamResampler, parse_wav, wav_of
 from omni_adapter.port import AudioDelta
 
 
@@ -70,3 +71,15 @@ class AudioOutput:
             "id": self.audio_id, "data": base64.b64encode(wav).decode(),
             "expires_at": self.expires_at, "transcript": " ".join(self._transcript)}
         return completion
+
+
+def as_pcm16(completion: dict[str, Any]) -> dict[str, Any]:
+    """A stored completion's spoken answer (kept as wav) as raw pcm16 at 24 kHz, for a request that
+    asked ``audio.format: pcm16``: OpenAI's ``message.audio.data`` is then the bare samples."""
+    audio = completion["choices"][0]["message"].get("audio")
+    if not audio or not audio.get("data"):
+        return completion
+    pcm, _ = parse_wav(base64.b64decode(audio["data"]))
+    answer = copy.deepcopy(completion)
+    answer["choices"][0]["message"]["audio"]["data"] = base64.b64encode(pcm).decode()
+    return answer

@@ -251,7 +251,7 @@ ResponseFormat = Annotated[TextFormat | JsonObjectFormat | JsonSchemaFormat, Fie
 class AudioOptions(StrictModel):
     #: Accepted for OpenAI compatibility; the CPU Talker has one voice.
     voice: str | None = None
-    #: Streamed audio is always pcm16 (24 kHz); the result's audio is wav.
+    #: Streamed audio is always pcm16 (24 kHz); a whole answer's audio is wav, or bare pcm16 with "pcm16".
     format: Literal["pcm16", "wav"] | None = None
 
 

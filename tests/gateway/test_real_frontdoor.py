@@ -197,3 +197,9 @@ async def test_openai_client_gets_audio_in_a_non_streamed_completion(client: htt
     pcm, rate = parse_wav(base64.b64decode(message.audio.data))
     assert rate == OPENAI_PCM16_RATE and len(pcm) > 0.2 * rate * 2
     assert alnum(message.audio.transcript) == alnum(message.content)
+    # pcm16: the bare samples (24 kHz), as OpenAI sends them; the same answer at temperature 0.
+    bare = await openai_client(client).chat.completions.create(
+        model=MODEL, messages=QUESTION, temperature=0, max_tokens=6,
+        modalities=["text", "audio"], audio={"voice": "alloy", "format": "pcm16"})
+    assert bare.choices[0].message.audio is not None
+    assert base64.b64decode(bare.choices[0].message.audio.data) == pcm

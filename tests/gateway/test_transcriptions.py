@@ -126,7 +126,8 @@ async def test_what_it_cannot_do_is_a_clear_error(client: httpx.AsyncClient) -> 
         with pytest.raises(openai.BadRequestError) as refused_timings:
             await oai.audio.transcriptions.create(model="whisper-1", file=good, **timed)  # type: ignore[call-overload]
         assert "no timings" in str(refused_timings.value)
-    for data in (b"not audio at all", b""):
+    # Headerless pcm16 (what /v1/audio/speech gives for "pcm"): FFmpeg would guess a format for it.
+    for data in (b"not audio at all", b"", speech("Hello.")):
         refused = await client.post("/v1/audio/transcriptions", data={"model": "whisper-1"},
                                     files={"file": ("x.wav", data)})
         assert assert_error(refused, 422, "invalid_payload")["param"] == "file"

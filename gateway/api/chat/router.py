@@ -15,6 +15,7 @@ from sse_starlette import ServerSentEvent
 from gateway import errors
 from gateway.api.chat.models import ChatCompletion, ChatCompletionRequest, ModelCard, ModelList
 from gateway.api.chat.service import ChatService
+from gateway.output.audio import as_pcm16
 from gateway.store.session_hash import SessionRecord
 from gateway.web.event_stream import EVENT_STREAM_CONTENT, RESUME_ELSEWHERE, EventStream
 from gateway.web.resources import get_identity, get_resources
@@ -74,6 +75,8 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request, 
     answer = await completion_unless_client_leaves(request, chat, identity, session_id)
     if answer is None:
         return JSONResponse({}, status_code=CLIENT_LEFT)
+    if body.audio is not None and body.audio.format == "pcm16":
+        answer = as_pcm16(answer)
     return JSONResponse(answer, headers=headers)
 
 

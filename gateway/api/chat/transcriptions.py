@@ -114,6 +114,10 @@ def heard_chunks(data: bytes, max_bytes: int) -> list[ChunkRecord]:
             for seq, at in enumerate(range(0, len(pcm), step))]
 
 
+#: FFmpeg's names of the containers of OpenAI's file types (and AAC, which /v1/audio/speech makes).
+AUDIO_FILE_FORMATS = frozenset({"wav", "mp3", "ogg", "flac", "matroska", "webm", "mov", "mp4", "m4a", "aac"})
+
+
 def decoded(data: bytes, max_bytes: int) -> bytes:
     """The file's first audio stream as 16 kHz mono pcm16 (blocking: FFmpeg decodes it); a 413 as
     soon as it holds more than a session takes (``max_bytes``: 35 minutes by default), not after
@@ -125,6 +129,13 @@ def decoded(data: bytes, max_bytes: int) -> bytes:
     pcm = bytearray()
     try:
         with av.open(io.BytesIO(data), mode="r") as container:
+            if not set(container.format.name.split(",")) & AUDIO_FILE_FORMATS:
+                # FFmpeg guesses a format for any bytes (headerless pcm reads as a game's audio):
+                # only the files OpenAI takes are heard, or noise would be "transcribed".
+                raise errors.InvalidPayload(
+                    f"the file is not an audio file this server takes (it reads as {container.format.name!r}): send "
+                    "flac, m4a, mp3, mp4, mpeg, mpga, oga, ogg, wav or webm (raw pcm has no header that says "
+                    "its rate)", param="file")
             if not container.streams.audio:
                 raise errors.InvalidPayload("the file has no audio", param="file")
             to_16k = _Resampler()
