@@ -313,4 +313,9 @@ class EngineDeadError(EngineUnavailableError):
 
 
 class EngineRejectedError(Exception):
-    """The engine refused a request as invalid (the client's fault)."""
+    """The engine refused a request as invalid (the client's fault); ``param``: the request
+    field at fault, when the engine's reason names one."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param

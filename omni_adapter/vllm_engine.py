@@ -956,7 +956,8 @@ def sampling_params(options: SamplingOptions, *, max_tokens: int) -> SamplingPar
     try:
         return SamplingParams(**fields, structured_outputs=structured_outputs(options.response_format))
     except Exception as exc:
-        raise EngineRejectedError(f"invalid sampling options: {exc}") from exc
+        named = next((name for name in fields if name in str(exc)), None)  # vLLM's reason names the field
+        raise EngineRejectedError(f"invalid sampling options: {exc}", param=named) from exc
 
 
 def token_logprobs(token_ids: Sequence[int], positions: Sequence[Mapping[int, Logprob] | None] | None,
@@ -991,7 +992,10 @@ def check_schema(response_format: Mapping[str, Any] | None) -> None:
     try:
         xgrammar.Grammar.from_json_schema(json.dumps(response_format["json_schema"].get("schema") or {}))
     except RuntimeError as exc:
-        raise EngineRejectedError(f"response_format's schema cannot be held to: {exc}".strip()) from exc
+        # The grammar compiler's reason, without the time and C++ source line it cites.
+        reason = re.sub(r"\[\d{1,2}:\d{2}:\d{2}\]\s*|\S+\.(cc|h):\d+:?\s*", "", str(exc)).strip()
+        raise EngineRejectedError(f"response_format's schema cannot be held to: {reason}",
+                                  param="response_format") from exc
 
 
 def structured_outputs(response_format: Mapping[str, Any] | None) -> StructuredOutputsParams | None:

@@ -310,20 +310,22 @@ class GenerationOptions(StrictModel):
             raise ValueError("chat_template_kwargs may not set chat_template or tokenize")
         return value
 
-    @model_validator(mode="after")
-    def _choice_among_tools(self) -> GenerationOptions:
-        named = {t.function.name for t in self.tools or ()}
-        choice = self.tool_choice
+    @field_validator("tool_choice")
+    @classmethod
+    def _choice_among_tools(cls, choice: ToolChoice | None, info: ValidationInfo) -> ToolChoice | None:
+        tools = info.data.get("tools")
+        named = {t.function.name for t in tools or ()}
         if isinstance(choice, NamedToolChoice) and choice.function.name not in named:
             raise ValueError(f"tool_choice names {choice.function.name!r}, which is not among the tools")
         if choice == "required" and not named:
             raise ValueError("tool_choice required needs tools")
         # Both would set the answer's grammar: a call's arguments, or the response's JSON.
-        forced_call = self.tools and (choice == "required" or isinstance(choice, NamedToolChoice))
-        if forced_call and self.response_format is not None and self.response_format.type != "text":
+        response_format = info.data.get("response_format")
+        forced_call = tools and (choice == "required" or isinstance(choice, NamedToolChoice))
+        if forced_call and response_format is not None and response_format.type != "text":
             raise ValueError("response_format json_object or json_schema cannot go with tool_choice required "
                              "or a named function: the answer is a function call")
-        return self
+        return choice
 
     @property
     def logprobs_asked(self) -> int | None:

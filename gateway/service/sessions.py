@@ -97,7 +97,7 @@ class SessionService:
             # Rendering and tokenizing the history is CPU work: off the event loop.
             frame_tokens = await asyncio.to_thread(self._checks.check_request, request)
         except EngineRejectedError as exc:
-            raise errors.ValidationFailed(str(exc)) from exc
+            raise errors.ValidationFailed(str(exc), param=exc.param) from exc
         limit = self._checks.max_input_tokens
         if frame_tokens >= limit:
             raise errors.ContextLengthExceeded(

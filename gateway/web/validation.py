@@ -37,13 +37,36 @@ async def read_body_capped(request: Request, limit: int) -> bytes:
 
 
 def validation_error(details: Sequence[Any]) -> errors.GatewayError:
-    """One envelope for pydantic / FastAPI validation errors: the first problem, located."""
-    first = dict(details[0]) if details else {}
+    """One envelope for pydantic / FastAPI validation errors: the problem that went deepest (of a
+    value several shapes may take, the shape it was meant as: a content part's bad field, not
+    "should be a valid string"), located by the request's own field names."""
+    if not details:
+        return errors.ValidationFailed("invalid request")
+    first: dict[str, Any] = dict(max(details, key=lambda d: len(param_path(dict(d).get("loc", ())))))
     if first.get("type") == "json_invalid":
         return errors.InvalidJson("request body is not valid JSON")
-    loc = [str(part) for part in first.get("loc", ()) if part != "body"]
-    message = first.get("msg", "invalid request")
-    param = ".".join(loc) or None
+    message = str(first.get("msg", "invalid request")).removeprefix("Value error, ")
+    param = ".".join(param_path(first.get("loc", ()))) or None
     if param:
         message = f"{param}: {message}"
     return errors.ValidationFailed(message, param=param)
+
+
+def param_path(loc: Sequence[Any]) -> list[str]:
+    """A pydantic error location as the request's path: without ``body``, the shapes pydantic
+    tried (``str``, ``list[...]``, ``literal[...]``) and the tag of a tagged union, which repeats
+    the field it names (``json_schema.json_schema``)."""
+    path: list[str] = []
+    for part in map(str, loc):
+        # (A model's name, capitalized, is the branch of a union it tried; field names are lowercase.)
+        if part == "body" or part in _SHAPES or "[" in part or "(" in part or part[:1].isupper():
+            continue
+        if path and path[-1] == part:
+            continue
+        path.append(part)
+    return path
+
+
+#: Names pydantic gives the branches of a union it tried.
+_SHAPES = frozenset({"str", "int", "float", "bool", "dict", "list", "none", "function-after", "function-before",
+                     "function-wrap", "function-plain", "json-or-python", "chain", "lax-or-strict", "nullable"})

@@ -343,15 +343,22 @@ async def test_openai_fields_that_change_nothing_here_are_taken(scripted: httpx.
     ({"logit_bias": {"42": 101}}, "logit_bias"),
     ({"min_p": 1.5}, "min_p"),
     ({"response_format": {"type": "xml"}}, "response_format"),
-    ({"response_format": {"type": "json_schema"}}, "response_format.json_schema.json_schema"),
+    ({"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "a b"}}},
-     "response_format.json_schema.json_schema.name"),
+     "response_format.json_schema.name"),
+    ({"tool_choice": "sometimes"}, "tool_choice"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"messages": [{"role": "user", "content": [{"type": "file", "file": {"file_id": "f"}}]}]},
+     "messages.0.content.0"),
+    ({"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {
+        "data": "AAAA", "format": "mp3"}}]}]}, "messages.0.content.0.input_audio.format"),
 ])
 async def test_fields_it_cannot_honour_are_422s_that_name_them(scripted: httpx.AsyncClient, fields: dict,
                                                                param: str) -> None:
     response = await scripted.post(CHAT, json=ask("hello", **fields))
     error = assert_error(response, 422, "validation_error")
     assert error["param"] is not None and error["param"].startswith(param), error
+    assert "valid string" not in error["message"] and "Value error" not in error["message"], error
 
 
 async def test_json_on_an_engine_that_cannot_hold_to_it_is_refused_before_any_work(

@@ -118,7 +118,7 @@ async def test_what_is_not_served_here_is_said(sdk: AsyncOpenAI, engine: Scripte
          openai.UnprocessableEntityError, "input.0"),
         ({"background": True}, openai.UnprocessableEntityError, "background"),
         ({"tool_choice": {"type": "function", "name": "nope"}, "tools": [WEATHER]},
-         openai.UnprocessableEntityError, "None"),
+         openai.UnprocessableEntityError, "tool_choice"),
     ]
     for extra, error, param in cases:
         with pytest.raises(error) as raised:

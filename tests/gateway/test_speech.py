@@ -83,6 +83,7 @@ async def test_the_file_in_server_sent_events(client: httpx.AsyncClient) -> None
     assert response.headers["content-type"].startswith("text/event-stream")
     events = [json.loads(line[5:]) for line in response.text.splitlines() if line.startswith("data:")]
     assert [e["type"] for e in events] == ["speech.audio.delta"] * (len(events) - 1) + ["speech.audio.done"]
+    assert all(e["audio"] for e in events[:-1]), "no empty delta"
     pcm, rate = played(b"".join(base64.b64decode(e["audio"]) for e in events[:-1]))
     assert word_error_rate(TEXT, recognize(pcm, rate)) == 0
 

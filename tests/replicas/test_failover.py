@@ -288,7 +288,8 @@ def test_kill_9_of_the_replica_holding_a_realtime_socket_mid_answer(replicas: Re
     realtime = "/v1/realtime"
     with connect(c.url.replace("http", "ws") + realtime) as ws:
         ask_over_realtime(ws)
-        undisturbed = realtime_text(realtime_events(ws, "response.done"))
+        whole = realtime_events(ws, "response.done")
+        undisturbed = realtime_text(whole)
     assert len(undisturbed.split()) >= 4, undisturbed
     try:
         with connect(b.url.replace("http", "ws") + realtime) as ws_b:
@@ -302,7 +303,7 @@ def test_kill_9_of_the_replica_holding_a_realtime_socket_mid_answer(replicas: Re
             after = realtime_events(ws_edge, "response.done")
         assert after[0]["type"] == "session.created" and after[0]["session"]["id"] == session_id
         assert realtime_text(before) + realtime_text(after) == undisturbed, "nothing lost or repeated"
-        assert after[-1]["response"]["status"] == "completed"
+        assert after[-1]["response"]["status"] == whole[-1]["response"]["status"]  # (incomplete at 48 tokens)
     finally:
         if not b.alive():
             b.start()  # the next test needs three replicas (it waits for it)
@@ -316,6 +317,7 @@ def test_kill_9_of_the_replica_holding_a_transcription_socket_loses_no_committed
     replica had told it), and the session goes on."""
     from websockets.sync.client import connect
 
+    all_ready(replicas)  # replicas a and b start again after the tests before: one takes the reconnect
     _, _, c = (replicas.gateways[n] for n in NAMES)
     said = ["What is the capital of France?", "Please set a timer for ten minutes.", "Turn off the lights."]
     transcribed = "conversation.item.input_audio_transcription.completed"

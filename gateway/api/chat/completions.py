@@ -48,7 +48,7 @@ from gateway.service.models import (
 )
 from gateway.web.event_stream import EVENT_STREAM_CONTENT, EventStream
 from gateway.web.resources import get_resources
-from gateway.web.validation import IdempotencyKey
+from gateway.web.validation import IdempotencyKey, param_path
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 WHEN_STOPPED = ("the completion goes on at another replica: read it as a chat.completion at "
@@ -184,7 +184,7 @@ def _session(body: CompletionRequest) -> CreateSessionRequest:
     except ValidationError as exc:  # a rule of the session's (stop words, logit_bias keys, the schema)
         first = exc.errors()[0]
         raise errors.ValidationFailed(str(first["msg"]).removeprefix("Value error, "),
-                                      param=".".join(str(p) for p in first["loc"]) or None) from None
+                                      param=".".join(param_path(first["loc"])) or None) from None
 
 
 def _shell(session_id: str, created: int, model: str) -> dict[str, Any]:

@@ -42,7 +42,7 @@ from gateway.api.chat.router import (
 from gateway.api.chat.service import ChatService
 from gateway.web.event_stream import EVENT_STREAM_CONTENT, EventStream
 from gateway.web.resources import get_resources
-from gateway.web.validation import IdempotencyKey
+from gateway.web.validation import IdempotencyKey, param_path
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 #: A Responses stream cannot be resumed (its events are not stored; the chat frames are).
@@ -121,8 +121,9 @@ def chat_request(body: ResponsesRequest) -> ChatCompletionRequest:
         return ChatCompletionRequest.model_validate({k: v for k, v in chat.items() if v is not None})
     except ValidationError as exc:  # a rule of chat's: across fields (tool_choice among the tools), or of a message
         first = exc.errors()[0]
-        raise errors.ValidationFailed(str(first["msg"]).removeprefix("Value error, "),
-                                      param="input" if first["loc"][:1] == ("messages",) else None) from None
+        # The fields chat shares with responses keep their names; a message is an input item.
+        param = "input" if first["loc"][:1] == ("messages",) else ".".join(param_path(first["loc"])) or None
+        raise errors.ValidationFailed(str(first["msg"]).removeprefix("Value error, "), param=param) from None
 
 
 def _with_instructions(instructions: str | None, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -131,8 +131,8 @@ async def _speech_events(audio: AsyncIterator[bytes]) -> AsyncIterator[ServerSen
     session fails on the way."""
     try:
         async for data in audio:
-            yield FrameEvent(json.dumps({"type": "speech.audio.delta",
-                                              "audio": base64.b64encode(data).decode()}))
+            if data:  # (the file's end may add nothing: no empty delta for it)
+                yield FrameEvent(json.dumps({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()}))
     except errors.GatewayError as exc:
         yield FrameEvent(exc.envelope_json(), event="error")
         return

@@ -189,7 +189,7 @@ class RealtimeConfig:
                 self.transcription = {}
             return
         if "instructions" in session:
-            self.instructions = _typed(session, "instructions", str)
+            self.instructions = _typed(session, "instructions", str, "session")
         if "output_modalities" in session:
             modalities = session["output_modalities"]
             if modalities not in (["text"], ["audio"]):
@@ -205,8 +205,7 @@ class RealtimeConfig:
         if "tool_choice" in session:
             self.tool_choice = chat_tool_choice(session["tool_choice"], "session.tool_choice")
         if self.tool_choice not in ("auto", "none") and not tool_choice_fits(self.tool_choice, self.tools):
-            raise errors.ValidationFailed("tool_choice names a function that is not among the tools",
-                                          param="session.tool_choice")
+            raise errors.ValidationFailed(choice_without_tool(self.tool_choice), param="session.tool_choice")
         if "parallel_tool_calls" in session:
             self.parallel_tool_calls = parallel_tool_calls(session["parallel_tool_calls"],
                                                            "session.parallel_tool_calls")
@@ -265,7 +264,7 @@ class RealtimeConfig:
             setattr(self, f"{side}_audio_format", kind)
         output = audio.get("output") or {}
         if "voice" in output:
-            self.voice = _typed(output, "voice", str)
+            self.voice = _typed(output, "voice", str, "session.audio.output")
         inputs = audio.get("input") or {}
         if "transcription" in inputs:
             transcription = inputs["transcription"]
@@ -301,10 +300,10 @@ def _check_languages(transcription: dict[str, Any]) -> None:
             check_heard(language, f"{where}.{name}")
 
 
-def _typed(source: dict[str, Any], name: str, kind: type) -> Any:
+def _typed(source: dict[str, Any], name: str, kind: type, where: str) -> Any:
     value = source[name]
     if not isinstance(value, kind):
-        raise errors.ValidationFailed(f"{name} must be a {kind.__name__}", param=name)
+        raise errors.ValidationFailed(f"{name} must be a {kind.__name__}", param=f"{where}.{name}")
     return value
 
 
@@ -381,3 +380,10 @@ def realtime_tool(tool: dict[str, Any]) -> dict[str, Any]:
 
 def realtime_tool_choice(choice: str | dict[str, Any]) -> str | dict[str, Any]:
     return choice if isinstance(choice, str) else {"type": "function", "name": choice["function"]["name"]}
+
+
+def choice_without_tool(choice: str | dict[str, Any]) -> str:
+    """Why a ``tool_choice`` does not fit the tools (``tool_choice_fits``)."""
+    if choice == "required":
+        return "tool_choice required needs tools"
+    return "tool_choice names a function that is not among the tools"

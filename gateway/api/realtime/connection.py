@@ -69,6 +69,7 @@ from gateway.api.realtime.config import (
     ServerVad,
     chat_tool_choice,
     chat_tools,
+    choice_without_tool,
     output_token_limit,
     parallel_tool_calls,
     tool_choice_fits,
@@ -675,8 +676,7 @@ class RealtimeConnection:
         choice = chat_tool_choice(body["tool_choice"], "response.tool_choice") if "tool_choice" in body \
             else c.tool_choice
         if choice not in ("auto", "none") and not tool_choice_fits(choice, tools):
-            raise errors.ValidationFailed("tool_choice names a function that is not among the tools",
-                                          param="response.tool_choice")
+            raise errors.ValidationFailed(choice_without_tool(choice), param="response.tool_choice")
         parallel = parallel_tool_calls(body["parallel_tool_calls"], "response.parallel_tool_calls") \
             if "parallel_tool_calls" in body else c.parallel_tool_calls
         metadata = body.get("metadata") or {}
@@ -699,7 +699,11 @@ class RealtimeConnection:
         items = []
         for i, entry in enumerate(given):
             if isinstance(entry, dict) and entry.get("type") == "item_reference":
-                items.append(self.conversation.get(str(entry.get("id"))))
+                try:
+                    items.append(self.conversation.get(str(entry.get("id"))))
+                except errors.ItemNotFound as exc:
+                    exc.param = f"response.input.{i}.id"
+                    raise
             elif isinstance(entry, dict):
                 items.append(_item_for_conversation(entry, where=f"response.input.{i}"))
             else:
@@ -844,6 +848,9 @@ class RealtimeConnection:
                                   self._settings.max_chunk_bytes)
         try:
             await self._service.append(self._identity, turn.session_id, record)
+        except errors.ContextLengthExceeded as exc:
+            exc.param = "audio" if chunk.modality == "audio" else "item"  # the event's, not the sessions API's
+            raise
         except errors.SequenceConflict:
             # Our count is behind the session's (a reconnect's state was older): the session knows.
             turn.next_seq = (await self._service.view(self._identity, turn.session_id)).next_seq
