@@ -360,8 +360,7 @@ class TokenizerChecks:
     @staticmethod
     def _check_sampling(request: EngineRequest) -> None:
         """Built here to reject invalid options now, not after the input."""
-        requested = request.sampling.max_tokens
-        sampling_params(request.sampling, max_tokens=1 if requested is None else requested)
+        sampling_params(request.sampling, max_tokens=request.sampling.max_tokens)  # None: up to the context
         check_schema(request.sampling.response_format)
 
 
@@ -724,7 +723,7 @@ class VllmSession:
         self._inputs = self._input_stream()
         # Used by the engine to validate the request and to close it after
         # the input stream ends; each input carries its own parameters.
-        params = sampling_params(self._request.sampling, max_tokens=1)
+        params = sampling_params(at_most(self._request.sampling, 1), max_tokens=1)
         params.output_kind = RequestOutputKind.DELTA
         try:
             async for output in self._generate(self._inputs, params):
@@ -837,9 +836,8 @@ class VllmSession:
         if requested is not None:
             # At least one: a hand-off right at the limit may overshoot by one token.
             requested = max(1, requested - self._emitted)
-        final = sampling_params(
-            self._request.sampling, max_tokens=room if requested is None else min(requested, room)
-        )
+        most = room if requested is None else min(requested, room)
+        final = sampling_params(at_most(self._request.sampling, most), max_tokens=most)
         final.output_kind = RequestOutputKind.DELTA
         if self._tool_calls is not None and self._tool_calls.structured_outputs is not None:
             final.structured_outputs = self._tool_calls.structured_outputs  # never with response_format's
@@ -925,7 +923,15 @@ def _already_shut_down(timeout: float | None = None) -> None:
     return None
 
 
-def sampling_params(options: SamplingOptions, *, max_tokens: int) -> SamplingParams:
+def at_most(options: SamplingOptions, max_tokens: int) -> SamplingOptions:
+    """``options`` for an input that makes at most ``max_tokens`` (an intermediate input's one, or
+    what is left after a hand-off): ``min_tokens`` no more than those, which vLLM requires."""
+    if options.min_tokens is None or options.min_tokens <= max_tokens:
+        return options
+    return replace(options, min_tokens=max_tokens)
+
+
+def sampling_params(options: SamplingOptions, *, max_tokens: int | None) -> SamplingParams:
     """The OpenAI options as vLLM parameters, without stop strings.
 
     Raises ``EngineRejectedError`` for values vLLM refuses.
@@ -956,7 +962,8 @@ def sampling_params(options: SamplingOptions, *, max_tokens: int) -> SamplingPar
     try:
         return SamplingParams(**fields, structured_outputs=structured_outputs(options.response_format))
     except Exception as exc:
-        named = next((name for name in fields if name in str(exc)), None)  # vLLM's reason names the field
+        # vLLM's reason names the field first ("min_tokens must be ... max_tokens=...").
+        named = min((name for name in fields if name in str(exc)), key=str(exc).find, default=None)
         raise EngineRejectedError(f"invalid sampling options: {exc}", param=named) from exc
 
 

@@ -360,6 +360,11 @@ class GenerationOptions(StrictModel):
 RAW_PROMPT_MAX_TOKENS = 16
 
 
+#: Fields added after idempotency digests were first taken: left out of a request's digest when
+#: unset, so a retry that lands on a replica of the release before (a rolling deploy) matches.
+_ADDED_SINCE_DIGESTS = ("logprobs", "top_logprobs")
+
+
 class CreateSessionRequest(GenerationOptions):
     messages: list[ChatMessage] = Field(
         default_factory=list, description="system prompt / history placed before the streamed input")
@@ -378,6 +383,11 @@ class CreateSessionRequest(GenerationOptions):
         False, strict=True, description="the text input is the whole prompt, as vLLM's /v1/completions takes it: "
         "no chat template, the model's special tokens in it are its own; no messages, tools or "
         "chat_template_kwargs; max_tokens 16 unless set, as vLLM's completions")
+
+    @property
+    def unset_since_digests(self) -> set[str]:
+        """The fields to leave out of this request's idempotency digest (``_ADDED_SINCE_DIGESTS``)."""
+        return {name for name in _ADDED_SINCE_DIGESTS if getattr(self, name) is None}
 
     @model_validator(mode="after")
     def _tool_input(self) -> CreateSessionRequest:

@@ -157,7 +157,7 @@ class SessionService:
         self.check_enabled()
         if idempotency_key is None:
             return await self._create(identity, body, first, f"sis-{uuid.uuid4().hex}")
-        request = hashlib.sha256(body.model_dump_json().encode())
+        request = hashlib.sha256(body.model_dump_json(exclude=body.unset_since_digests).encode())
         request.update(first.digest_record().encode() if first is not None else b"")
         session_id = f"sis-{uuid.uuid4().hex}"
         # As long as a session can be read: its idle timeout, its generation budget, its result's life.

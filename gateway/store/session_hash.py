@@ -52,7 +52,7 @@ from gateway.domain.states import SessionState
 from omni_adapter.port import EngineRequest, SamplingOptions
 
 #: Sampling fields newer than the stored form's first release (see ``StoredRequest.to_json``).
-_ADDED_SAMPLING = ("min_p", "logit_bias", "response_format", "min_tokens", "ignore_eos", "logprobs")
+_ADDED_SAMPLING = ("min_p", "logit_bias", "response_format", "min_tokens", "ignore_eos")
 _SAMPLING_FIELDS = frozenset(f.name for f in fields(SamplingOptions))
 
 
@@ -94,6 +94,8 @@ class StoredRequest:
 
     def to_json(self) -> str:
         sampling = {**asdict(self.sampling), "stop": list(self.sampling.stop)}
+        # Beside the sampling fields, not among them: a release before read each key of those.
+        logprobs = sampling.pop("logprobs")
         # Fields added since, only when set: a replica of the release before (a rolling
         # deploy) still reads every session that does not use them.
         for added in _ADDED_SAMPLING:
@@ -110,6 +112,8 @@ class StoredRequest:
             stored["speak_input"] = True
         if self.raw_prompt:
             stored["raw_prompt"] = True
+        if logprobs is not None:
+            stored["logprobs"] = logprobs
         if self.needs:
             stored["needs"] = list(self.needs)
         return json.dumps(stored)
@@ -120,7 +124,8 @@ class StoredRequest:
         # A newer release's sampling fields are left out: its ``needs`` say whether this one may run it.
         sampling = {k: v for k, v in stored["sampling"].items() if k in _SAMPLING_FIELDS}
         return cls(messages=tuple(stored["messages"]), modalities=tuple(stored["modalities"]),
-                   sampling=SamplingOptions(**{**sampling, "stop": tuple(sampling["stop"])}),
+                   sampling=SamplingOptions(**{**sampling, "stop": tuple(sampling["stop"]),
+                                               "logprobs": stored.get("logprobs")}),
                    include_usage=stored.get("include_usage", False), metadata=stored.get("metadata") or {},
                    tools=tuple(stored.get("tools") or ()), tool_choice=stored.get("tool_choice"),
                    parallel_tool_calls=stored.get("parallel_tool_calls", True),

@@ -84,6 +84,9 @@ async def test_the_assistant_answers_whoever_spoke_last(client: httpx.AsyncClien
     assert again.choices[0].message.content == "echo: Hello! How can I help?"
     request = engine.sessions[-1].request
     assert request.input_role == "assistant" and request.messages == ({"role": "user", "content": "hi"},)
+    refused = await oai.chat.completions.create(model="scripted", messages=[
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": [{"type": "refusal", "refusal": "No."}]}])
+    assert refused.choices[0].message.content == "echo: No.", "a refusal is what the assistant said"
 
 
 async def test_an_answer_sent_back_as_the_sdk_dumps_it_is_history(client: httpx.AsyncClient,

@@ -115,6 +115,10 @@ async def test_the_real_engines_complete_as_vllm_does(redis_url: str, real_engin
                                                extra_body={"ignore_eos": True})
         assert benched.usage is not None and benched.usage.completion_tokens == 24
         assert benched.choices[0].finish_reason == "length"
+        # min_tokens alone (no max_tokens): at least that many, the rest up to the model.
+        floor = await oai.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}],
+                                                  temperature=0, extra_body={"min_tokens": 12})
+        assert floor.usage is not None and floor.usage.completion_tokens >= 12
         # A long prompt in the model's chat format fits: its special tokens count one each.
         turns = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nhello<|im_end|>\n" * 111
         long = await oai.completions.create(model=model, prompt=turns, max_tokens=2, temperature=0)

@@ -144,7 +144,7 @@ async def test_what_a_transcription_session_cannot_do_is_said(server: tuple[str,
         assert (await until(connection, "error"))[-1]["error"]["code"] == "input_audio_buffer_commit_empty"
         # A refused update changes nothing: the session is still a transcription session.
         await connection.session.update(session={"type": "realtime", "instructions": 5})  # type: ignore[typeddict-item]
-        assert (await until(connection, "error"))[-1]["error"]["param"] == "instructions"
+        assert (await until(connection, "error"))[-1]["error"]["param"] == "session.instructions"
         await connection.response.create()
         assert "transcription" in (await until(connection, "error"))[-1]["error"]["message"]
     # A realtime session that has had input does not turn into a transcription session.

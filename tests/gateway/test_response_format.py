@@ -19,6 +19,7 @@ import pytest
 from pydantic import BaseModel, Field
 
 from gateway import errors
+from gateway.service.models import CreateSessionRequest
 from gateway.store.session_hash import StoredRequest
 from omni_adapter.http_engine import openai_sampling
 from omni_adapter.model_bootstrap import converted_default_model
@@ -418,4 +419,8 @@ def test_a_session_that_needs_what_a_release_does_not_know_is_refused_by_it_not_
         read.engine_request("r", "m")
     scored = replace(raw, raw_prompt=False, sampling=SamplingOptions(logprobs=2))
     assert json.loads(scored.to_json())["needs"] == ["logprobs"]
+    assert "logprobs" not in json.loads(scored.to_json())["sampling"], "the release before reads each of those"
     assert StoredRequest.from_json(scored.to_json()) == scored
+    # A retry with an Idempotency-Key that lands on the release before digests the same request.
+    asked = CreateSessionRequest(messages=[], temperature=0.5)
+    assert "logprobs" not in asked.model_dump_json(exclude=asked.unset_since_digests)

@@ -76,7 +76,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request, 
     if answer is None:
         return JSONResponse({}, status_code=CLIENT_LEFT)
     if body.audio is not None and body.audio.format == "pcm16":
-        answer = as_pcm16(answer)
+        answer = await asyncio.to_thread(as_pcm16, answer)  # (minutes of audio: decoded off the loop)
     return JSONResponse(answer, headers=headers)
 
 

@@ -65,8 +65,8 @@ class ChatService:
         if last.role == "assistant" and last.tool_calls:
             raise errors.ValidationFailed("the last message calls functions: send their results (tool messages) "
                                           "after it", param=f"messages.{len(history)}.tool_calls")
-        if last.role == "assistant" and isinstance(last.said, str):  # its words (a refusal's, a transcript's)
-            last = last.model_copy(update={"content": last.said})
+        if last.role == "assistant":  # its words as a history message says them (a refusal's, a transcript's)
+            last = last.model_copy(update={"content": last.as_history().get("content")})
         chunks = self._input_chunks(last, f"messages.{len(history)}.content")
         for chunk in chunks:
             self._sessions.check_input_modality(chunk, param=f"messages.{len(history)}.content")

@@ -115,7 +115,8 @@ def heard_chunks(data: bytes, max_bytes: int) -> list[ChunkRecord]:
 
 
 #: FFmpeg's names of the containers of OpenAI's file types (and AAC, which /v1/audio/speech makes).
-AUDIO_FILE_FORMATS = frozenset({"wav", "mp3", "ogg", "flac", "matroska", "webm", "mov", "mp4", "m4a", "aac"})
+AUDIO_FILE_FORMATS = frozenset({"wav", "mp3", "ogg", "flac", "matroska", "webm", "mov", "mp4", "m4a", "aac",
+                                "mpeg"})
 
 
 def decoded(data: bytes, max_bytes: int) -> bytes:

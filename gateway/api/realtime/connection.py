@@ -369,23 +369,30 @@ class RealtimeConnection:
                                             "realtime sessions", param="type")
             await handler(self, message)
         except errors.GatewayError as exc:
-            if exc.code in ("session_expired", "session_not_found", "session_closed", "session_cancelled"):
-                await self._drop_turn(cancel=False)  # its session is gone: the next input opens a new turn
-            await self._emit(ev.error(exc, client_event_id))
+            await self._refused(exc, client_event_id)
         except Exception:
             # A bug must not take the connection (and its open turn) down with it.
             logger.exception("realtime %s: handling %s failed", self.id, kind)
             await self._emit(ev.error(errors.GatewayError("the server failed to handle this event"), client_event_id))
 
+    async def _refused(self, exc: errors.GatewayError, client_event_id: str | None = None) -> None:
+        """An ``error`` event for what could not be done; the connection goes on."""
+        if exc.code in ("session_expired", "session_not_found", "session_closed", "session_cancelled"):
+            await self._drop_turn(cancel=False)  # its session is gone: the next input opens a new turn
+        await self._emit(ev.error(exc, client_event_id))
+
     async def close(self) -> None:
         """The socket closed: stop reading. The open turn stays for a reconnect (its session's timeout)."""
         tasks = [t for t in (*self._tasks, self._idle) if t is not None]
-        for run in (self._turn, *self._side.values(), *self._hearing.values()):
+        for run in (self._turn, *self._side.values(), *self._hearing.values(), *self._unheard.values()):
             if run is not None and run.reader is not None:
                 tasks.append(run.reader)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        for run in self._unheard.values():  # answers cancelled already: their sessions stop here
+            with contextlib.suppress(errors.GatewayError):
+                await self._service.cancel(self._identity, run.session_id)
 
     # --- held input: the next turn's, while an answer runs ----------------------
 
@@ -487,13 +494,19 @@ class RealtimeConnection:
         # and the start of the next (a recording sent faster than it plays) puts each in its own item.
         done = 0
         for change in detector.feed(pcm):
-            await self._vad_audio(pcm[done:change.cut], detector, speaking=change.kind == "speech_stopped")
-            done = max(done, change.cut)
-            if change.kind == "speech_started":
-                self._disarm_idle()
-                await self._speech_started(change.at_ms, vad.interrupt_response)
-            else:
-                await self._speech_stopped(change.at_ms, vad)
+            # The detector has heard the whole piece: a change that fails (an answer refused by the
+            # rate limit) is told, and the changes after it and their audio still take effect.
+            try:
+                await self._vad_audio(pcm[done:change.cut], detector, speaking=change.kind == "speech_stopped")
+                done = max(done, change.cut)
+                if change.kind == "speech_started":
+                    self._disarm_idle()
+                    await self._speech_started(change.at_ms, vad.interrupt_response)
+                else:
+                    await self._speech_stopped(change.at_ms, vad)
+            except errors.GatewayError as exc:
+                done = max(done, change.cut)
+                await self._refused(exc)
         await self._vad_audio(pcm[done:], detector, speaking=detector.speaking)
 
     async def _vad_audio(self, pcm: bytes, detector: SpeechDetector, speaking: bool) -> None:
@@ -741,6 +754,7 @@ class RealtimeConnection:
 
         The history is trimmed to fit when it is the conversation's own (not a response's ``input``).
         """
+        await self._hear_out_cut_off()  # (the items are the conversation's own dicts: their words join them)
         whole = in_conversation and items == self.conversation.items
         if cue is not None:
             items = [*items, {"id": "", "type": "message", "role": "system",
@@ -828,11 +842,7 @@ class RealtimeConnection:
         if turn is not None and turn.answering:
             raise errors.ActiveResponse("a response is in progress; wait for response.done or cancel it")
         params = self._params({})
-        if hearing := {r.reader for r in self._unheard.values() if r.reader is not None and not r.reader.done()}:
-            # The history below has the words of a turn whose answer was cancelled (barge-in)
-            # only once they are heard (the client was told of the cancel already).
-            await asyncio.wait(hearing, timeout=UNHEARD_WAIT_SEC)
-        self._unheard = {key: r for key, r in self._unheard.items() if r.reader is not None and not r.reader.done()}
+        await self._hear_out_cut_off()
         request = CreateSessionRequest(modalities=[]) if self.config.transcribing else \
             await self._session_request(list(self.conversation.items), params, trim=True, streaming=True)
         record, _ = await self._service.create(self._identity, request, None)
@@ -876,17 +886,22 @@ class RealtimeConnection:
 
     async def _speech_started(self, at_ms: int, interrupt: bool) -> None:
         turn = self._turn
-        # Told first, as OpenAI does, and before the turn opens (which may wait for a cancelled
-        # turn's words): a client stops playing the answer at this event.
-        item_id = turn.audio_item_id if turn is not None and turn.audio_item_id and not turn.committed \
-            else ev.new_id("item")
+        padding, self._padding = bytes(self._padding), bytearray()
+        if turn is not None and turn.streaming and turn.answer is None:  # the open turn goes on
+            if turn.audio_item_id is None:
+                turn.audio_item_id = ev.new_id("item")
+            await self._emit(ev.event("input_audio_buffer.speech_started", audio_start_ms=at_ms,
+                                      item_id=turn.audio_item_id))
+            await self._append_audio(padding)
+            return
+        # A new turn: told first, as OpenAI does, and before the turn opens (which may wait for a
+        # cancelled turn's words): a client stops playing the answer at this event.
+        item_id = ev.new_id("item")
         await self._emit(ev.event("input_audio_buffer.speech_started", audio_start_ms=at_ms, item_id=item_id))
         if interrupt and turn is not None and turn.answering:
             await self._cancel_answer(turn, "turn_detected")  # barge-in
-        padding, self._padding = bytes(self._padding), bytearray()
         turn = await self._streaming_turn()
-        if turn.audio_item_id is None:
-            turn.audio_item_id = item_id
+        turn.audio_item_id = item_id
         await self._append_audio(padding)
 
     async def _commit(self) -> Run:
@@ -965,13 +980,36 @@ class RealtimeConnection:
                 await self._service.cancel(self._identity, turn.session_id)
 
     async def _cancel_answer(self, run: Run, reason: str) -> None:
+        # Its words still being heard, it is cancelled once they are (``_hear_rest``): marked before
+        # the end is told, since its reader goes on meanwhile and must not drop those frames.
+        unheard = run.audio_item_id is not None and not run.told_transcript and run.reader is not None \
+            and not run.reader.done()
+        if unheard:
+            self._unheard[run.session_id] = run
         # Told first, so the reason is this one (the session's own cancel frame follows).
         await self._end_run(run, "cancelled", reason)
-        if run.audio_item_id is not None and not run.told_transcript and run.reader is not None \
-                and not run.reader.done():
-            self._unheard[run.session_id] = run  # its words are still being heard: cancelled once they are
+        if not unheard:
+            with contextlib.suppress(errors.SessionClosed):  # it completed meanwhile
+                await self._service.cancel(self._identity, run.session_id)
+
+    async def _hear_out_cut_off(self) -> None:
+        """Before a new answer's history is made: the words of turns whose answers were cancelled
+        before they were heard (the client was told of the cancels already), ``UNHEARD_WAIT_SEC`` at
+        most. What is not heard by then (its session waits for the engine) is given up: its item
+        keeps the words heard so far, and its session is cancelled."""
+        hearing = {r.reader for r in self._unheard.values() if r.reader is not None and not r.reader.done()}
+        if hearing:
+            await asyncio.wait(hearing, timeout=UNHEARD_WAIT_SEC)
+        for run in list(self._unheard.values()):
+            await self._give_up_hearing(run)
+
+    async def _give_up_hearing(self, run: Run) -> None:
+        if self._unheard.pop(run.session_id, None) is None:
             return
-        with contextlib.suppress(errors.SessionClosed):  # it completed meanwhile
+        if run.reader is not None and run.reader is not asyncio.current_task():
+            run.reader.cancel()
+        await self._tell_transcript(run)
+        with contextlib.suppress(errors.GatewayError):
             await self._service.cancel(self._identity, run.session_id)
 
     # --- idle timeout (server_vad idle_timeout_ms) ---------------------------------------
@@ -1094,14 +1132,11 @@ class RealtimeConnection:
                 c.get("finish_reason") or set(c.get("delta") or {}) - {"role"}
                 for c in orjson.loads(data).get("choices") or ()):
             return  # the answer's role frame
-        self._unheard.pop(run.session_id, None)
-        if frame.event == "error" and self.config.transcription is not None:
+        if frame.event == "error" and self.config.transcription is not None and run.session_id in self._unheard:
             run.told_transcript = True
             await self._emit(ev.event("conversation.item.input_audio_transcription.failed", item_id=run.audio_item_id,
                                       content_index=0, error=json.loads(data)["error"]))
-        await self._tell_transcript(run)
-        with contextlib.suppress(errors.GatewayError):
-            await self._service.cancel(self._identity, run.session_id)
+        await self._give_up_hearing(run)  # heard: nothing is given up but the answer
 
     async def _heard(self, run: Run, heard: str) -> None:
         """What the recognizer heard so far; told as it grows when transcription is on."""
