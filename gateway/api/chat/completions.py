@@ -233,10 +233,11 @@ async def _chunks(frames: AsyncGenerator[ServerSentEvent, None], session_id: str
         if echoed:
             yield FrameEvent(data=orjson.dumps({**shell, "choices": [_choice(echoed, None)]}).decode())
             echoed = ""
-        choices = [_choice((c.get("delta") or {}).get("content") or "", c.get("finish_reason"),
-                           logprobs.of(c["logprobs"]) if logprobs is not None and c.get("logprobs") else None)
-                   for c in chunk.get("choices") or ()]
-        told = [c for c in choices if c["text"] or c["finish_reason"] or c["logprobs"]]
+        told = [_choice(delta.get("content") or "", c.get("finish_reason"),
+                        logprobs.of(c["logprobs"]) if logprobs is not None and c.get("logprobs") else None)
+                for c in chunk.get("choices") or () if (delta := c.get("delta") or {})
+                # The role frame (the first token) is a chunk of no text, as vLLM sends a token's.
+                or c.get("finish_reason") or c.get("logprobs")]
         if told or chunk.get("usage"):
             out = {**shell, "choices": told}
             if chunk.get("usage"):
