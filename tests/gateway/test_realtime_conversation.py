@@ -271,7 +271,15 @@ async def test_idle_timeout_triggers_a_response(redis_url: str) -> None:
         await until(conn, "session.updated")
         await text_turn(conn, "hello")
         events = await until(conn, "response.done", within_sec=10)
-    assert "input_audio_buffer.timeout_triggered" in types(events)
+        triggered = next(e for e in events if e["type"] == "input_audio_buffer.timeout_triggered")
+        # As at OpenAI: the silence is the user's committed (empty) audio item, then answered.
+        await conn.conversation.item.retrieve(item_id=triggered["item_id"])
+        retrieved = (await until(conn, "conversation.item.retrieved"))[-1]["item"]
+    order = types(events)
+    assert order.index("input_audio_buffer.timeout_triggered") < order.index("input_audio_buffer.committed") \
+        < order.index("response.created")
+    assert next(e for e in events if e["type"] == "input_audio_buffer.committed")["item_id"] == triggered["item_id"]
+    assert retrieved["role"] == "user" and retrieved["content"][0]["type"] == "input_audio"
     assert answer_text(events).startswith("echo: The user has said nothing")
 
 

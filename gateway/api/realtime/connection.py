@@ -1032,8 +1032,14 @@ class RealtimeConnection:
                     or (self._detector is not None and self._detector.speaking):
                 return
             self._idle = None
+            item = ev.user_item(ev.new_id("item"), [{"type": "input_audio", "transcript": None}])
             await self._emit(ev.event("input_audio_buffer.timeout_triggered", audio_start_ms=self._answered_at_ms,
-                                      audio_end_ms=self._audio_in_bytes // BYTES_PER_MS, item_id=ev.new_id("item")))
+                                      audio_end_ms=self._audio_in_bytes // BYTES_PER_MS, item_id=item["id"]))
+            # As OpenAI does: the silence is committed as the user's (empty) audio item, then answered.
+            self._padding.clear()
+            before = self.conversation.add(item)
+            await self._emit(ev.event("input_audio_buffer.committed", previous_item_id=before, item_id=item["id"]))
+            await self._tell_item(item, before)
             vad = self.config.server_vad
             if vad is not None and vad.create_response:
                 try:
