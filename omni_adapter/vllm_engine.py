@@ -34,11 +34,11 @@ import logging
 import os
 import re
 import weakref
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence, Sized
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from omni_adapter.compile_warmup import (
     CompileCache,
@@ -276,6 +276,8 @@ class TokenizerChecks:
         self._streaming = streaming
         self._max_model_len = max_model_len
         self._capabilities = capabilities
+        #: Token ids the model has (its added tokens too): what a logit_bias may name.
+        self._vocabulary = len(cast("Sized", streaming.tokenizer))
 
     @property
     def max_input_tokens(self) -> int:
@@ -357,11 +359,15 @@ class TokenizerChecks:
         self._check_sampling(request)
         return prefix, suffix
 
-    @staticmethod
-    def _check_sampling(request: EngineRequest) -> None:
+    def _check_sampling(self, request: EngineRequest) -> None:
         """Built here to reject invalid options now, not after the input."""
         sampling_params(request.sampling, max_tokens=request.sampling.max_tokens)  # None: up to the context
         check_schema(request.sampling.response_format)
+        vocabulary = self._vocabulary
+        if unknown := [token for token in request.sampling.logit_bias or () if int(token) >= vocabulary]:
+            # vLLM refuses these when the request reaches the engine, after the input.
+            raise EngineRejectedError(f"logit_bias names token ids the model does not have ({', '.join(unknown[:5])}; "
+                                      f"its vocabulary is {vocabulary} tokens)", param="logit_bias")
 
 
 def load_tokenizer(model: str) -> Any:

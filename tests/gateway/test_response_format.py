@@ -277,15 +277,19 @@ async def test_min_p_and_logit_bias_reach_the_engine(real: httpx.AsyncClient) ->
 @pytest.mark.engine
 async def test_what_only_the_engine_can_check_is_refused_with_its_reason(real: httpx.AsyncClient) -> None:
     """A token id beyond the vocabulary (vLLM's check when it adds the request), a schema the
-    grammar compiler refuses (checked before, as vLLM's engine core failed the request with a
-    server error): the client's mistake, not a server error."""
+    grammar compiler refuses (vLLM's engine core failed the request with a server error): the
+    client's mistake, checked before any work, and named."""
     question = {"model": MODEL, "messages": [{"role": "user", "content": "Hi."}], "max_tokens": 3}
     beyond = await real.post(CHAT, json={**question, "logit_bias": {"99999999": 5}})
-    assert "logit_bias" in assert_error(beyond, 400, "invalid_request")["message"]
+    assert assert_error(beyond, 422, "validation_error")["param"] == "logit_bias"
     broken = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "properties": {
         "a": {"type": "integer", "minimum": 5, "maximum": 1}}}}}
     refused = await real.post(CHAT, json={**question, "response_format": broken})
-    assert "minimum greater than maximum" in assert_error(refused, 422, "validation_error")["message"]
+    error = assert_error(refused, 422, "validation_error")
+    assert "minimum greater than maximum" in error["message"] and error["param"] == "response_format"
+    assert ".cc" not in error["message"], "no C++ source lines"
+    unsampled = await real.post(CHAT, json={**question, "top_k": -5})
+    assert assert_error(unsampled, 422, "validation_error")["param"] == "top_k"
 
 
 # --- before any engine work -------------------------------------------------------
