@@ -37,10 +37,13 @@ class AudioOutput:
     def frame(self, delta: AudioDelta) -> str:
         pcm = self._resampler.push(delta.pcm16, delta.sample_rate).tobytes()
         self._pcm.append(pcm)
-        if delta.transcript:
-            self._transcript.append(delta.transcript)
+        told = delta.transcript
+        if told:
+            # The phrases' transcripts, streamed, add up to the whole one (joined by spaces).
+            told = f" {told}" if self._transcript and not told[0].isspace() else told
+            self._transcript.append(delta.transcript.strip())
         return self._frames.audio({"id": self.audio_id, "data": base64.b64encode(pcm).decode(),
-                                   "transcript": delta.transcript, "expires_at": self.expires_at})
+                                   "transcript": told, "expires_at": self.expires_at})
 
     def flush_frame(self) -> str | None:
         """The last samples the resampler holds back (its filter's delay), at the answer's end."""
@@ -60,7 +63,7 @@ class AudioOutput:
                 if spoken := choice["delta"].get("audio"):
                     self._pcm.append(base64.b64decode(spoken["data"]))
                     if spoken.get("transcript"):
-                        self._transcript.append(spoken["transcript"])
+                        self._transcript.append(spoken["transcript"].strip())
 
     def complete(self, completion: dict[str, Any]) -> dict[str, Any]:
         """The completion with ``message.audio`` added, if anything was spoken."""

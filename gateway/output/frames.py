@@ -67,7 +67,7 @@ def unspoken_end(text: str, frame_data: list[str]) -> str:
         if data == DONE:
             continue
         for choice in json.loads(data).get("choices", ()):
-            spoken = str((choice["delta"].get("audio") or {}).get("transcript") or "")
+            spoken = str((choice["delta"].get("audio") or {}).get("transcript") or "").strip()
             found = text.find(spoken, at) if spoken else -1
             if found >= 0:
                 at = found + len(spoken)

@@ -381,6 +381,22 @@ async def test_a_broken_socket_resumes_on_another_replica_with_nothing_lost_or_r
             assert answer_text(turn) == "echo: more"
 
 
+async def test_a_resume_inside_an_answer_that_has_ended_replays_its_rest(redis_url: str) -> None:
+    """The answer ended while its last events were in flight when the socket broke: a reconnect
+    from the last event the client got (a delta) replays the rest, up to response.done, once."""
+    words = "one two three four five six"
+    async with live_app(make_settings(redis_url=redis_url), ScriptedEngine()) as url:
+        session_id, seen = await ask_then_break(url, words, lambda got: bool(got) and got[-1]["type"] == "response.done")
+        deltas = [i for i, e in enumerate(seen) if e["type"] == "response.output_text.delta"]
+        got = seen[:deltas[1] + 1]  # what reached the client before the break
+        after = await resumed_until_done(url, session_id, got[-1]["event_id"])
+    assert after[0]["type"] == "session.created"
+    assert [e["type"] for e in after[1:]] == [e["type"] for e in seen[deltas[1] + 1:]]
+    assert answer_text(got) + answer_text(after) == f"echo: {words}"
+    assert after[-1]["response"]["status"] == "completed"
+    assert after[-1]["response"]["id"] == seen[-1]["response"]["id"]
+
+
 async def test_a_resume_of_an_unknown_session_is_refused(server: tuple[str, ScriptedEngine]) -> None:
     url, _ = server
     async with websockets.connect(url.replace("http", "ws") + "/v1/realtime?session_id=sess_nope") as ws:

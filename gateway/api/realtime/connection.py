@@ -213,6 +213,10 @@ class RealtimeConnection:
         #: Conversation turns whose answer was cancelled before their words were heard: their
         #: session goes on until its transcript is whole (``_hear_rest``), then is cancelled.
         self._unheard: dict[str, Run] = {}
+        #: The last answer in the conversation that ended: a reconnect from inside it replays the rest.
+        self._last: Run | None = None
+        #: That answer, restored by a reconnect whose last event is in it (``opened`` follows it).
+        self._replayed: Run | None = None
         self._telling = asyncio.Lock()
         self._held: deque[dict[str, Any]] = deque()
         self._held_chars = 0
@@ -240,7 +244,8 @@ class RealtimeConnection:
         return json.dumps({
             "identity": self._identity, "config": self.config.saved(), "items": self.conversation.items,
             "version": self._version, "turn": self._turn.saved() if self._turn else None,
-            "hearing": [run.saved() for run in self._hearing.values()]})
+            "hearing": [run.saved() for run in self._hearing.values()],
+            "last": self._last.saved() if self._last is not None and self._last is not self._turn else None})
 
     async def _save(self, *, strict: bool = False) -> None:
         """Write the state if it changed; ``strict``: a failure is the caller's (intent first)."""
@@ -278,17 +283,24 @@ class RealtimeConnection:
             self._hearing[str(turn.audio_item_id)] = turn
             with contextlib.suppress(errors.GatewayError):  # (its input may not have been ended yet)
                 await self._service.finish(self._identity, turn.session_id, None)
-        if saved is not None or self._hearing:
-            self._resume_at = resume_position(last_event_id) or START  # its reader starts after session.created
+        position = resume_position(last_event_id)
+        if state.get("last") is not None and position is not None:
+            # The client's last event may be inside the answer that ended last (its end was in
+            # flight when the socket broke): what came after it is replayed, the rest muted.
+            self._replayed = await self._restored_run(state["last"], finished=True)
+        if saved is not None or self._hearing or self._replayed is not None:
+            self._resume_at = position or START  # its reader starts after session.created
         self._saved = self._state()
 
-    async def _restored_run(self, saved: dict[str, Any]) -> Run | None:
-        """The open turn as saved, its cursor read from its session (which a crash cannot leave behind)."""
+    async def _restored_run(self, saved: dict[str, Any], *, finished: bool = False) -> Run | None:
+        """The open turn as saved, its cursor read from its session (which a crash cannot leave
+        behind); ``finished``: the last answer, replayed only if it completed."""
         try:
             record = await self._service.view(self._identity, saved["session_id"])
         except errors.GatewayError:
             return None
-        if record.state in (SessionState.FAILED, SessionState.CANCELLED, SessionState.EXPIRED):
+        if record.state in (SessionState.FAILED, SessionState.CANCELLED, SessionState.EXPIRED) \
+                or (finished and record.state is not SessionState.COMPLETED):
             return None
         answer = saved.pop("answer")
         run = Run(**{**saved, "basis": tuple(saved["basis"])}, next_seq=record.next_seq)
@@ -341,7 +353,7 @@ class RealtimeConnection:
 
     async def opened(self) -> None:
         await self._emit(ev.event("session.created", session=self.config.session_object(self.id)))
-        for run in (self._turn, *self._hearing.values()):
+        for run in (self._replayed, self._turn, *self._hearing.values()):
             if run is not None and run.reader is None:  # restored: follow it again, muted up to where the client was
                 self._follow(run, self._resume_at)
         await self._save()
@@ -384,7 +396,8 @@ class RealtimeConnection:
     async def close(self) -> None:
         """The socket closed: stop reading. The open turn stays for a reconnect (its session's timeout)."""
         tasks = [t for t in (*self._tasks, self._idle) if t is not None]
-        for run in (self._turn, *self._side.values(), *self._hearing.values(), *self._unheard.values()):
+        for run in (self._turn, self._replayed, *self._side.values(), *self._hearing.values(),
+                    *self._unheard.values()):
             if run is not None and run.reader is not None:
                 tasks.append(run.reader)
         for task in tasks:
@@ -1177,6 +1190,7 @@ class RealtimeConnection:
         await run.answer.end(status, reason, error)
         await self._emit(ev.event("rate_limits.updated", rate_limits=[self._budget.rate_limit()]))
         if run.in_conversation:
+            self._last = run
             if self._turn is run:
                 self._turn = None
             self._answered_at_ms = self._audio_in_bytes // BYTES_PER_MS
