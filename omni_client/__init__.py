@@ -37,6 +37,8 @@ from omni_client.errors import (
     AuthenticationFailed,
     BadRequest,
     Conflict,
+    ModelNotFound,
+    NotFound,
     OmniError,
     PayloadTooLarge,
     RateLimited,
@@ -51,7 +53,8 @@ from omni_client.sync_client import Client, Session
 
 __all__ = [
     "APIError", "AnswerEvent", "AsyncClient", "AsyncSession", "AudioDelta", "AuthenticationFailed", "BadRequest",
-    "Chunk", "ChunkAck", "Client", "Conflict", "DEFAULT_URL", "FinishAck", "Finished", "OmniError",
+    "Chunk", "ChunkAck", "Client", "Conflict", "DEFAULT_URL", "FinishAck", "Finished", "ModelNotFound", "NotFound",
+    "OmniError",
     "PayloadTooLarge", "RateLimited", "Result", "RetryPolicy", "ServerError", "Session", "SessionExpired",
     "SessionFailed", "SessionNotFound", "TextDelta", "Transcript", "TransportFailed", "UsageReport",
     "read_wav", "wav_bytes",

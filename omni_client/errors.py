@@ -7,7 +7,9 @@
         │                        (``status``, ``code``, ``message``, ``type``, ``param``)
         ├── BadRequest           400 / 422: the request itself is wrong
         ├── AuthenticationFailed 401
-        ├── SessionNotFound      404
+        ├── NotFound             404 (a route, an item)
+        │   ├── SessionNotFound  404 session_not_found
+        │   └── ModelNotFound    404 model_not_found
         ├── Conflict             409: sequence_conflict, input_closed, ...
         ├── SessionExpired       410
         ├── PayloadTooLarge      413
@@ -63,7 +65,15 @@ class AuthenticationFailed(APIError):
     pass
 
 
-class SessionNotFound(APIError):
+class NotFound(APIError):
+    """A 404 that is not a session's: a model not served, a route, an item."""
+
+
+class SessionNotFound(NotFound):
+    pass
+
+
+class ModelNotFound(NotFound):
     pass
 
 
@@ -92,15 +102,26 @@ class SessionFailed(APIError):
 
 
 _BY_STATUS: dict[int, type[APIError]] = {400: BadRequest, 422: BadRequest, 401: AuthenticationFailed,
-                                         404: SessionNotFound, 409: Conflict, 410: SessionExpired,
+                                         409: Conflict, 410: SessionExpired,
                                          413: PayloadTooLarge, 429: RateLimited}
+
+
+#: 404s by their code: only a session's is ``SessionNotFound`` (code that recreates a vanished
+#: session must not loop on a misspelled model).
+_NOT_FOUND_BY_CODE: dict[str, type[APIError]] = {"session_not_found": SessionNotFound,
+                                                 "model_not_found": ModelNotFound}
 
 
 def api_error(status: int, body: bytes, retry_after: float | None = None) -> APIError:
     """The typed error for an answer; a body that is not our envelope (a load
     balancer's own 502 page) keeps its status and a ``http_<status>`` code."""
+    envelope = _envelope(body)
     error_class = _BY_STATUS.get(status, ServerError if status >= 500 else APIError)
-    return from_envelope(error_class, status, _envelope(body), retry_after)
+    if status == 404:
+        detail = envelope.get("error") if isinstance(envelope, dict) else None
+        code = detail.get("code") if isinstance(detail, dict) else None
+        error_class = _NOT_FOUND_BY_CODE.get(str(code), NotFound)
+    return from_envelope(error_class, status, envelope, retry_after)
 
 
 def from_envelope(error_class: type[APIError], status: int, envelope: dict[str, Any] | None,

@@ -24,6 +24,8 @@ from omni_client import (
     BadRequest,
     Client,
     Conflict,
+    ModelNotFound,
+    NotFound,
     RateLimited,
     RetryPolicy,
     SessionFailed,
@@ -124,6 +126,10 @@ def test_errors_are_typed_and_carry_the_envelope(gateway: LiveGateway) -> None:
         with pytest.raises(SessionNotFound) as missing:
             client.session("sis-doesnotexist")
         assert missing.value.status == 404 and missing.value.code == "session_not_found"
+        # Another 404 is not a session's: code that recreates a vanished session must not loop on it.
+        with pytest.raises(ModelNotFound) as unserved:
+            client.create_session(model="no-such-model")
+        assert not isinstance(unserved.value, SessionNotFound) and isinstance(unserved.value, NotFound)
 
     closed = free_port()
     with Client(f"http://127.0.0.1:{closed}", retry=FAST_RETRY) as nowhere, \

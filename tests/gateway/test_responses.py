@@ -119,11 +119,15 @@ async def test_what_is_not_served_here_is_said(sdk: AsyncOpenAI, engine: Scripte
         ({"background": True}, openai.UnprocessableEntityError, "background"),
         ({"tool_choice": {"type": "function", "name": "nope"}, "tools": [WEATHER]},
          openai.UnprocessableEntityError, "tool_choice"),
+        ({"tool_choice": "required", "tools": [WEATHER],
+          "text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "object"}}}},
+         openai.UnprocessableEntityError, "tool_choice"),
     ]
     for extra, error, param in cases:
         with pytest.raises(error) as raised:
             await sdk.responses.create(**{"model": "scripted", "input": "hi", **extra})
         assert isinstance(raised.value.body, dict) and str(raised.value.body.get("param")).startswith(param), extra
+        assert "response_format" not in str(raised.value.body), "named in this API's terms (text.format)"
     assert not engine.sessions, "nothing ran"
 
 

@@ -38,6 +38,7 @@ from gateway.api.chat.router import (
     completion_unless_client_leaves,
     get_chat,
     named_as,
+    renamed,
 )
 from gateway.api.chat.service import ChatService
 from gateway.web.event_stream import EVENT_STREAM_CONTENT, EventStream
@@ -61,19 +62,24 @@ async def create_response(body: ResponsesRequest, request: Request, identity: Id
                           idempotency_key: IdempotencyKey = None) -> JSONResponse | EventStream:
     resources = get_resources(request)
     shape = ResponseShape.of(body, body.model or resources.engine.capabilities.model_names[0])
-    with named_as("input"):
+    with named_as("input", CHAT_NAMES):
         session_id = await chat.start(identity, chat_request(body), idempotency_key)
     headers = {"X-Session-Id": session_id}
     if body.stream:
         return EventStream(response_events(chat.stream(identity, session_id), shape, session_id),
                            ping_sec=resources.settings.sse_ping_sec, draining=resources.draining, headers=headers,
                            when_stopped=WHEN_STOPPED)
-    with named_as("input"):  # the engine's own refusal (a sidecar's context check) comes here
+    with named_as("input", CHAT_NAMES):  # the engine's own refusal (a sidecar's context check) comes here
         completion = await completion_unless_client_leaves(request, chat, identity, session_id)
     if completion is None:
         return JSONResponse({}, status_code=CLIENT_LEFT)
     return JSONResponse(response_of(completion, shape), headers=headers)
 
+
+#: Chat's names of the fields this door names otherwise (in an error's param and message).
+CHAT_NAMES = {"response_format.json_schema.schema": "text.format.schema",
+              "response_format.json_schema": "text.format", "response_format": "text.format",
+              "max_completion_tokens": "max_output_tokens"}
 
 #: Fields that mean the same in both requests, checked by the chat request's rules.
 _SAMPLING = {"top_k", "seed", "stop", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p",
@@ -123,7 +129,8 @@ def chat_request(body: ResponsesRequest) -> ChatCompletionRequest:
         first = exc.errors()[0]
         # The fields chat shares with responses keep their names; a message is an input item.
         param = "input" if first["loc"][:1] == ("messages",) else ".".join(param_path(first["loc"])) or None
-        raise errors.ValidationFailed(str(first["msg"]).removeprefix("Value error, "), param=param) from None
+        raise errors.ValidationFailed(renamed(str(first["msg"]).removeprefix("Value error, "), CHAT_NAMES),
+                                      param=None if param is None else renamed(param, CHAT_NAMES)) from None
 
 
 def _with_instructions(instructions: str | None, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

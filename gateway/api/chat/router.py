@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Iterator, Mapping
 from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, Request
@@ -81,15 +81,26 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request, 
 
 
 @contextlib.contextmanager
-def named_as(param: str) -> Iterator[None]:
+def named_as(param: str, fields: Mapping[str, str] | None = None) -> Iterator[None]:
     """An error named in the chat request's terms (its messages), named in another door's (``input``,
-    ``prompt``): what the engine refused is that door's input."""
+    ``prompt``): what the engine refused is that door's input. ``fields``: chat's names of other
+    fields (a path's start) and the door's, in the param and the message."""
     try:
         yield
     except errors.GatewayError as exc:
         if exc.param is not None and exc.param.startswith("messages"):
             exc.param = param
+        if fields:
+            exc.message = renamed(exc.message, fields)
+            exc.param = None if exc.param is None else renamed(exc.param, fields)
         raise
+
+
+def renamed(text: str, fields: Mapping[str, str]) -> str:
+    """``text`` with chat's field names (the longest first) in another door's."""
+    for chat_name in sorted(fields, key=len, reverse=True):
+        text = text.replace(chat_name, fields[chat_name])
+    return text
 
 
 async def as_openai_sends(frames: AsyncGenerator[ServerSentEvent, None]) -> AsyncIterator[ServerSentEvent]:
