@@ -324,8 +324,15 @@ class SessionStore:
                      caller: str = "") -> InputOutcome:
         asked = "" if final_sequence_id is None else final_sequence_id
         reply = await self._run("finish", session_keys(session_id), [now_ms(), replica, asked, caller])
+        if reply.status == "below_received":
+            raise errors.SequenceConflict(
+                f"final_sequence_id {final_sequence_id} is below a chunk already received (sequence_id "
+                f"{reply.number('max_seq')}): the input cannot end before it", param="final_sequence_id")
         if reply.status != "accepted":
-            raise _error_for(reply, session_id, final_sequence_id)
+            error = _error_for(reply, session_id, final_sequence_id)
+            if error.param == "sequence_id":  # this call's field
+                error.param = "final_sequence_id"
+            raise error
         outcome = _input_outcome(reply, replica)
         await self._schedule_if_started(session_id, outcome)
         return outcome

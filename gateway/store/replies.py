@@ -23,7 +23,7 @@ _TAKEN = ("state", "previous_state", "started", "next_seq", "lease_epoch", "*mis
 #: Refusals of the input scripts; the store turns each into its error.
 _REFUSALS: dict[str, tuple[str, ...]] = {
     "not_found": (), "expired": (), "closed": ("state",), "conflict": (), "exists": (), "empty": (),
-    "input_closed": ("final_seq",), "out_of_window": ("next_seq",), "too_many": (),
+    "input_closed": ("final_seq",), "below_received": ("max_seq",), "out_of_window": ("next_seq",), "too_many": (),
     "too_large": ("previous_state", "identity"), "too_long": ("tokens", "max_tokens"),
     "unknown": ("next_seq",), "over_cap": ("max_bytes",),
 }

@@ -215,12 +215,18 @@ async def test_finish_reports_missing_ids_and_is_idempotent(client: httpx.AsyncC
     sid = await create(client, start_policy="on_end_only")
     await append(client, sid, 0, "a")
     await append(client, sid, 2, "c")
+    # An end before a chunk already received: the input is still open, and the field is named.
+    early = assert_error(await client.post(f"{BASE}/{sid}/finish", json={"final_sequence_id": 1}), 409,
+                         "sequence_conflict")
+    assert early["param"] == "final_sequence_id" and "below" in early["message"], early
     finish = await client.post(f"{BASE}/{sid}/finish", json={"final_sequence_id": 3})
     assert finish.status_code == 202 and finish.json()["missing_sequence_ids"] == [1, 3]
     assert (await view(client, sid))["missing_sequence_ids"] == [1, 3]
     again = await client.post(f"{BASE}/{sid}/finish", json={"final_sequence_id": 3})
     assert again.status_code == 202 and again.json()["missing_sequence_ids"] == [1, 3]
-    assert_error(await client.post(f"{BASE}/{sid}/finish", json={"final_sequence_id": 5}), 409, "input_closed")
+    closed = assert_error(await client.post(f"{BASE}/{sid}/finish", json={"final_sequence_id": 5}), 409,
+                          "input_closed")
+    assert closed["param"] == "final_sequence_id", closed
     assert_error(await append(client, sid, 4, "beyond"), 409, "input_closed")
     await append(client, sid, 1, "b")
     await append(client, sid, 3, "d")

@@ -404,3 +404,9 @@ async def test_a_resume_of_an_unknown_session_is_refused(server: tuple[str, Scri
         assert error["type"] == "error" and error["error"]["code"] == "session_not_found"
         with pytest.raises(websockets.ConnectionClosed):
             await ws.recv()
+    # A mangled last event id is refused too (a client that would miss events never learnt it).
+    session_id, _ = await ask_then_break(url, "hi", lambda got: bool(got) and got[-1]["type"] == "response.done")
+    async with websockets.connect(f"{url.replace('http', 'ws')}/v1/realtime?session_id={session_id}"
+                                  "&last_event_id=bogus") as ws:
+        error = json.loads(await ws.recv())
+        assert error["type"] == "error" and error["error"]["param"] == "last_event_id"

@@ -262,6 +262,10 @@ class RealtimeConnection:
 
     async def restore(self, conversation_id: str, last_event_id: str | None) -> None:
         """Take over a connection that broke off: its state, and its open turn after ``last_event_id``."""
+        if last_event_id and resume_position(last_event_id) is None:  # (the sessions API's Last-Event-ID too)
+            raise errors.InvalidRequest(f"last_event_id {last_event_id[:64]!r} is not the id of an event this "
+                                        "server sent: send the event_id of the last event received",
+                                        param="last_event_id")
         raw = await self._store.load_conversation(conversation_id)
         state = json.loads(raw) if raw else None
         if state is None or (state["identity"] != self._identity and self._identity_checked):

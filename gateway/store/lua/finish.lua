@@ -18,7 +18,7 @@ if final_seq == nil then
     if max_seq < 0 then return {'empty'} end
     asked = max_seq
   end
-  if asked < max_seq then return {'input_closed', max_seq} end
+  if asked < max_seq then return {'below_received', max_seq} end
   if asked >= next_seq + meta_num('max_ooo') then return {'out_of_window', next_seq} end
   redis.call('HSET', META, 'final_seq', asked)
 end
