@@ -403,12 +403,18 @@ class CreateSessionRequest(GenerationOptions):
                              "messages, tools or response_format")
         return self
 
-    @model_validator(mode="after")
-    def _raw(self) -> CreateSessionRequest:
-        if self.raw_prompt and (self.messages or self.tools or self.chat_template_kwargs or self.speak_input
-                                or self.input_role != "user"):
+    @field_validator("raw_prompt")
+    @classmethod
+    def _raw_alone(cls, raw: bool, info: ValidationInfo) -> bool:
+        given = info.data
+        if raw and (given.get("messages") or given.get("tools") or given.get("chat_template_kwargs")
+                    or given.get("speak_input") or given.get("input_role", "user") != "user"):
             raise ValueError("raw_prompt is the whole prompt: no messages, tools, chat_template_kwargs, "
                              "input_role or speak_input")
+        return raw
+
+    @model_validator(mode="after")
+    def _raw(self) -> CreateSessionRequest:
         if self.raw_prompt and self.max_tokens is None and self.max_completion_tokens is None:
             self.max_tokens = RAW_PROMPT_MAX_TOKENS  # vLLM's completions default, whichever engine serves it
         return self

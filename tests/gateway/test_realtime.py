@@ -155,6 +155,23 @@ async def test_bad_events_get_an_error_event_and_the_connection_goes_on(
         assert json.loads(await ws.recv())["type"] == "session.updated"
 
 
+async def test_a_commit_of_a_few_stray_bytes_is_refused_and_the_buffer_goes_on(
+        server: tuple[str, ScriptedEngine]) -> None:
+    """As at OpenAI: a commit of less than 100 ms of audio is input_audio_buffer_commit_empty;
+    the audio stays, and with more it commits."""
+    url, _ = server
+    async with sdk(url).realtime.connect(model="scripted") as connection:
+        await connection.session.update(session={**TEXT_ONLY, "audio": {"input": {"turn_detection": None}}})
+        await connection.input_audio_buffer.append(audio=base64.b64encode(b"\x01\x02\x03").decode())
+        await connection.input_audio_buffer.commit()
+        refused = await until(connection, "error")
+        await connection.input_audio_buffer.append(audio=base64.b64encode(bytes(2 * SPEECH_RATE // 5)).decode())
+        await connection.input_audio_buffer.commit()
+        committed = await until(connection, "input_audio_buffer.committed")
+    assert refused[-1]["error"]["code"] == "input_audio_buffer_commit_empty", refused[-1]
+    assert committed[-1]["item_id"]
+
+
 async def test_a_model_not_served_is_said_in_an_error_event_and_an_alias_is_served(redis_url: str) -> None:
     # A framework's default model name: the socket is taken and the reason said in an event
     # (a refused handshake would reach its log as "HTTP 404"), then closed.

@@ -112,6 +112,8 @@ MAX_HELD_CHARS = 4 * 1024 * 1024
 #: recognizer's.
 ANSWERING = frozenset({"response.create", "response.cancel", "conversation.item.create",
                        "conversation.item.delete", "conversation.item.truncate"})
+#: The least audio a commit takes (OpenAI's ``input_audio_buffer_commit_empty`` below it).
+MIN_COMMIT_MS = 100
 #: How long a new turn waits for the words of a turn whose answer was cancelled (barge-in).
 UNHEARD_WAIT_SEC = 5.0
 #: A transcription session keeps its latest items only (for ``retrieve``): it may run for hours.
@@ -926,6 +928,9 @@ class RealtimeConnection:
         turn = self._turn
         if turn is None or turn.audio_item_id is None or turn.committed or turn.answer is not None:
             raise errors.EmptyAudioBuffer("the input audio buffer is empty", param="audio")
+        if turn.audio_ms < MIN_COMMIT_MS:  # as OpenAI: too little to hear (a few stray bytes); it stays
+            raise errors.EmptyAudioBuffer(f"the input audio buffer holds {turn.audio_ms} ms of audio; a commit "
+                                          f"takes at least {MIN_COMMIT_MS} ms", param="audio")
         turn.committed = True
         item = ev.user_item(turn.audio_item_id, [{"type": "input_audio", "transcript": None}])
         turn.item_ids.append(item["id"])

@@ -82,8 +82,10 @@ class Conversation:
         """
         item = self.get(item_id, errors.ItemTruncateNotFound)
         parts = item.get("content") or []
-        if item.get("role") != "assistant" or not 0 <= content_index < len(parts) \
-                or parts[content_index].get("type") != "output_audio":
+        if item.get("role") == "assistant" and not 0 <= content_index < len(parts):
+            raise errors.InvalidRequest(f"content_index {content_index} is not a part of the item (it has "
+                                        f"{len(parts)})", param="content_index")
+        if item.get("role") != "assistant" or parts[content_index].get("type") != "output_audio":
             raise errors.InvalidRequest("only an assistant message's audio can be truncated",
                                         param="content_index")
         part = parts[content_index]
