@@ -928,7 +928,9 @@ class RealtimeConnection:
         turn = self._turn
         if turn is None or turn.audio_item_id is None or turn.committed or turn.answer is not None:
             raise errors.EmptyAudioBuffer("the input audio buffer is empty", param="audio")
-        if turn.audio_ms < MIN_COMMIT_MS:  # as OpenAI: too little to hear (a few stray bytes); it stays
+        # As OpenAI: too little to hear (a few stray bytes); it stays. (Each chunk's ms are rounded
+        # down: the chunks' count makes up for it.)
+        if turn.audio_ms + turn.next_seq < MIN_COMMIT_MS:
             raise errors.EmptyAudioBuffer(f"the input audio buffer holds {turn.audio_ms} ms of audio; a commit "
                                           f"takes at least {MIN_COMMIT_MS} ms", param="audio")
         turn.committed = True
