@@ -9,7 +9,7 @@ the stream as its own.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,11 +111,12 @@ class FrameBuilder:
     def role(self) -> str:
         return self._chunk([{"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}])
 
-    def content(self, text: str, logprobs: Sequence[TokenLogprob] = ()) -> str:
-        """A content delta; with the log probabilities of its tokens when the request asked for them."""
+    def content(self, text: str, logprobs: list[dict[str, Any]] | None = None) -> str:
+        """A content delta; with its tokens' log probabilities (``openai_logprob`` entries) when the
+        request asked for them."""
         choice: dict[str, Any] = {"index": 0, "delta": {"content": text}, "finish_reason": None}
         if logprobs:
-            choice["logprobs"] = {"content": [openai_logprob(t) for t in logprobs]}
+            choice["logprobs"] = {"content": logprobs}
         return self._chunk([choice])
 
     def audio(self, audio: dict[str, Any]) -> str:

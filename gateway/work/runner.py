@@ -472,11 +472,14 @@ class SessionRunner:
         # Deltas go out in batches (one Redis call each); the end waits for them.
         batcher = OutputBatcher(publish, self._coalesce_sec)
 
-        async def emit(frame: tuple[str, str, bool]) -> None:
+        async def emit(frame: tuple[str, str, bool] | None) -> None:
+            """``frame`` after the role frame, which goes first (alone, for ``None``)."""
             nonlocal emitted
-            out = [("", frames.role(), False), frame] if emitted == 0 else [frame]
-            emitted += len(out)
-            await batcher.add(out)
+            out = [("", frames.role(), False)] if emitted == 0 else []
+            out += [frame] if frame is not None else []
+            if out:
+                emitted += len(out)
+                await batcher.add(out)
 
         try:
             async for event in session.events():
@@ -496,14 +499,14 @@ class SessionRunner:
                     if not began and timing.input_done_ms is not None:
                         self._metrics.ttft.observe(max(0.0, time.time() - timing.input_done_ms / 1000))
                     began = True
+                    scored = [openai_logprob(token) for token in event.logprobs]
                     if logprobs is not None:
-                        logprobs += map(openai_logprob, event.logprobs)
-                    if event.text or event.logprobs:
+                        logprobs += scored
+                    if event.text or scored:
                         pieces.append(event.text)
-                        await emit(("", frames.content(event.text, event.logprobs), False))
-                    elif emitted == 0:  # the answer began with nothing to say yet: its role frame
-                        emitted += 1
-                        await batcher.add([("", frames.role(), False)])
+                        await emit(("", frames.content(event.text, scored), False))
+                    else:  # the answer began with nothing to say yet: its role frame
+                        await emit(None)
                 elif isinstance(event, AudioDelta):
                     await emit(("", audio.frame(event), False))
                 elif isinstance(event, ToolCallDelta):
