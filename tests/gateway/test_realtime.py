@@ -323,6 +323,63 @@ async def test_a_turn_cut_off_before_it_was_heard_keeps_its_words(redis_url: str
     assert any("Bob" in text for text in history), history
 
 
+async def two_utterances_then_a_response(url: str, server_vad: bool, transcribed: int) -> list[dict[str, Any]]:
+    """Two utterances committed (by server VAD with ``create_response: false``, or by the client)
+    and ``transcribed`` of their transcripts told before the client asks for the response."""
+    turn_detection = {"type": "server_vad", "create_response": False} if server_vad else None
+    async with sdk(url).realtime.connect(model="scripted") as connection:
+        await connection.session.update(session={"type": "realtime", "output_modalities": ["text"], "audio": {
+            "input": {"transcription": {"model": "whisper-1"}, "turn_detection": turn_detection}}})
+        events: list[dict[str, Any]] = []
+        for words in TWO_UTTERANCES:
+            for piece in pieces(SECOND + speech(words) + SECOND, SPEECH_RATE, 1000):
+                await connection.input_audio_buffer.append(audio=base64.b64encode(piece).decode())
+            if not server_vad:
+                await connection.input_audio_buffer.commit()
+            events += await until(connection, "input_audio_buffer.committed")
+        while types(events).count(TRANSCRIBED) < transcribed:
+            events += await until(connection, TRANSCRIBED)
+        assert "error" not in types(events) and "response.created" not in types(events), events
+        await connection.response.create()
+        return events + await until(connection, "response.done")
+
+
+TWO_UTTERANCES = ["My name is Bob.", "What is my name?"]
+SECOND = bytes(2 * SPEECH_RATE)
+TRANSCRIBED = "conversation.item.input_audio_transcription.completed"
+
+
+@pytest.mark.parametrize("server_vad", [True, False], ids=["server_vad", "commits"])
+async def test_utterances_not_answered_yet_are_items_of_their_own_answered_together(
+        redis_url: str, server_vad: bool) -> None:
+    """``create_response: false`` (or commits without a response): each utterance is committed as
+    its own item with its own transcript, and the response made later hears them all, as at OpenAI.
+    Server VAD's are heard at once (a client may read them before it answers); a commit's when the
+    next input comes, or with the answer."""
+    engine = ScriptedEngine()
+    async with live_app(make_settings(redis_url=redis_url), with_listener(engine)) as url:
+        events = await two_utterances_then_a_response(url, server_vad, transcribed=2 if server_vad else 1)
+    items = [e["item_id"] for e in events if e["type"] == "input_audio_buffer.committed"]
+    assert events[-1]["response"]["status"] == "completed"
+    heard = {e["item_id"]: e["transcript"] for e in events if e["type"] == TRANSCRIBED}
+    assert [word_error_rate(words, heard[item]) for words, item in zip(TWO_UTTERANCES, items, strict=True)] \
+        == [0, 0], heard
+    history = [m["content"] for m in engine.sessions[-1].request.messages if m["role"] == "user"]
+    assert any("Bob" in text for text in history), history
+    assert "name" in answer_text(events), "the answer is to the second utterance"
+
+
+async def test_utterances_to_an_engine_that_hears_audio_itself_are_items_of_one_turn(redis_url: str) -> None:
+    """No transcripts to read (the engine hears the audio, as vLLM-Omni's Thinker does): the two
+    utterances are two items, and one session hears them both."""
+    engine = ScriptedEngine(capabilities=replace(text_capabilities(), input_modalities=frozenset({"text", "audio"})))
+    async with live_app(make_settings(redis_url=redis_url), engine) as url:
+        events = await two_utterances_then_a_response(url, server_vad=True, transcribed=0)
+    assert len({e["item_id"] for e in events if e["type"] == "input_audio_buffer.committed"}) == 2
+    assert events[-1]["response"]["status"] == "completed"
+    assert len(engine.sessions) == 1
+
+
 @pytest.mark.engine
 async def test_a_spoken_question_gets_a_spoken_answer_from_the_real_engine(redis_url: str, vllm_engine: Any) -> None:
     from omni_adapter.talker import with_talker

@@ -25,7 +25,9 @@ session only), and the edit applies from the next answer.
 While an answer is in progress, the user's next input (audio, a commit, a
 user item) waits and is handled when the answer ends, so speech during an
 answer with ``interrupt_response: false`` is answered next; with it, speech
-cancels the answer (barge-in).
+cancels the answer (barge-in). Input after a committed turn that was not
+answered (``create_response: false``) opens the next turn: each utterance is an
+item of its own, and a later response answers them together.
 
 A **transcription session** (``config.py``) has turns and no answers: a commit (the
 client's, or the end of speech with ``server_vad``) ends the turn's input, and the
@@ -181,6 +183,8 @@ class Run:
     outcome: dict[str, Any] | None = None
     answer: Answer | None = None
     reader: asyncio.Task[None] | None = None
+    #: A committed turn set aside unanswered by the user's next input: only its words are wanted.
+    set_aside: bool = False
 
     @property
     def answering(self) -> bool:
@@ -212,8 +216,9 @@ class RealtimeConnection:
         self._side: dict[str, Run] = {}
         #: A transcription session's committed turns whose end is not told yet, by item id, in order.
         self._hearing: dict[str, Run] = {}
-        #: Conversation turns whose answer was cancelled before their words were heard: their
-        #: session goes on until its transcript is whole (``_hear_rest``), then is cancelled.
+        #: Conversation turns whose answer was cancelled before their words were heard, or set
+        #: aside unanswered: their session goes on until its transcript is whole (``_hear_rest``),
+        #: then is cancelled.
         self._unheard: dict[str, Run] = {}
         #: The last answer in the conversation that ended: a reconnect from inside it replays the rest.
         self._last: Run | None = None
@@ -544,6 +549,9 @@ class RealtimeConnection:
             await self._hear_out(committed)
         elif vad.create_response:
             await self._respond(self._params({}))
+        elif self.config.can_transcribe:
+            # The client answers when it chooses, often after reading the transcript: heard now.
+            await self._set_aside(committed)
 
     async def _audio_commit(self, _: dict[str, Any]) -> None:
         self._half_sample = b""  # half a sample at the buffer's end: nothing to hear
@@ -857,8 +865,15 @@ class RealtimeConnection:
     async def _streaming_turn(self) -> Run:
         turn = self._turn
         if turn is not None and turn.streaming and turn.answer is None:
-            return turn
-        if turn is not None and turn.answering:
+            if not turn.committed:
+                return turn
+            if not self.config.can_transcribe:
+                # Its words are the engine's only (it hears audio itself): the next utterance is an
+                # item of its own in the same session, answered with it.
+                turn.committed, turn.audio_item_id = False, None
+                return turn
+            await self._set_aside(turn)
+        elif turn is not None and turn.answering:
             raise errors.ActiveResponse("a response is in progress; wait for response.done or cancel it")
         params = self._params({})
         await self._hear_out_cut_off()
@@ -906,7 +921,7 @@ class RealtimeConnection:
     async def _speech_started(self, at_ms: int, interrupt: bool) -> None:
         turn = self._turn
         padding, self._padding = bytes(self._padding), bytearray()
-        if turn is not None and turn.streaming and turn.answer is None:  # the open turn goes on
+        if turn is not None and turn.streaming and turn.answer is None and not turn.committed:  # it goes on
             if turn.audio_item_id is None:
                 turn.audio_item_id = ev.new_id("item")
             await self._emit(ev.event("input_audio_buffer.speech_started", audio_start_ms=at_ms,
@@ -1016,9 +1031,24 @@ class RealtimeConnection:
             with contextlib.suppress(errors.SessionClosed):  # it completed meanwhile
                 await self._service.cancel(self._identity, run.session_id)
 
+    async def _set_aside(self, turn: Run) -> None:
+        """A committed turn left unanswered (server VAD's ``create_response: false``, or input after
+        a commit): its audio is an item of its own, as at OpenAI, answered by a later response with
+        what follows it. Its input ends so its words are heard out now (``_hear_rest``: its
+        transcript, then its session is cancelled); the next answer's history holds them
+        (``_hear_out_cut_off``)."""
+        self._turn = None
+        turn.set_aside = True
+        self._unheard[turn.session_id] = turn
+        try:
+            await self._service.finish(self._identity, turn.session_id, None)
+        except errors.GatewayError:
+            await self._give_up_hearing(turn)
+
     async def _hear_out_cut_off(self) -> None:
         """Before a new answer's history is made: the words of turns whose answers were cancelled
-        before they were heard (the client was told of the cancels already), ``UNHEARD_WAIT_SEC`` at
+        before they were heard (the client was told of the cancels already), or that were set aside
+        unanswered (``_set_aside``), ``UNHEARD_WAIT_SEC`` at
         most. What is not heard by then (its session waits for the engine) is given up: its item
         keeps the words heard so far, and its session is cancelled."""
         hearing = {r.reader for r in self._unheard.values() if r.reader is not None and not r.reader.done()}
@@ -1103,7 +1133,7 @@ class RealtimeConnection:
                                     {"type": "server_error", "code": "internal_error", "message": "the answer broke off"})
 
     async def _on_frame(self, run: Run, frame: ServerSentEvent) -> None:
-        if run.answer is not None and run.answer.ended:
+        if run.set_aside or (run.answer is not None and run.answer.ended):
             if run.session_id in self._unheard:
                 await self._hear_rest(run, frame)
             return  # cancelled: what the engine wrote before it stopped is not sent after response.done
@@ -1152,7 +1182,7 @@ class RealtimeConnection:
                 run.answer.on_finish(choice["finish_reason"])
 
     async def _hear_rest(self, run: Run, frame: ServerSentEvent) -> None:
-        """A cancelled answer's spoken input, heard out: its transcript frames, up to the answer's
+        """A cancelled (or set aside) answer's spoken input, heard out: its transcript frames, up to the answer's
         first frame (the transcript is whole before it), then its item's transcript and the cancel."""
         data = str(frame.data)
         if frame.event == "transcript":
