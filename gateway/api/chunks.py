@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from starlette.requests import Request
 
 from gateway import errors
-from gateway.service.models import ChunkIn
+from gateway.service.models import MAX_SAMPLE_RATE, MIN_SAMPLE_RATE, ChunkIn
 from gateway.settings import Settings
 from gateway.store.records import ChunkRecord
 from gateway.web.validation import read_body_capped, validation_error
@@ -29,6 +29,8 @@ OFF_LOOP_BYTES = 256 * 1024
 #: Base64 characters decoded per call (a multiple of 4: each slice decodes alone).
 B64_SLICE = 1 << 20
 RAW_MODALITIES: tuple[Modality, ...] = ("text", "audio", "image", "video")
+#: The audio a chunk may carry (any case): what every engine reads (``omni_adapter/audio.py``).
+AUDIO_CHUNK_FORMATS = frozenset({"pcm16", "pcm", "wav"})
 
 
 def _ascii_int(value: str) -> int | None:
@@ -104,8 +106,9 @@ def record_from_raw(headers: Mapping[str, str], body: bytes, max_chunk_bytes: in
         raise errors.ValidationFailed("X-End-Of-Input must be true or false", param="X-End-Of-Input")
     raw_rate = headers.get("x-sample-rate")
     rate = None if raw_rate is None else _ascii_int(raw_rate)
-    if raw_rate is not None and not rate:
-        raise errors.ValidationFailed("X-Sample-Rate must be a positive integer", param="X-Sample-Rate")
+    if raw_rate is not None and not (rate and MIN_SAMPLE_RATE <= rate <= MAX_SAMPLE_RATE):
+        raise errors.ValidationFailed(f"X-Sample-Rate must be an integer from {MIN_SAMPLE_RATE} to "
+                                      f"{MAX_SAMPLE_RATE}", param="X-Sample-Rate")
     return _record(seq, modality, body, headers.get("x-format"), headers.get("x-mime-type"),
                    rate, end in ("true", "1"), max_chunk_bytes)
 
@@ -117,15 +120,21 @@ def _record(seq: int, modality: Modality, data: bytes, fmt: str | None, mime: st
             f"chunk of {len(data)} bytes exceeds the per-chunk cap of {max_chunk_bytes} bytes")
     if not data:
         raise errors.InvalidPayload("a chunk carries at least one byte", param="payload")
-    audio_ms = _audio_ms(data, fmt, rate) if modality == "audio" else 0
-    if modality == "audio" and fmt in (None, "pcm16") and rate is None:
-        rate = PCM16_DEFAULT_RATE
+    audio_ms = 0
+    if modality == "audio":
+        kind = (fmt or "pcm16").lower()
+        if kind not in AUDIO_CHUNK_FORMATS:
+            # Refused here, not by the engine once the input is whole (with every chunk before it).
+            raise errors.InvalidPayload(f"audio chunks are pcm16 or wav, not {kind[:32]!r}", param="format")
+        audio_ms = _audio_ms(data, kind == "wav", rate)
+        if kind != "wav" and rate is None:
+            rate = PCM16_DEFAULT_RATE
     return ChunkRecord(seq, modality, data, fmt, mime, rate, end, audio_ms)
 
 
-def _audio_ms(data: bytes, fmt: str | None, rate: int | None) -> int:
-    """Duration of an audio chunk, for ``min_length: {"audio_ms": N}``."""
-    if fmt == "wav":
+def _audio_ms(data: bytes, is_wav: bool, rate: int | None) -> int:
+    """Duration of an audio chunk (a WAV file, or pcm16), for ``min_length: {"audio_ms": N}``."""
+    if is_wav:
         try:
             with wave.open(io.BytesIO(data)) as wav:
                 frames, rate, width = wav.getnframes(), wav.getframerate(), wav.getsampwidth()
@@ -136,10 +145,7 @@ def _audio_ms(data: bytes, fmt: str | None, rate: int | None) -> int:
         if width != 2:
             raise errors.InvalidPayload(f"WAV audio must be 16-bit PCM, not {8 * width}-bit", param="payload")
         return int(frames * 1000 / rate)
-    if fmt in (None, "pcm16"):
-        if len(data) % 2:
-            raise errors.InvalidPayload("pcm16 audio holds whole 16-bit samples: an even byte count",
-                                        param="payload")
-        return int(len(data) / 2 * 1000 / (rate or PCM16_DEFAULT_RATE))
-    # Compressed formats (mp3, ogg...): duration unknown without decoding.
-    return 0
+    if len(data) % 2:  # pcm16
+        raise errors.InvalidPayload("pcm16 audio holds whole 16-bit samples: an even byte count",
+                                    param="payload")
+    return int(len(data) / 2 * 1000 / (rate or PCM16_DEFAULT_RATE))

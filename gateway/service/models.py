@@ -21,6 +21,13 @@ from gateway.domain.policies import MinLengthKind, StartPolicy
 from gateway.domain.states import SessionState
 from gateway.errors import ErrorDetail
 
+#: What a pcm16 chunk's ``sample_rate`` may say: telephony's 8 kHz to studio audio's 192 kHz.
+MIN_SAMPLE_RATE, MAX_SAMPLE_RATE = 8_000, 192_000
+#: vLLM's bounds of ``seed`` and ``top_k``: its engine sends them as 64-bit integers, so a larger
+#: one failed the request at run time (a 500) instead of here.
+Seed = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
+TopK = Annotated[int, Field(ge=-1, le=2**31 - 1, description="-1 or 0: no limit")]
+
 Modality = Literal["text", "audio", "image", "video"]
 
 
@@ -64,7 +71,8 @@ class ChunkIn(StrictModel):
     payload: str | None = Field(None, description="base64 of the raw bytes")
     format: str | None = Field(None, description="audio: pcm16 | wav; image: png | jpeg; ...")
     mime_type: str | None = None
-    sample_rate: int | None = Field(None, gt=0, description="for pcm16 audio; default 16000")
+    sample_rate: int | None = Field(None, ge=MIN_SAMPLE_RATE, le=MAX_SAMPLE_RATE,
+                                    description="for pcm16 audio; default 16000")
     end_of_input: bool = Field(False, strict=True)
 
     @model_validator(mode="after")
@@ -272,8 +280,8 @@ class GenerationOptions(StrictModel):
     max_completion_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
-    top_k: int | None = None
-    seed: int | None = None
+    top_k: TopK | None = None
+    seed: Seed | None = None
     stop: str | list[str] | None = None
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)

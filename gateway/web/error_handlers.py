@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -30,11 +31,13 @@ async def render_error(error: errors.GatewayError, send: Send) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-def _envelope(error: errors.GatewayError, request: Request) -> JSONResponse:
+def _envelope(error: errors.GatewayError, request: Request, headers: Mapping[str, str] | None = None,
+              ) -> JSONResponse:
     resources = getattr(request.state, "resources", None)
     if resources is not None:
         resources.metrics.errors.labels(error.code).inc()
-    return JSONResponse(error.envelope(), status_code=error.status_code, headers=_headers(error))
+    return JSONResponse(error.envelope(), status_code=error.status_code,
+                        headers={**(_headers(error) or {}), **(headers or {})})
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -64,7 +67,7 @@ def install_error_handlers(app: FastAPI) -> None:
         error.status_code = exc.status_code  # type: ignore[misc]
         error.code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")  # type: ignore[misc]
         error.type = "invalid_request_error"  # type: ignore[misc]
-        return _envelope(error, request)
+        return _envelope(error, request, exc.headers)  # a 405's Allow
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:

@@ -11,6 +11,7 @@ import base64
 import json
 import struct
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import httpx
 import pytest
@@ -18,7 +19,7 @@ import pytest
 from gateway import errors
 from gateway.service.models import ChatMessage
 from gateway.settings import Settings
-from omni_adapter.scripted import Script, ScriptedEngine
+from omni_adapter.scripted import Script, ScriptedEngine, text_capabilities
 from tests.gateway.client import BASE, app_client, content_of, make_settings, parse_sse
 
 MiB = 1024 * 1024
@@ -289,6 +290,7 @@ def wav_header_with_rate(rate: int, frames: bytes = b"\x00\x00" * 8) -> bytes:
     ({"X-Sequence-Id": ""}, "X-Sequence-Id"),
     ({"X-Sequence-Id": "0", "X-Modality": "audio", "X-Sample-Rate": "0"}, "X-Sample-Rate"),
     ({"X-Sequence-Id": "0", "X-Modality": "audio", "X-Sample-Rate": "²".encode("latin-1")}, "X-Sample-Rate"),
+    ({"X-Sequence-Id": "0", "X-Modality": "audio", "X-Sample-Rate": str(10**12)}, "X-Sample-Rate"),
     ({"X-Sequence-Id": "0", "X-End-Of-Input": "yes"}, "X-End-Of-Input"),
 ])
 async def test_odd_raw_chunk_headers_are_422_not_500(client: httpx.AsyncClient, headers: dict,
@@ -313,6 +315,42 @@ async def test_broken_wav_is_422_at_append(client: httpx.AsyncClient, wav: bytes
     ):
         assert_error(response, 422, "invalid_payload", "payload")
     assert (await view(client, sid))["received_chunks"] == 0
+
+
+@pytest.mark.parametrize("audio_format", ["mp3", "zzz"])
+async def test_audio_in_a_format_no_engine_reads_is_422_at_append_and_loses_nothing(
+        settings: Settings, audio_format: str) -> None:
+    """It was taken (202), and failed the whole session once its input was complete."""
+    hears = ScriptedEngine(capabilities=replace(text_capabilities(), input_modalities=frozenset({"text", "audio"})))
+    async with app_client(settings, hears) as client:
+        await audio_in_an_unread_format(client, audio_format)
+
+
+async def audio_in_an_unread_format(client: httpx.AsyncClient, audio_format: str) -> None:
+    sid = await create(client)
+    pcm = b"\x00\x01" * 1600
+    assert (await client.post(f"{BASE}/{sid}/chunks", json={
+        "sequence_id": 0, "modality": "audio", "format": "pcm16", "payload": base64.b64encode(pcm).decode()}
+    )).status_code == 202
+    for response in (
+        await client.post(f"{BASE}/{sid}/chunks", content=b"notmp3", headers={
+            "Content-Type": "application/octet-stream", "X-Sequence-Id": "1", "X-Modality": "audio",
+            "X-Format": audio_format}),
+        await client.post(f"{BASE}/{sid}/chunks", json={
+            "sequence_id": 1, "modality": "audio", "format": audio_format,
+            "payload": base64.b64encode(b"notmp3").decode()}),
+        await client.post(f"{BASE}/{sid}/chunks", json={
+            "sequence_id": 1, "modality": "audio", "sample_rate": 10**12, "payload": base64.b64encode(pcm).decode()}),
+    ):
+        assert response.status_code == 422, response.text
+    state = await view(client, sid)
+    assert state["state"] == "streaming" and state["received_chunks"] == 1
+
+
+async def test_a_wrong_method_is_405_with_allow(client: httpx.AsyncClient) -> None:
+    response = await client.put(BASE)
+    assert_error(response, 405, "method_not_allowed")
+    assert response.headers["allow"] == "POST"
 
 
 async def test_modality_the_engine_cannot_take_is_refused_at_append(client: httpx.AsyncClient) -> None:

@@ -44,7 +44,9 @@ from gateway.service.models import (
     RAW_PROMPT_MAX_TOKENS,
     CreateSessionRequest,
     ResponseFormat,
+    Seed,
     StreamOptions,
+    TopK,
 )
 from gateway.web.event_stream import EVENT_STREAM_CONTENT, EventStream
 from gateway.web.resources import get_resources
@@ -74,8 +76,8 @@ class CompletionRequest(OpenAIBookkeeping):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
-    seed: int | None = None
-    top_k: int | None = None
+    seed: Seed | None = None
+    top_k: TopK | None = None
     min_p: float | None = None
     repetition_penalty: float | None = None
     response_format: ResponseFormat | None = None

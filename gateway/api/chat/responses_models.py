@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Discriminator, Field, Tag, field_validator
 
 from gateway.api.chat.models import OpenAIBookkeeping
-from gateway.service.models import StrictModel
+from gateway.service.models import Seed, StrictModel, TopK
 
 
 class InputText(StrictModel):
@@ -181,8 +181,8 @@ class ResponsesRequest(OpenAIBookkeeping):
     #: 1: one call at most (``parallel_tool_calls: false``); more is what an answer makes anyway.
     max_tool_calls: int | None = Field(None, ge=1)
     #: vLLM's sampling options, as its Responses API takes them (and chat completions here).
-    top_k: int | None = None
-    seed: int | None = None
+    top_k: TopK | None = None
+    seed: Seed | None = None
     stop: str | list[str] | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
