@@ -114,6 +114,7 @@ class ToolCallParser:
         self._parallel = parallel
         #: A named function: OpenAI's finish reason stays ``stop``.
         self.named = isinstance(tool_choice, Mapping)
+        self._held = _CallStart()
 
     @property
     def structured_outputs(self) -> StructuredOutputsParams | None:
@@ -124,10 +125,9 @@ class ToolCallParser:
         # No reasoning parser: an empty prompt tells it no reasoning is open.
         delta = self._parser.parse_delta(text, list(token_ids), self._request, prompt_token_ids=[],
                                          finished=finished)
-        if delta is None:
-            return []
-        events: list[TextDelta | ToolCallDelta] = [TextDelta(delta.content)] if delta.content else []
-        for call in delta.tool_calls:
+        content = self._held.content(delta.content or "" if delta is not None else "")
+        events: list[TextDelta | ToolCallDelta] = []
+        for call in delta.tool_calls if delta is not None else ():
             function = call.function
             name = function.name if function is not None else None
             arguments = (function.arguments if function is not None else None) or ""
@@ -138,7 +138,11 @@ class ToolCallParser:
                 continue
             self.called = True
             events.append(ToolCallDelta(index, call.id, name, arguments))
-        return events
+        if events:
+            self._held.drop()  # what was held was the call's start
+        if finished:
+            content += self._held.release()  # it was not a call after all
+        return [TextDelta(content), *events] if content else events
 
     def _index_of(self, model_index: int, name: str | None) -> int | None:
         """The call's index in the answer; ``None`` for a call to a function the request did not
@@ -156,6 +160,50 @@ class ToolCallParser:
                 return None
             self._indices[model_index] = len(self._indices)
         return self._indices[model_index]
+
+
+#: What begins a call in the formats vLLM's parsers read, and never begins an answer's words.
+CALL_OPENERS = ("<tool_call>", "[TOOL_CALLS]")
+
+
+class _CallStart:
+    """Content that may be the start of a call, held back until it is known to be or not to be.
+
+    vLLM's streaming parsers tell a call's opening tag as content until it is whole (SmolLM2
+    writes ``<tool_call>`` in five tokens: ``<``, ``tool``, ``_``, ``call``, ``>``), and the
+    ``xlam`` parser the text after a tag that follows words until ``"arguments"`` shows. Its
+    non-streaming parse, which ``vllm serve`` uses for a whole answer, leaves both out of the
+    content: so do these answers, streamed or not.
+    """
+
+    def __init__(self) -> None:
+        self._held = ""
+
+    def content(self, text: str) -> str:
+        """What of the held text and ``text`` is content for sure; the rest is held."""
+        text = self._held + text
+        cut = _call_start(text)
+        self._held = text[cut:]
+        return text[:cut]
+
+    def drop(self) -> None:
+        self._held = ""
+
+    def release(self) -> str:
+        text, self._held = self._held, ""
+        return text
+
+
+def _call_start(text: str) -> int:
+    """Where in ``text`` a call may begin: a whole opener, or one's start at its end."""
+    whole = [at for at in (text.find(opener) for opener in CALL_OPENERS) if at >= 0]
+    if whole:
+        return min(whole)
+    longest = max(len(opener) for opener in CALL_OPENERS)
+    for at in range(max(0, len(text) - longest + 1), len(text)):
+        if any(opener.startswith(text[at:]) for opener in CALL_OPENERS):
+            return at
+    return len(text)
 
 
 def tool_call_parser_class(name: str, tokenizer: Any) -> Any:

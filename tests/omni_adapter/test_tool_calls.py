@@ -114,6 +114,31 @@ def test_auto_reads_the_models_own_call_format_with_vllms_parser(tokenizer: Any)
     assert calls(events) == [("get_weather", {"city": "Paris"})] and parser.called
 
 
+def contents(events: list[Any]) -> str:
+    return "".join(e.text for e in events if isinstance(e, TextDelta))
+
+
+@pytest.mark.parametrize("before", ["", "Let me check. "])
+def test_a_calls_opening_tag_is_not_told_as_content(tokenizer: Any, before: str) -> None:
+    """SmolLM2 writes ``<tool_call>`` in five tokens, and vLLM's streaming parser told the first
+    four as content ("<tool_call" beside the calls; a Responses message item of it). Words before
+    the tag stay, as ``vllm serve``'s whole-answer parse keeps them."""
+    parser = ToolCallParser(tool_call_parser_class("xlam", tokenizer), tokenizer, (WEATHER,), "auto")
+    said = [*before.split(" ")[:-1], " " if before else "", "<", "tool", "_", "call", ">", '[{"', "name",
+            '": "', "get", "_weather", '", "', "arguments", '": {"', "city", '": "', "Paris", '"}}]',
+            "</", "tool", "_", "call", ">"]
+    events = [e for i, piece in enumerate(said) for e in parser.parse(piece, [], finished=i == len(said) - 1)]
+    assert calls(events) == [("get_weather", {"city": "Paris"})]
+    assert contents(events).replace(" ", "") == before.replace(" ", ""), contents(events)
+
+
+def test_text_that_only_looks_like_a_calls_start_is_told_whole(tokenizer: Any) -> None:
+    parser = ToolCallParser(tool_call_parser_class("xlam", tokenizer), tokenizer, (WEATHER,), "auto")
+    said = ["If a", " <", " b then", " <", "tool"]  # held back, then told: the answer ended
+    events = [e for i, piece in enumerate(said) for e in parser.parse(piece, [], finished=i == len(said) - 1)]
+    assert contents(events) == "If a < b then <tool" and not calls(events)
+
+
 def test_a_call_to_a_function_the_request_did_not_declare_is_left_out(tokenizer: Any) -> None:
     """SmolLM2 asked about a capital with only a weather tool calls "capital": no client can run it."""
     parser = ToolCallParser(tool_call_parser_class("xlam", tokenizer), tokenizer, (WEATHER,), "auto")
