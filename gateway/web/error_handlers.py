@@ -31,12 +31,24 @@ async def render_error(error: errors.GatewayError, send: Send) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+#: The sessions API's own routes: a request they cannot take is a 422 (its contract).
+SESSIONS_API = "/v1/streaming_input/"
+
+
+def _status(error: errors.GatewayError, request: Request) -> int:
+    """OpenAI's doors answer a request they cannot take with a 400, as OpenAI and ``vllm serve``
+    do: SDKs raise ``BadRequestError`` for it, and the code built on them catches that."""
+    if error.status_code == 422 and not request.url.path.startswith(SESSIONS_API):
+        return 400
+    return int(error.status_code)
+
+
 def _envelope(error: errors.GatewayError, request: Request, headers: Mapping[str, str] | None = None,
               ) -> JSONResponse:
     resources = getattr(request.state, "resources", None)
     if resources is not None:
         resources.metrics.errors.labels(error.code).inc()
-    return JSONResponse(error.envelope(), status_code=error.status_code,
+    return JSONResponse(error.envelope(), status_code=_status(error, request),
                         headers={**(_headers(error) or {}), **(headers or {})})
 
 

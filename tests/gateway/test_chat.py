@@ -114,7 +114,7 @@ async def test_an_answer_sent_back_as_the_sdk_dumps_it_is_history(client: httpx.
                        ({"role": "assistant", "content": "x", "function_call": {"name": "f", "arguments": "{}"}},
                         "messages.1.function_call")]:
         response = await client.post(CHAT, json={"model": "scripted", "messages": [*USER, bad, *USER]})
-        assert assert_error(response, 422, "validation_error")["param"] == param, bad
+        assert assert_error(response, 400, "validation_error")["param"] == param, bad
 
 
 async def test_template_variables_and_a_reasoning_effort_reach_the_engine_as_vllm_makes_them(
@@ -146,7 +146,7 @@ async def test_template_variables_and_a_reasoning_effort_reach_the_engine_as_vll
         {"enable_thinking": False}]
     refused = await client.post("/v1/chat/completions", json={
         "model": "scripted", "messages": hi, "chat_template_kwargs": {"chat_template": "{{ 7 * 7 }}"}})
-    assert assert_error(refused, 422, "validation_error")["param"] == "chat_template_kwargs"
+    assert assert_error(refused, 400, "validation_error")["param"] == "chat_template_kwargs"
 
 
 async def test_the_session_behind_a_completion_is_readable(client: httpx.AsyncClient) -> None:
@@ -214,28 +214,28 @@ async def test_bad_requests_get_the_envelope_and_open_no_session(
         client: httpx.AsyncClient, engine: ScriptedEngine) -> None:
     audio = {"type": "input_audio", "input_audio": {"data": "AAAAAA==", "format": "pcm16"}}
     cases = [
-        ({"messages": USER, "temperature": 3}, 422, "validation_error", "temperature"),
-        ({"messages": []}, 422, "validation_error", "messages"),
-        ({"messages": USER, "n": 2}, 422, "validation_error", "n"),
-        ({"messages": USER, "tools": []}, 422, "validation_error", "tools"),
+        ({"messages": USER, "temperature": 3}, 400, "validation_error", "temperature"),
+        ({"messages": []}, 400, "validation_error", "messages"),
+        ({"messages": USER, "n": 2}, 400, "validation_error", "n"),
+        ({"messages": USER, "tools": []}, 400, "validation_error", "tools"),
         ({"messages": USER, "model": "gpt-9"}, 404, "model_not_found", "model"),
         ({"messages": [*USER, {"role": "assistant", "content": None, "tool_calls": [{
-            "id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]}, 422,
+            "id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]}, 400,
          "validation_error", "messages.1.tool_calls"),
         ({"messages": USER, "stream": False, "stream_options": {"include_usage": True}}, 400, "invalid_request",
          "stream_options"),
-        ({"messages": [{"role": "user", "content": ""}]}, 422, "empty_input", "messages.0.content"),
-        ({"messages": [{"role": "user", "content": [audio]}]}, 422, "unsupported_modality",
+        ({"messages": [{"role": "user", "content": ""}]}, 400, "empty_input", "messages.0.content"),
+        ({"messages": [{"role": "user", "content": [audio]}]}, 400, "unsupported_modality",
          "messages.0.content"),
-        ({"messages": [{"role": "user", "content": [audio]}, *USER]}, 422, "validation_error",
+        ({"messages": [{"role": "user", "content": [audio]}, *USER]}, 400, "validation_error",
          "messages.0.content"),
         ({"messages": [{"role": "user", "content": [
             {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}]}]},
-         422, "validation_error", "messages.0.content.0.image_url.url"),
-        ({"messages": USER, "modalities": ["text", "audio"]}, 422, "unsupported_modality", "modalities"),
+         400, "validation_error", "messages.0.content.0.image_url.url"),
+        ({"messages": USER, "modalities": ["text", "audio"]}, 400, "unsupported_modality", "modalities"),
         # A boolean is true or false, as OpenAI takes it: not "yes", 1 or "true".
-        ({"messages": USER, "parallel_tool_calls": "yes"}, 422, "validation_error", "parallel_tool_calls"),
-        ({"messages": USER, "stream_options": {"include_usage": 1}}, 422, "validation_error",
+        ({"messages": USER, "parallel_tool_calls": "yes"}, 400, "validation_error", "parallel_tool_calls"),
+        ({"messages": USER, "stream_options": {"include_usage": 1}}, 400, "validation_error",
          "stream_options.include_usage"),
     ]
     for body, status, code, param in cases:
@@ -246,11 +246,11 @@ async def test_bad_requests_get_the_envelope_and_open_no_session(
     for stream in (b"false", b"true"):  # JSON's escapes allow a lone surrogate; UTF-8 cannot carry it
         lone = b'{"stream": %s, "messages": [{"role": "user", "content": "a\\udc00"}]}' % stream
         assert_error(await client.post(CHAT, content=lone, headers={"Content-Type": "application/json"}),
-                     422, "invalid_payload", "messages.0.content")
-    assert_error(await client.post(CHAT, json={"stream": "true", "messages": USER}), 422, "validation_error", "stream")
+                     400, "invalid_payload", "messages.0.content")
+    assert_error(await client.post(CHAT, json={"stream": "true", "messages": USER}), 400, "validation_error", "stream")
     assert engine.sessions == []
 
-    with pytest.raises(openai.UnprocessableEntityError) as raised:
+    with pytest.raises(openai.BadRequestError) as raised:
         await openai_client(client).chat.completions.create(model="scripted", messages=USER, temperature=3)
     assert raised.value.code == "validation_error" and raised.value.param == "temperature"
     with pytest.raises(openai.NotFoundError):
@@ -273,7 +273,7 @@ async def test_input_audio_reaches_an_engine_that_takes_audio(redis_url: str) ->
             ("text", None, None), ("audio", "pcm16", 16_000)]
         assert_error(await client.post(CHAT, json={"messages": [{"role": "user", "content": [
             {"type": "input_audio", "input_audio": {"data": "@@", "format": "pcm16"}}]}]}),
-            422, "invalid_payload", "messages.0.content")
+            400, "invalid_payload", "messages.0.content")
 
 
 async def test_an_engine_failure_is_the_stored_error(redis_url: str) -> None:
@@ -359,12 +359,12 @@ async def test_bad_tool_requests_are_refused(client: httpx.AsyncClient, redis_ur
         {"messages": [{"role": "user", "content": None}]},
     ]
     for body in cases:
-        assert_error(await client.post(CHAT, json=body), 422, "validation_error")
+        assert_error(await client.post(CHAT, json=body), 400, "validation_error")
     plain = ScriptedEngine(capabilities=Capabilities(
         input_modalities=frozenset({"text"}), output_modalities=frozenset({"text"}), incremental=True,
         model_names=("scripted",)))
     async with app_client(make_settings(redis_url=redis_url), plain) as other:
-        assert_error(await other.post(CHAT, json={"messages": USER, "tools": [WEATHER]}), 422,
+        assert_error(await other.post(CHAT, json={"messages": USER, "tools": [WEATHER]}), 400,
                      "validation_error", "tools")
         # tool_choice none: the tools are not used, so any engine answers.
         response = await other.post(CHAT, json={"messages": USER, "tools": [WEATHER], "tool_choice": "none"})

@@ -141,7 +141,7 @@ async def test_required_without_parallel_calls_gives_one_call_and_finishes_with_
 
 async def test_the_real_engines_capabilities_decide_validation(client: httpx.AsyncClient) -> None:
     pcm = base64.b64encode(b"\x00\x01" * 800).decode()
-    with pytest.raises(openai.UnprocessableEntityError) as raised:
+    with pytest.raises(openai.BadRequestError) as raised:
         await openai_client(client).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": [
             {"type": "input_audio", "input_audio": {"data": pcm, "format": "pcm16"}}]}])
     assert raised.value.code == "unsupported_modality"

@@ -281,15 +281,15 @@ async def test_what_only_the_engine_can_check_is_refused_with_its_reason(real: h
     client's mistake, checked before any work, and named."""
     question = {"model": MODEL, "messages": [{"role": "user", "content": "Hi."}], "max_tokens": 3}
     beyond = await real.post(CHAT, json={**question, "logit_bias": {"99999999": 5}})
-    assert assert_error(beyond, 422, "validation_error")["param"] == "logit_bias"
+    assert assert_error(beyond, 400, "validation_error")["param"] == "logit_bias"
     broken = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "properties": {
         "a": {"type": "integer", "minimum": 5, "maximum": 1}}}}}
     refused = await real.post(CHAT, json={**question, "response_format": broken})
-    error = assert_error(refused, 422, "validation_error")
+    error = assert_error(refused, 400, "validation_error")
     assert "minimum greater than maximum" in error["message"] and error["param"] == "response_format"
     assert ".cc" not in error["message"], "no C++ source lines"
     unsampled = await real.post(CHAT, json={**question, "top_k": -5})
-    assert assert_error(unsampled, 422, "validation_error")["param"] == "top_k"
+    assert assert_error(unsampled, 400, "validation_error")["param"] == "top_k"
 
 
 # --- before any engine work -------------------------------------------------------
@@ -318,7 +318,7 @@ async def test_a_client_that_sends_every_unset_option_as_null_is_answered(script
     response = await scripted.post("/v1/responses", json={"model": "scripted", "input": "hi", "stream": None,
                                                           "tools": None, "background": None})
     assert response.status_code == 200 and response.json()["status"] == "completed", response.text
-    refused = assert_error(await scripted.post(CHAT, json={"model": "scripted", "messages": None}), 422,
+    refused = assert_error(await scripted.post(CHAT, json={"model": "scripted", "messages": None}), 400,
                            "validation_error")
     assert refused["param"] == "messages", refused
 
@@ -358,10 +358,10 @@ async def test_openai_fields_that_change_nothing_here_are_taken(scripted: httpx.
     ({"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {
         "data": "AAAA", "format": "mp3"}}]}]}, "messages.0.content.0.input_audio.format"),
 ])
-async def test_fields_it_cannot_honour_are_422s_that_name_them(scripted: httpx.AsyncClient, fields: dict,
+async def test_fields_it_cannot_honour_are_400s_that_name_them(scripted: httpx.AsyncClient, fields: dict,
                                                                param: str) -> None:
     response = await scripted.post(CHAT, json=ask("hello", **fields))
-    error = assert_error(response, 422, "validation_error")
+    error = assert_error(response, 400, "validation_error")
     assert error["param"] is not None and error["param"].startswith(param), error
     assert "valid string" not in error["message"] and "Value error" not in error["message"], error
 
@@ -369,7 +369,7 @@ async def test_fields_it_cannot_honour_are_422s_that_name_them(scripted: httpx.A
 async def test_json_on_an_engine_that_cannot_hold_to_it_is_refused_before_any_work(
         scripted: httpx.AsyncClient) -> None:
     response = await scripted.post(CHAT, json=ask("hello", response_format={"type": "json_object"}))
-    error = assert_error(response, 422, "validation_error")
+    error = assert_error(response, 400, "validation_error")
     assert "response_format" in error["message"], error
     created = await scripted.post(BASE, json={"model": "scripted", "response_format": {"type": "json_object"}})
     assert_error(created, 422, "validation_error")
@@ -379,7 +379,7 @@ async def test_json_and_a_forced_function_call_do_not_go_together(scripted: http
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
     response = await scripted.post(CHAT, json=ask("hello", tools=tools, tool_choice="required",
                                                   response_format={"type": "json_object"}))
-    error = assert_error(response, 422, "validation_error")
+    error = assert_error(response, 400, "validation_error")
     assert "tool_choice" in error["message"], error
 
 

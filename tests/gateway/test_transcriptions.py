@@ -130,12 +130,12 @@ async def test_what_it_cannot_do_is_a_clear_error(client: httpx.AsyncClient) -> 
     for data in (b"not audio at all", b"", speech("Hello.")):
         refused = await client.post("/v1/audio/transcriptions", data={"model": "whisper-1"},
                                     files={"file": ("x.wav", data)})
-        assert assert_error(refused, 422, "invalid_payload")["param"] == "file"
+        assert assert_error(refused, 400, "invalid_payload")["param"] == "file"
     missing = await client.post("/v1/audio/transcriptions", data={"model": "whisper-1"})
-    assert missing.status_code == 422
+    assert missing.status_code == 400
     answerless = await client.post("/v1/chat/completions", json={
         "model": "scripted", "modalities": [], "messages": [{"role": "user", "content": "hi"}]})
-    assert "transcriptions" in assert_error(answerless, 422, "validation_error", param="modalities")["message"]
+    assert "transcriptions" in assert_error(answerless, 400, "validation_error", param="modalities")["message"]
 
 
 async def test_audio_longer_than_a_session_takes_is_a_413_before_it_is_all_decoded(redis_url: str) -> None:
@@ -150,7 +150,7 @@ async def test_an_engine_that_cannot_hear_says_so(redis_url: str) -> None:
     async with app_client(make_settings(redis_url=redis_url), ScriptedEngine()) as deaf:
         refused = await deaf.post("/v1/audio/transcriptions", data={"model": "whisper-1"},
                                   files={"file": ("q.wav", wav(speech("Hello."), SPEECH_RATE))})
-        assert_error(refused, 422, "unsupported_modality")
+        assert_error(refused, 400, "unsupported_modality")
 
 
 async def test_a_session_that_only_hears_streams_its_transcript_and_answers_nothing(

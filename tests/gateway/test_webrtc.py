@@ -119,7 +119,7 @@ async def test_signalling_is_refused_without_a_live_secret_or_an_offer(voice: st
         assert wrong_type.status_code == 400
         bad_session = await client.post("/v1/realtime/calls", files={"sdp": (None, "v=0\r\nm=audio 9"),
                                                                      "session": (None, '{"output_modalities": 1}')})
-        assert bad_session.status_code == 422
+        assert bad_session.status_code == 400
         assert bad_session.json()["error"]["param"] == "session.output_modalities"
 
 

@@ -11,7 +11,7 @@ Served: one text prompt (a string, or a list of one), ``max_tokens`` (16 unless 
 as OpenAI and vLLM), the sampling fields chat takes with vLLM's ``min_tokens`` and
 ``ignore_eos``, ``echo``, ``stream`` with ``stream_options``. Refused with an error that says
 why: several prompts, prompts of token ids and ``suffix`` (insertion) are 400s; ``n`` or
-``best_of`` above 1 (one answer per request here) and an empty prompt are 422s. ``logprobs``
+``best_of`` above 1 (one answer per request here) and an empty prompt are 400s. ``logprobs``
 (the answer's tokens, as vLLM returns them) is served; with ``echo`` (the prompt's too) it is a 400.
 """
 

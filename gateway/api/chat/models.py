@@ -66,7 +66,8 @@ class ChatCompletionRequest(GenerationOptions, OpenAIBookkeeping):
 
     messages: list[ChatCompletionMessage] = Field(min_length=1)
     stream: bool = Field(False, strict=True)
-    n: Literal[1] = 1
+    #: One answer per request: a session is one answer (several are several requests).
+    n: int = Field(1, strict=True)
     #: Accepted as vLLM accepts it: the chat template may read it; a model that does not
     #: reason (the embedded default) answers as it would without.
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
@@ -82,6 +83,14 @@ class ChatCompletionRequest(GenerationOptions, OpenAIBookkeeping):
     def _no_web_search(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
         if value is not None:
             raise ValueError("web search is not available on this server (it has no hosted tools); leave it out")
+        return value
+
+    @field_validator("n")
+    @classmethod
+    def _one_answer(cls, value: int) -> int:
+        if value != 1:
+            raise ValueError(f"one answer per request here, not {value}: send each as its own request (the same "
+                             "input is prefilled once, from the engine's prefix cache)")
         return value
 
 

@@ -26,6 +26,7 @@ from gateway.api.chat.responses_models import (
     InputText,
     MessageItem,
     OutputText,
+    ReasoningItem,
     Refusal,
     ResponseObject,
     ResponsesRequest,
@@ -152,6 +153,8 @@ def _messages(items: list[InputItem]) -> list[dict[str, Any]]:
     """Input items as chat messages: a function call goes into the assistant message before it."""
     messages: list[dict[str, Any]] = []
     for index, item in enumerate(items):
+        if isinstance(item, ReasoningItem):
+            continue
         if isinstance(item, FunctionCallItem):
             call = {"id": item.call_id, "type": "function",
                     "function": {"name": item.name, "arguments": item.arguments}}

@@ -2,7 +2,7 @@
 
 A response here is a chat completion in another shape (``responses.py`` translates),
 so the fields are those with a chat equivalent; the rest of OpenAI's (hosted tools,
-stored conversations, background runs) are a 422 or a 400 that says so, never
+stored conversations, background runs) are a 400 that says so, never
 accepted and ignored. A few fields that change nothing for an answer are accepted
 as chat completions accept theirs (the SDKs and agent frameworks send them).
 """
@@ -84,13 +84,25 @@ class InputFile(StrictModel):
 class FunctionCallOutputItem(StrictModel):
     type: Literal["function_call_output"]
     call_id: str
-    #: Text here (a function's image or file is a 422 that says so).
+    #: Text here (a function's image or file is a 400 that says so).
     output: str | list[Annotated[InputText | InputImage | InputFile, Field(discriminator="type")]]
     id: str | None = None
     status: ItemStatus = None
     name: str | None = None
     namespace: str | None = None
     caller: dict[str, Any] | None = None
+
+
+class ReasoningItem(StrictModel):
+    """A reasoning model's thoughts, sent back as clients copy an answer's output into the next
+    input (switching providers, too): taken and left out, as a chat template leaves them out."""
+
+    type: Literal["reasoning"]
+    id: str | None = None
+    summary: list[dict[str, Any]] = Field(default_factory=list)
+    content: list[dict[str, Any]] | None = None
+    encrypted_content: str | None = None
+    status: ItemStatus = None
 
 
 def _item_type(item: Any) -> str:
@@ -101,9 +113,10 @@ def _item_type(item: Any) -> str:
 
 InputItem = Annotated[
     Annotated[MessageItem, Tag("message")] | Annotated[FunctionCallItem, Tag("function_call")]
-    | Annotated[FunctionCallOutputItem, Tag("function_call_output")],
+    | Annotated[FunctionCallOutputItem, Tag("function_call_output")] | Annotated[ReasoningItem, Tag("reasoning")],
     Discriminator(_item_type, custom_error_type="unsupported_item",
-                  custom_error_message="an input item is a message, a function_call or a function_call_output "
+                  custom_error_message="an input item is a message, a function_call, a function_call_output or "
+                                       "a reasoning item "
                                        "(nothing is kept here to refer to, and no hosted tools run)")]
 
 
