@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import re
@@ -283,6 +284,13 @@ class TokenizerChecks:
     def max_input_tokens(self) -> int:
         return self._max_model_len - 1
 
+    @functools.cached_property
+    def _longest_token_chars(self) -> int:
+        """The most characters a token stands for: its vocabulary string's length bounds them
+        (a byte-level token's string has a character per byte)."""
+        vocabulary: dict[str, int] = self._streaming.tokenizer.get_vocab()  # type: ignore[attr-defined]
+        return max(map(len, vocabulary), default=1)
+
     def warm(self) -> None:
         """Check one request that uses all a check can (a function, a JSON schema), so what checks
         import (vLLM, its chat parsers, the grammar compiler) is loaded now (blocking).
@@ -316,6 +324,11 @@ class TokenizerChecks:
         interior = inside.group(1).rstrip() if inside else ""
         if not interior:
             return 0
+        # Text too long to fit even were every token the longest: that bound is the answer (a
+        # 16 MiB chunk took 20 s of a core to tokenize before its 413).
+        fewest = len(interior) // self._longest_token_chars
+        if fewest > self.max_input_tokens:
+            return fewest
         count = len(self._streaming.encode_plain(interior))
         if self._streaming.has_control_tokens(interior):
             # A raw prompt's special tokens are one token each, not their text's (the session
@@ -1002,13 +1015,51 @@ def check_schema(response_format: Mapping[str, Any] | None) -> None:
 
     import xgrammar
 
+    schema = response_format["json_schema"].get("schema") or {}
+    loop = _ref_loop(schema)
+    if loop is not None:  # the compiler takes it, and the engine core fails the request at its first token
+        raise EngineRejectedError(f"response_format's schema admits no value: {loop[:64]!r} refers only to itself",
+                                  param="response_format")
     try:
-        xgrammar.Grammar.from_json_schema(json.dumps(response_format["json_schema"].get("schema") or {}))
+        xgrammar.Grammar.from_json_schema(json.dumps(schema))
     except RuntimeError as exc:
         # The grammar compiler's reason, without the time and C++ source line it cites.
         reason = re.sub(r"\[\d{1,2}:\d{2}:\d{2}\]\s*|\S+\.(cc|h):\d+:?\s*", "", str(exc)).strip()
         raise EngineRejectedError(f"response_format's schema cannot be held to: {reason}",
                                   param="response_format") from exc
+
+
+#: Keywords that say nothing of a schema's values: a schema of these and a ``$ref`` is the ``$ref``.
+_ANNOTATIONS = frozenset({"$defs", "definitions", "title", "description", "$comment", "default", "examples"})
+
+
+def _ref_loop(schema: Any) -> str | None:
+    """A ``$ref`` that leads back to itself through schemas that are nothing but a ``$ref``."""
+
+    def target(ref: Any) -> Any:
+        if not isinstance(ref, str) or not ref.startswith("#"):
+            return None
+        node: Any = schema
+        for step in filter(None, ref[1:].split("/")):
+            step = step.replace("~1", "/").replace("~0", "~")
+            node = node.get(step) if isinstance(node, Mapping) else None
+        return node
+
+    nodes, seen_nodes = [schema], 0
+    while nodes and seen_nodes < 10_000:  # (a bound: the schema's size is capped by the body's)
+        node, seen_nodes = nodes.pop(), seen_nodes + 1
+        if isinstance(node, Mapping):
+            refs: list[str] = []
+            current: Any = node
+            while isinstance(current, Mapping) and "$ref" in current and set(current) - _ANNOTATIONS <= {"$ref"}:
+                if current["$ref"] in refs:
+                    return str(current["$ref"])
+                refs.append(current["$ref"])
+                current = target(current["$ref"])
+            nodes.extend(node.values())
+        elif isinstance(node, list):
+            nodes.extend(node)
+    return None
 
 
 def structured_outputs(response_format: Mapping[str, Any] | None) -> StructuredOutputsParams | None:

@@ -288,6 +288,14 @@ async def test_what_only_the_engine_can_check_is_refused_with_its_reason(real: h
     error = assert_error(refused, 400, "validation_error")
     assert "minimum greater than maximum" in error["message"] and error["param"] == "response_format"
     assert ".cc" not in error["message"], "no C++ source lines"
+    # A $ref to itself: the compiler takes it, then the engine core failed the request (a 500).
+    endless = {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/a"}}}}}
+    error = assert_error(await real.post(CHAT, json={**question, "response_format": endless}), 400, "validation_error")
+    assert "refers only to itself" in error["message"] and error["param"] == "response_format"
+    tree = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#/$defs/n", "$defs": {"n": {
+        "type": "object", "properties": {"kids": {"type": "array", "items": {"$ref": "#/$defs/n"}}}}}}}}
+    assert (await real.post(CHAT, json={**question, "response_format": tree})).status_code == 200
     unsampled = await real.post(CHAT, json={**question, "top_k": -5})
     assert assert_error(unsampled, 400, "validation_error")["param"] == "top_k"
 

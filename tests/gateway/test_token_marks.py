@@ -32,6 +32,15 @@ def checks() -> TokenizerChecks:
     return load_tokenizer_checks(str(ensure_default_model()), 8192, text_capabilities())
 
 
+def test_text_too_long_to_fit_is_counted_without_tokenizing_it(checks: TokenizerChecks,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 16 MiB chunk took 20 s of a core to tokenize before its 413: a bound says so at once."""
+    monkeypatch.setattr(checks._streaming, "encode_plain", None)  # tokenizing would fail the test
+    assert checks.input_tokens_at_least("a b " * (4 * 1024 * 1024)) > checks.max_input_tokens
+    monkeypatch.undo()
+    assert 0 < checks.input_tokens_at_least("a b " * 100) < checks.max_input_tokens
+
+
 def whole_count(checks: TokenizerChecks, old: list[bytes], new: list[bytes]) -> tuple[int, int]:
     """Today's reference: the whole old and new input tokenized."""
     return checks.common_prefix_tokens(b"".join(old).decode(errors="replace"),
