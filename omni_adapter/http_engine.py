@@ -494,12 +494,23 @@ def openai_sampling(options: SamplingOptions) -> dict[str, Any]:
         "repetition_penalty": options.repetition_penalty,
         "min_p": options.min_p,
         "logit_bias": options.logit_bias,
-        "response_format": options.response_format,
+        **_held_to(options.response_format),
         "stop": list(options.stop) or None,
         "min_tokens": options.min_tokens,
         "ignore_eos": options.ignore_eos,
     }
     return {key: value for key, value in fields.items() if value is not None}
+
+
+def _held_to(constraint: dict[str, Any] | None) -> dict[str, Any]:
+    """The answer's grammar as vLLM's server takes it: OpenAI's ``response_format``, or its own
+    ``structured_outputs`` for a regex, a choice or a grammar."""
+    if constraint is None:
+        return {}
+    kind = constraint["type"]
+    if kind in ("regex", "choice", "grammar"):
+        return {"structured_outputs": {kind: constraint[kind]}}
+    return {"response_format": constraint}
 
 
 class _EngineFailure(Exception):

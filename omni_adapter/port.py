@@ -27,7 +27,7 @@ class Capabilities:
     model_names: tuple[str, ...]
     #: True when the engine calls functions (``tools`` / ``tool_choice``).
     tools: bool = False
-    #: True when the engine can hold its answer to JSON (``response_format``).
+    #: True when the engine can hold its answer to JSON (``response_format``) or vLLM's grammars.
     structured_outputs: bool = False
     #: True when a session may ask for no answer (no output modalities): the engine hears its
     #: audio input and tells the transcript (a Listener stage's ``InputTranscript``), then ends.
@@ -58,7 +58,8 @@ class SamplingOptions:
     #: Token id (as a string, as OpenAI sends it) -> bias, -100 to 100.
     logit_bias: dict[str, float] | None = None
     #: OpenAI's ``response_format`` when it constrains the answer (``json_object`` or
-    #: ``json_schema``, as sent); ``None`` for free text.
+    #: ``json_schema``, as sent), or vLLM's ``structured_outputs`` said as one (``{"type":
+    #: "regex" | "choice" | "grammar", <that>: ...}``); ``None`` for free text.
     response_format: dict[str, Any] | None = None
     #: vLLM's: no end (EOS or stop) before this many tokens; the end of sequence ignored (benchmarks).
     min_tokens: int | None = None

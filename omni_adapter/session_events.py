@@ -30,7 +30,8 @@ def check_servable(capabilities: Capabilities, request: EngineRequest) -> None:
     if request.tools and request.tool_choice != "none" and not capabilities.tools:
         raise EngineRejectedError("this engine does not call functions (tools)")
     if request.sampling.response_format is not None and not capabilities.structured_outputs:
-        raise EngineRejectedError("this engine does not hold an answer to JSON (response_format)")
+        raise EngineRejectedError("this engine does not hold an answer to a grammar (response_format, "
+                                  "structured_outputs)")
     if request.raw_prompt and not capabilities.raw_prompt:
         raise EngineRejectedError("this engine takes chat messages only, not a raw prompt (/v1/completions)")
 

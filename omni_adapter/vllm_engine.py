@@ -1007,9 +1007,13 @@ def _finite(logprob: float) -> float:
 
 
 def check_schema(response_format: Mapping[str, Any] | None) -> None:
-    """A JSON schema the grammar compiler refuses (``minimum`` above ``maximum``...) is the client's
-    mistake: refused now. In the engine core it failed the request as a server error."""
-    if response_format is None or response_format["type"] != "json_schema":
+    """A JSON schema the grammar compiler refuses (``minimum`` above ``maximum``...), a regex or
+    grammar it cannot read, is the client's mistake: refused now. In the engine core it failed
+    the request as a server error."""
+    if response_format is None or response_format["type"] == "json_object":
+        return
+    if response_format["type"] != "json_schema":
+        _check_grammar(response_format)
         return
     import json
 
@@ -1027,6 +1031,20 @@ def check_schema(response_format: Mapping[str, Any] | None) -> None:
         reason = re.sub(r"\[\d{1,2}:\d{2}:\d{2}\]\s*|\S+\.(cc|h):\d+:?\s*", "", str(exc)).strip()
         raise EngineRejectedError(f"response_format's schema cannot be held to: {reason}",
                                   param="response_format") from exc
+
+
+def _check_grammar(constraint: Mapping[str, Any]) -> None:
+    """A regex or grammar of vLLM's ``structured_outputs`` checked as vLLM's server checks it when
+    it takes the request (its engine core failed the request otherwise)."""
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.structured_output.backend_xgrammar import validate_xgrammar_grammar
+
+    try:
+        validate_xgrammar_grammar(SamplingParams(structured_outputs=structured_outputs(constraint)))
+    except ValueError as exc:
+        reason = re.sub(r"\[\d{1,2}:\d{2}:\d{2}\]\s*|\S+\.(cc|h):\d+:?\s*", "", str(exc)).strip()
+        raise EngineRejectedError(f"structured_outputs cannot be held to: {reason}",
+                                  param="structured_outputs") from exc
 
 
 #: Keywords that say nothing of a schema's values: a schema of these and a ``$ref`` is the ``$ref``.
@@ -1068,8 +1086,11 @@ def structured_outputs(response_format: Mapping[str, Any] | None) -> StructuredO
 
     if response_format is None:
         return None
-    if response_format["type"] == "json_object":
+    kind = response_format["type"]
+    if kind == "json_object":
         return StructuredOutputsParams(json_object=True)
+    if kind in ("regex", "choice", "grammar"):  # vLLM's structured_outputs
+        return StructuredOutputsParams(**{kind: response_format[kind]})
     # json_schema; OpenAI's schema is optional (any JSON then), as in vLLM's server.
     return StructuredOutputsParams(json=response_format["json_schema"].get("schema") or {"type": "object"})
 

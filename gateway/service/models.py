@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 import typing
 from typing import Annotated, Any, Literal
 
@@ -256,6 +257,43 @@ class JsonSchemaFormat(StrictModel):
 ResponseFormat = Annotated[TextFormat | JsonObjectFormat | JsonSchemaFormat, Field(discriminator="type")]
 
 
+class StructuredOutputs(StrictModel):
+    """vLLM's ``structured_outputs``, as ``vllm serve`` takes it: the answer held to one of these."""
+
+    json_: dict[str, Any] | str | None = Field(None, alias="json", description="a JSON schema (or its text)")
+    regex: str | None = None
+    choice: list[str] | None = Field(None, min_length=1, description="the answer is one of these")
+    grammar: str | None = Field(None, description="an EBNF grammar (vLLM's xgrammar backend)")
+    json_object: bool | None = Field(None, strict=True)
+
+    @model_validator(mode="after")
+    def _one(self) -> StructuredOutputs:
+        given = [name for name in ("json_", "regex", "choice", "grammar") if getattr(self, name) is not None]
+        if len(given) + bool(self.json_object) != 1:
+            raise ValueError("structured_outputs holds the answer to one of json, regex, choice, grammar or "
+                             "json_object")
+        if isinstance(self.json_, str):
+            try:
+                self.json_ = json.loads(self.json_)
+            except ValueError as exc:
+                raise ValueError("structured_outputs.json is a JSON schema, or its text") from exc
+            if not isinstance(self.json_, dict):
+                raise ValueError("structured_outputs.json is a JSON schema (an object)")
+        return self
+
+    def constraint(self) -> dict[str, Any]:
+        """As ``SamplingOptions.response_format`` says it: OpenAI's two kinds, or vLLM's own."""
+        if self.json_ is not None:
+            return {"type": "json_schema", "json_schema": {"name": "structured_outputs", "schema": self.json_}}
+        if self.json_object:
+            return {"type": "json_object"}
+        if self.regex is not None:
+            return {"type": "regex", "regex": self.regex}
+        if self.choice is not None:
+            return {"type": "choice", "choice": self.choice}
+        return {"type": "grammar", "grammar": self.grammar}
+
+
 class AudioOptions(StrictModel):
     #: Accepted for OpenAI compatibility; the CPU Talker has one voice.
     voice: str | None = None
@@ -292,6 +330,8 @@ class GenerationOptions(StrictModel):
     response_format: ResponseFormat | None = Field(
         None, description="text (the default), json_object (any JSON object) or json_schema (JSON matching "
         "json_schema.schema): the answer is held to it as the engine decodes")
+    structured_outputs: StructuredOutputs | None = Field(
+        None, description="vLLM's: the answer held to a JSON schema, a regex, a choice or a grammar")
     min_tokens: int | None = Field(None, ge=0, description="vLLM's: the answer does not end before this many tokens")
     ignore_eos: bool | None = Field(None, strict=True, description="vLLM's: the answer runs to max_tokens "
                                                                    "(benchmarks)")
@@ -333,6 +373,9 @@ class GenerationOptions(StrictModel):
         if forced_call and response_format is not None and response_format.type != "text":
             raise ValueError("response_format json_object or json_schema cannot go with tool_choice required "
                              "or a named function: the answer is a function call")
+        if forced_call and info.data.get("structured_outputs") is not None:
+            raise ValueError("structured_outputs cannot go with tool_choice required or a named function: the "
+                             "answer is a function call")
         return choice
 
     @property
@@ -357,8 +400,18 @@ class GenerationOptions(StrictModel):
                 raise ValueError(f"logit_bias values are from -100 to 100; got {bias} for token {token}")
         return value
 
+    @field_validator("structured_outputs")
+    @classmethod
+    def _one_grammar(cls, value: StructuredOutputs | None, info: ValidationInfo) -> StructuredOutputs | None:
+        response_format = info.data.get("response_format")
+        if value is not None and response_format is not None and response_format.type != "text":
+            raise ValueError("response_format and structured_outputs both hold the answer: send one")
+        return value
+
     def format_constraint(self) -> dict[str, Any] | None:
-        """``response_format`` as the engine takes it: ``None`` for free text."""
+        """``response_format`` (or ``structured_outputs``) as the engine takes it: ``None`` for free text."""
+        if self.structured_outputs is not None:
+            return self.structured_outputs.constraint()
         if self.response_format is None or self.response_format.type == "text":
             return None
         return self.response_format.model_dump(by_alias=True, exclude_none=True)
@@ -370,7 +423,7 @@ RAW_PROMPT_MAX_TOKENS = 16
 
 #: Fields added after idempotency digests were first taken: left out of a request's digest when
 #: unset, so a retry that lands on a replica of the release before (a rolling deploy) matches.
-_ADDED_SINCE_DIGESTS = ("logprobs", "top_logprobs")
+_ADDED_SINCE_DIGESTS = ("logprobs", "top_logprobs", "structured_outputs")
 
 
 class CreateSessionRequest(GenerationOptions):

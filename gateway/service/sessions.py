@@ -204,8 +204,9 @@ class SessionService:
                                           param="tools")
         held_to = body.format_constraint()
         if held_to is not None and not self._capabilities.structured_outputs:
-            raise errors.ValidationFailed(f"the engine does not hold an answer to JSON: response_format "
-                                          f"{held_to['type']} is not served here", param="response_format")
+            asked = "structured_outputs" if body.structured_outputs is not None else "response_format"
+            raise errors.ValidationFailed(f"the engine does not hold an answer to a grammar: {asked} "
+                                          f"{held_to['type']} is not served here", param=asked)
         if first is not None:
             self.check_input_modality(first, param="first_chunk.modality")
         new = await self._checked(self._new_session(body, model, identity))

@@ -61,7 +61,10 @@ _SAMPLING_FIELDS = frozenset(f.name for f in fields(SamplingOptions))
 #: A stored request lists those it needs; a release refuses to run one that needs what it does
 #: not know, so a rolling deploy (or a rollback) fails such a session loudly, never answers
 #: it wrongly. A later release that adds such a feature adds its name here.
-KNOWN_NEEDS = frozenset({"hearing", "speak_input", "chat_template_kwargs", "raw_prompt", "logprobs"})
+KNOWN_NEEDS = frozenset({"hearing", "speak_input", "chat_template_kwargs", "raw_prompt", "logprobs",
+                         "structured_outputs"})
+#: The grammars of vLLM's ``structured_outputs`` beyond OpenAI's JSON (``response_format``'s kinds).
+VLLM_GRAMMARS = frozenset({"regex", "choice", "grammar"})
 
 
 @dataclass(frozen=True)
@@ -89,7 +92,8 @@ class StoredRequest:
         """The features of ``KNOWN_NEEDS`` this request uses."""
         used = {"hearing": not self.modalities, "speak_input": self.speak_input,
                 "chat_template_kwargs": bool(self.chat_template_kwargs), "raw_prompt": self.raw_prompt,
-                "logprobs": self.sampling.logprobs is not None}
+                "logprobs": self.sampling.logprobs is not None,
+                "structured_outputs": (self.sampling.response_format or {}).get("type") in VLLM_GRAMMARS}
         return tuple(name for name, on in used.items() if on)
 
     def to_json(self) -> str:

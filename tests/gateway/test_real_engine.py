@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -210,3 +211,33 @@ async def test_a_conversation_that_does_not_end_with_the_user_is_answered_as_vll
             assert ours.choices[0].message.content == theirs.choices[0].message.content, messages
             assert ours.usage is not None and theirs.usage is not None
             assert ours.usage.prompt_tokens == theirs.usage.prompt_tokens, messages
+
+
+async def test_vllms_structured_outputs_hold_the_answer(client: httpx.AsyncClient, real_engine: Engine) -> None:
+    """vLLM's own ``structured_outputs`` (its documented way to constrain an answer; litellm's
+    ``hosted_vllm`` sends it): a choice, a regex, a grammar, a JSON schema, on chat and completions,
+    whole and streamed. A grammar it cannot read is a 400 naming it."""
+    model = real_engine.capabilities.model_names[0]
+    oai = openai_client(client)
+    question = [{"role": "user", "content": "Is the sky blue?"}]
+
+    async def held(constraint: dict[str, Any], max_tokens: int = 8) -> str:
+        answer = await oai.chat.completions.create(model=model, messages=question, max_tokens=max_tokens,
+                                                   extra_body={"structured_outputs": constraint})
+        return answer.choices[0].message.content or ""
+
+    assert await held({"choice": ["yes", "no"]}) in ("yes", "no")
+    assert re.fullmatch(r"[0-9]{3}", await held({"regex": "[0-9]{3}"}))
+    assert await held({"grammar": 'root ::= "red" | "blue"'}) in ("red", "blue")
+    schema = {"type": "object", "properties": {"blue": {"type": "boolean"}}, "required": ["blue"]}
+    assert isinstance(json.loads(await held({"json": schema}, max_tokens=24))["blue"], bool)
+    streamed = await oai.chat.completions.create(model=model, messages=question, max_tokens=8, stream=True,
+                                                 extra_body={"structured_outputs": {"choice": ["yes", "no"]}})
+    assert "".join([c.choices[0].delta.content or "" async for c in streamed if c.choices]) in ("yes", "no")
+    completion = await oai.completions.create(model=model, prompt="The sky is", max_tokens=4,
+                                              extra_body={"structured_outputs": {"choice": ["blue", "green"]}})
+    assert completion.choices[0].text in ("blue", "green")
+    for bad in ({"regex": "[0-9"}, {"choice": []}, {"regex": "a", "choice": ["a"]}):
+        with pytest.raises(openai.BadRequestError) as refused:
+            await held(bad)
+        assert refused.value.body["param"].startswith("structured_outputs"), (bad, refused.value.body)

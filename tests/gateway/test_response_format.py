@@ -381,6 +381,11 @@ async def test_json_on_an_engine_that_cannot_hold_to_it_is_refused_before_any_wo
     assert "response_format" in error["message"], error
     created = await scripted.post(BASE, json={"model": "scripted", "response_format": {"type": "json_object"}})
     assert_error(created, 422, "validation_error")
+    vllms = await scripted.post(CHAT, json=ask("hello", structured_outputs={"choice": ["a", "b"]}))
+    assert assert_error(vllms, 400, "validation_error")["param"] == "structured_outputs"
+    both = await scripted.post(CHAT, json=ask("hello", structured_outputs={"regex": "a"},
+                                             response_format={"type": "json_object"}))
+    assert assert_error(both, 400, "validation_error")["param"] == "structured_outputs"
 
 
 async def test_json_and_a_forced_function_call_do_not_go_together(scripted: httpx.AsyncClient) -> None:
@@ -433,6 +438,12 @@ def test_a_session_that_needs_what_a_release_does_not_know_is_refused_by_it_not_
     assert json.loads(scored.to_json())["needs"] == ["logprobs"]
     assert "logprobs" not in json.loads(scored.to_json())["sampling"], "the release before reads each of those"
     assert StoredRequest.from_json(scored.to_json()) == scored
+    # vLLM's grammars are new to the release before (it knows OpenAI's JSON kinds only).
+    chosen = replace(raw, raw_prompt=False, sampling=SamplingOptions(response_format={"type": "choice",
+                                                                                      "choice": ["a", "b"]}))
+    assert json.loads(chosen.to_json())["needs"] == ["structured_outputs"]
+    assert "needs" not in json.loads(replace(chosen, sampling=SamplingOptions(response_format={
+        "type": "json_object"})).to_json())
     # A retry with an Idempotency-Key that lands on the release before digests the same request.
     asked = CreateSessionRequest(messages=[], temperature=0.5)
     assert "logprobs" not in asked.model_dump_json(exclude=asked.unset_since_digests)

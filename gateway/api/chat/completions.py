@@ -46,6 +46,7 @@ from gateway.service.models import (
     ResponseFormat,
     Seed,
     StreamOptions,
+    StructuredOutputs,
     TopK,
 )
 from gateway.web.event_stream import EVENT_STREAM_CONTENT, EventStream
@@ -81,6 +82,7 @@ class CompletionRequest(OpenAIBookkeeping):
     min_p: float | None = None
     repetition_penalty: float | None = None
     response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
     min_tokens: int | None = None
     ignore_eos: bool | None = None
 
@@ -122,7 +124,7 @@ class TextCompletion(BaseModel):
 #: The fields that mean the same in a session, checked by its rules.
 _SAMPLING = {"model", "max_tokens", "temperature", "top_p", "stream_options", "stop", "presence_penalty",
              "frequency_penalty", "logit_bias", "seed", "top_k", "min_p", "repetition_penalty", "response_format",
-             "min_tokens", "ignore_eos"}
+             "structured_outputs", "min_tokens", "ignore_eos"}
 
 
 @router.post("/completions", response_model=None,
