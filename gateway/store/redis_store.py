@@ -140,14 +140,16 @@ def _error_for(reply: Reply, session_id: str, sequence_id: int | None = None) ->
     if status == "expired":
         return errors.SessionExpired(f"session {session_id!r} expired after being idle")
     if status == "closed":
-        return errors.SessionClosed(f"session {session_id!r} is {reply.text('state')}; it takes no more input")
+        return errors.SessionClosed(f"session {session_id!r} is {reply.text('state')}: it has ended (no more "
+                                    "input, nothing to cancel)")
     if status == "conflict":
         return errors.SequenceConflict(
             f"sequence_id {sequence_id} was already received with different content",
             param="sequence_id")
     if status == "input_closed":
         return errors.InputClosed(
-            f"input already ends at sequence_id {reply.number('final_seq')}", param="sequence_id")
+            f"input already ends at sequence_id {reply.number('final_seq')}: no chunk after it is taken, and "
+            "only that one says end_of_input", param="sequence_id")
     if status == "out_of_window":
         return errors.SequenceOutOfWindow(
             f"sequence_id is too far ahead of the next expected id {reply.number('next_seq')}",
