@@ -471,6 +471,36 @@ async def test_a_resume_inside_an_answer_that_has_ended_replays_its_rest(redis_u
     assert after[-1]["response"]["id"] == seen[-1]["response"]["id"]
 
 
+async def test_a_resume_from_any_event_gets_exactly_the_events_after_it(redis_url: str) -> None:
+    """Events answering the client's own requests (session.updated, its item's, response.created)
+    were not sent again: a client whose socket broke before the answer's first frame never got
+    response.created. From whichever event it got last, it gets exactly those after it, the same
+    ids, in the same order. Another session's event id is refused."""
+    async with live_app(make_settings(redis_url=redis_url), ScriptedEngine()) as url:
+        ws = await websockets.connect(url.replace("http", "ws") + "/v1/realtime")
+        sent = [json.loads(await ws.recv())]
+        session_id = sent[0]["session"]["id"]
+        await ws.send(json.dumps({"type": "session.update", "session": TEXT_ONLY}))
+        await ws.send(json.dumps({"type": "conversation.item.create", "item": {
+            "type": "message", "role": "user", "content": [{"type": "input_text", "text": "one two three"}]}}))
+        await ws.send(json.dumps({"type": "response.create"}))
+        while sent[-1]["type"] != "response.done":
+            sent.append(conforming(json.loads(await ws.recv())))
+        ws.transport.abort()
+        for cut in range(len(sent) - 1):
+            after = await resumed_until_done(url, session_id, sent[cut]["event_id"])
+            assert after[0]["type"] == "session.created"
+            assert [(e["type"], e["event_id"]) for e in after[1:]] \
+                == [(e["type"], e["event_id"]) for e in sent[cut + 1:]], sent[cut]["type"]
+        async with sdk(url).realtime.connect(model="scripted") as other:
+            elsewhere = (await until(other, "session.created"))[-1]["event_id"]
+        for foreign in (elsewhere, sent[3]["event_id"][:-1] + ("0" if sent[3]["event_id"][-1] != "0" else "1")):
+            async with websockets.connect(f"{url.replace('http', 'ws')}/v1/realtime?session_id={session_id}"
+                                          f"&last_event_id={foreign}") as refused:
+                error = json.loads(await refused.recv())
+                assert error["type"] == "error" and error["error"]["param"] == "last_event_id", error
+
+
 async def test_a_resume_of_an_unknown_session_is_refused(server: tuple[str, ScriptedEngine]) -> None:
     url, _ = server
     async with websockets.connect(url.replace("http", "ws") + "/v1/realtime?session_id=sess_nope") as ws:

@@ -79,11 +79,13 @@ from gateway.api.realtime.config import (
 from gateway.api.realtime.conversation import ROOT, Conversation, item_text, public, without_oldest
 from gateway.api.realtime.limits import EventBudget
 from gateway.api.realtime.resume import (
+    END,
     START,
     Position,
+    connection_tag,
+    event_place,
     frame_event_id,
     request_event_id,
-    resume_position,
 )
 from gateway.api.realtime.tasks import spawn
 from gateway.api.realtime.vad import SpeechDetector
@@ -120,6 +122,12 @@ MIN_COMMIT_MS = 100
 UNHEARD_WAIT_SEC = 5.0
 #: A transcription session keeps its latest items only (for ``retrieve``): it may run for hours.
 TRANSCRIBED_ITEMS_KEPT = 32
+#: The latest request events a reconnect may send again (see resume.py), and the largest kept
+#: (JSON characters: an item of a long text is not; a client that missed it misses it).
+OUTBOX_EVENTS, OUTBOX_EVENT_CHARS = 32, 8192
+
+#: A request event kept for a reconnect: its number, the frame event it followed, the event.
+Told = tuple[int, Position, dict[str, Any]]
 
 
 @dataclass
@@ -244,6 +252,11 @@ class RealtimeConnection:
         self.id = ev.new_id("sess")
         self._saved = ""
         self._resume_at: Position | None = None
+        #: Request events sent, counted; the latest kept for a reconnect; those a reconnect sends again.
+        self._told = 0
+        self._outbox: deque[Told] = deque(maxlen=OUTBOX_EVENTS)
+        self._outbox_json: str | None = None
+        self._pending: list[Told] = []
 
     # --- state kept in Redis, for a reconnect ---------------------------------
 
@@ -252,7 +265,15 @@ class RealtimeConnection:
             "identity": self._identity, "config": self.config.saved(), "items": self.conversation.items,
             "version": self._version, "turn": self._turn.saved() if self._turn else None,
             "hearing": [run.saved() for run in self._hearing.values()],
-            "last": self._last.saved() if self._last is not None and self._last is not self._turn else None})
+            "last": self._last.saved() if self._last is not None and self._last is not self._turn else None,
+            "told": self._told})[:-1] + f', "outbox": {self._outbox_text()}}}'
+
+    def _outbox_text(self) -> str:
+        """The kept request events as JSON, made again only when one is added (the state is
+        written after each client event: an audio append must not dump them each time)."""
+        if self._outbox_json is None:
+            self._outbox_json = json.dumps(list(self._outbox))
+        return self._outbox_json
 
     async def _save(self, *, strict: bool = False) -> None:
         """Write the state if it changed; ``strict``: a failure is the caller's (intent first)."""
@@ -269,15 +290,28 @@ class RealtimeConnection:
 
     async def restore(self, conversation_id: str, last_event_id: str | None) -> None:
         """Take over a connection that broke off: its state, and its open turn after ``last_event_id``."""
-        if last_event_id and resume_position(last_event_id) is None:  # (the sessions API's Last-Event-ID too)
+        place = event_place(last_event_id)
+        if last_event_id and place is None:  # (the sessions API's Last-Event-ID too)
             raise errors.InvalidRequest(f"last_event_id {last_event_id[:64]!r} is not the id of an event this "
                                         "server sent: send the event_id of the last event received",
+                                        param="last_event_id")
+        if place is not None and place.tag is not None and place.tag != connection_tag(conversation_id):
+            raise errors.InvalidRequest(f"last_event_id {str(last_event_id)[:64]!r} is an event of another "
+                                        "session: send the event_id of the last event this one sent",
                                         param="last_event_id")
         raw = await self._store.load_conversation(conversation_id)
         state = json.loads(raw) if raw else None
         if state is None or (state["identity"] != self._identity and self._identity_checked):
             raise errors.SessionNotFound(f"no realtime session {conversation_id!r} to resume", param="session_id")
         self.id = conversation_id
+        self._told = state.get("told", 0)
+        self._outbox.extend((n, ((at[0][0], at[0][1]), at[1]), event) for n, at, event in state.get("outbox") or ())
+        self._outbox_json = None
+        if place is not None:
+            # What the client missed of the request events: those after its last event (by number, or
+            # after the frame event it names), each sent again after the frame event it followed.
+            self._pending = [told for told in self._outbox
+                             if (told[0] > place.number if place.number is not None else told[1] >= place.position)]
         self.config = RealtimeConfig.restored(state["config"], self.config.can_transcribe)
         self.conversation = Conversation(state["items"])
         self._version = state["version"]
@@ -294,7 +328,7 @@ class RealtimeConnection:
             self._hearing[str(turn.audio_item_id)] = turn
             with contextlib.suppress(errors.GatewayError):  # (its input may not have been ended yet)
                 await self._service.finish(self._identity, turn.session_id, None)
-        position = resume_position(last_event_id)
+        position = None if place is None else place.position
         if state.get("last") is not None and position is not None:
             # The client's last event may be inside the answer that ended last (its end was in
             # flight when the socket broke): what came after it is replayed, the rest muted.
@@ -346,24 +380,41 @@ class RealtimeConnection:
     async def _emit(self, event: dict[str, Any]) -> None:
         """Send an event with an id that marks its position (``resume.py``)."""
         origin = _FRAME.get()
+        tag = connection_tag(self.id)
         if origin is None:
-            event["event_id"] = request_event_id(self._position, self._position_frame)
-        else:
-            index, origin.count = origin.count, origin.count + 1
-            event["event_id"] = frame_event_id(origin.frame_id, index)
-            position = (event_id_key(origin.frame_id), index)
-            # A transcription session reads several runs at once: its position only rises.
-            if origin.tracked and not (self.config.transcribing and self._position is not None
-                                       and position <= self._position):
-                self._position, self._position_frame = position, origin.frame_id
-            if origin.muted_through is not None and position <= origin.muted_through:
-                return
+            number, self._told = self._told, self._told + 1
+            event["event_id"] = request_event_id(self._position, self._position_frame, number, tag)
+            # (session.created is each connection's own: a reconnect gets its own)
+            if event["type"] != "session.created" and len(orjson.dumps(event)) <= OUTBOX_EVENT_CHARS:
+                self._outbox.append((number, self._position or START, event))
+                self._outbox_json = None
+            await self._send_raw(event)
+            return
+        index, origin.count = origin.count, origin.count + 1
+        event["event_id"] = frame_event_id(origin.frame_id, index, tag)
+        position = (event_id_key(origin.frame_id), index)
+        # A transcription session reads several runs at once: its position only rises.
+        if origin.tracked and not (self.config.transcribing and self._position is not None
+                                   and position <= self._position):
+            self._position, self._position_frame = position, origin.frame_id
+        if origin.muted_through is not None and position <= origin.muted_through:
+            return
         await self._send_raw(event)
+        await self._send_missed(position)
+
+    async def _send_missed(self, through: Position) -> None:
+        """After a reconnect: the request events the client missed that followed frame events up to
+        ``through`` (which it now has), as they were sent."""
+        while self._pending and self._pending[0][1] <= through:
+            await self._send_raw(self._pending.pop(0)[2])
 
     # --- the client's events --------------------------------------------------
 
     async def opened(self) -> None:
         await self._emit(ev.event("session.created", session=self.config.session_object(self.id)))
+        # The missed request events before any frame to replay; the rest follow their frame events
+        # (all of them at once when there is nothing to replay, or at the client's next event).
+        await self._send_missed(self._resume_at or END)
         for run in (self._replayed, self._turn, *self._hearing.values()):
             if run is not None and run.reader is None:  # restored: follow it again, muted up to where the client was
                 self._follow(run, self._resume_at)
@@ -372,6 +423,8 @@ class RealtimeConnection:
     async def handle(self, message: dict[str, Any]) -> None:
         """One client event; a bad one gets an ``error`` event and the connection goes on."""
         async with self._lock:
+            if self._pending:  # the client goes on: what it missed comes first
+                await self._send_missed(END)
             kind = message.get("type")
             if kind in USER_INPUT and self._holds(kind, message):
                 await self._hold(message)
