@@ -199,6 +199,47 @@ async def test_a_broken_socket_gets_the_transcript_on_another_replica(redis_url:
             assert word_error_rate(words, event["transcript"]) == 0
 
 
+async def test_a_commit_told_is_kept_when_its_replica_stops_right_after(
+        redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A replica killed right after it told the client ``committed``, before the utterance's
+    input was ended (a CI run of the kill -9 test hit that moment): the reconnect found an open
+    turn, and the transcript never came. The commit is saved before it is told."""
+    from gateway.service.sessions import SessionService
+
+    stopped, finish = asyncio.Event(), SessionService.finish
+    first: list[bool] = []
+
+    async def stops_at_the_first(self: SessionService, *args: Any, **kwargs: Any) -> Any:
+        if not first:  # replica a: as if killed here (its commit told, the input not ended)
+            first.append(True)
+            await stopped.wait()
+        return await finish(self, *args, **kwargs)
+
+    monkeypatch.setattr(SessionService, "finish", stops_at_the_first)
+    settings = make_settings(redis_url=redis_url)
+    words = "Remind me to call my mother tonight."
+    async with live_app(settings, with_listener(ScriptedEngine())) as a, \
+            live_app(settings, with_listener(ScriptedEngine())) as b:
+        ws = await websockets.connect(a.replace("http", "ws") + "/v1/realtime?intent=transcription")
+        session_id = json.loads(await ws.recv())["session"]["id"]
+        await ws.send(json.dumps({"type": "session.update", "session": {
+            "type": "transcription", "audio": {"input": {"turn_detection": None}}}}))
+        for piece in pieces(speech(words), SPEECH_RATE, 100):
+            await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(piece).decode()}))
+        await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        while (committed := json.loads(await ws.recv()))["type"] != "input_audio_buffer.committed":
+            pass
+        ws.transport.abort()
+        try:
+            async with websockets.connect(f"{b.replace('http', 'ws')}/v1/realtime?session_id={session_id}"
+                                          f"&last_event_id={committed['event_id']}") as again:
+                while (event := json.loads(await asyncio.wait_for(again.recv(), 30)))["type"] != TRANSCRIBED:
+                    assert event["type"] != "error", event
+        finally:
+            stopped.set()
+    assert event["item_id"] == committed["item_id"] and word_error_rate(words, event["transcript"]) == 0, event
+
+
 def test_a_realtime_session_is_saved_as_the_release_before_saved_it() -> None:
     """A rolling deploy: a replica of the release before restores a realtime session saved by this
     one (it knows no session type); a transcription session round-trips whole."""

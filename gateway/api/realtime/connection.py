@@ -385,7 +385,8 @@ class RealtimeConnection:
             number, self._told = self._told, self._told + 1
             event["event_id"] = request_event_id(self._position, self._position_frame, number, tag)
             # (session.created is each connection's own: a reconnect gets its own)
-            if event["type"] != "session.created" and len(orjson.dumps(event)) <= OUTBOX_EVENT_CHARS:
+            # (json, not orjson: an item's fields may hold an integer past 64 bits, a lone surrogate)
+            if event["type"] != "session.created" and len(json.dumps(event)) <= OUTBOX_EVENT_CHARS:
                 self._outbox.append((number, self._position or START, event))
                 self._outbox_json = None
             await self._send_raw(event)
@@ -1005,6 +1006,9 @@ class RealtimeConnection:
         item = ev.user_item(turn.audio_item_id, [{"type": "input_audio", "transcript": None}])
         turn.item_ids.append(item["id"])
         before = self.conversation.add(item)
+        # Saved before the client is told: a replica killed right after the tell leaves the commit
+        # for a reconnect (a transcription session's is heard out then), not an open turn.
+        await self._save()
         await self._emit(ev.event("input_audio_buffer.committed", previous_item_id=before,
                                   item_id=turn.audio_item_id))
         await self._tell_item(item, before)
