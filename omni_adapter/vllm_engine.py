@@ -1036,12 +1036,13 @@ def check_schema(response_format: Mapping[str, Any] | None) -> None:
 def _check_grammar(constraint: Mapping[str, Any]) -> None:
     """A regex or grammar of vLLM's ``structured_outputs`` checked as vLLM's server checks it when
     it takes the request (its engine core failed the request otherwise)."""
+    from vllm.exceptions import VLLMValidationError
     from vllm.sampling_params import SamplingParams
     from vllm.v1.structured_output.backend_xgrammar import validate_xgrammar_grammar
 
     try:
         validate_xgrammar_grammar(SamplingParams(structured_outputs=structured_outputs(constraint)))
-    except ValueError as exc:
+    except (ValueError, VLLMValidationError) as exc:
         reason = re.sub(r"\[\d{1,2}:\d{2}:\d{2}\]\s*|\S+\.(cc|h):\d+:?\s*", "", str(exc)).strip()
         raise EngineRejectedError(f"structured_outputs cannot be held to: {reason}",
                                   param="structured_outputs") from exc
