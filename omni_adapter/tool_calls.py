@@ -138,8 +138,8 @@ class ToolCallParser:
                 continue
             self.called = True
             events.append(ToolCallDelta(index, call.id, name, arguments))
-        if events:
-            self._held.drop()  # what was held was the call's start
+        if delta is not None and delta.tool_calls:
+            self._held.drop()  # what was held was a call's start (one left out too)
         if finished:
             content += self._held.release()  # it was not a call after all
         return [TextDelta(content), *events] if content else events

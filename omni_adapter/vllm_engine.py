@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import os
 import re
@@ -284,13 +283,6 @@ class TokenizerChecks:
     def max_input_tokens(self) -> int:
         return self._max_model_len - 1
 
-    @functools.cached_property
-    def _longest_token_chars(self) -> int:
-        """The most characters a token stands for: its vocabulary string's length bounds them
-        (a byte-level token's string has a character per byte)."""
-        vocabulary: dict[str, int] = self._streaming.tokenizer.get_vocab()  # type: ignore[attr-defined]
-        return max(map(len, vocabulary), default=1)
-
     def warm(self) -> None:
         """Check one request that uses all a check can (a function, a JSON schema), so what checks
         import (vLLM, its chat parsers, the grammar compiler) is loaded now (blocking).
@@ -326,7 +318,7 @@ class TokenizerChecks:
             return 0
         # Text too long to fit even were every token the longest: that bound is the answer (a
         # 16 MiB chunk took 20 s of a core to tokenize before its 413).
-        fewest = len(interior) // self._longest_token_chars
+        fewest = len(interior) // self._streaming.max_token_bytes  # (a token's bytes bound its characters)
         if fewest > self.max_input_tokens:
             return fewest
         count = len(self._streaming.encode_plain(interior))

@@ -140,8 +140,9 @@ def _audio_ms(data: bytes, is_wav: bool, rate: int | None) -> int:
                 frames, rate, width = wav.getnframes(), wav.getframerate(), wav.getsampwidth()
         except (wave.Error, EOFError, ValueError) as exc:
             raise errors.InvalidPayload("audio payload is not a valid WAV file", param="payload") from exc
-        if rate <= 0:
-            raise errors.InvalidPayload("the WAV header gives a sample rate of 0", param="payload")
+        if not MIN_SAMPLE_RATE <= rate <= MAX_SAMPLE_RATE:  # (a rate of 1 Hz would be resampled 16,000-fold)
+            raise errors.InvalidPayload(f"the WAV header gives a sample rate of {rate} Hz; {MIN_SAMPLE_RATE} to "
+                                        f"{MAX_SAMPLE_RATE} are taken", param="payload")
         if width != 2:
             raise errors.InvalidPayload(f"WAV audio must be 16-bit PCM, not {8 * width}-bit", param="payload")
         return int(frames * 1000 / rate)

@@ -302,8 +302,8 @@ async def test_odd_raw_chunk_headers_are_422_not_500(client: httpx.AsyncClient, 
     assert (await view(client, sid))["received_chunks"] == 0
 
 
-@pytest.mark.parametrize("wav", [wav_header_with_rate(0), b"RIFF\x00\x00garbage labelled as wav"],
-                         ids=["rate-0", "garbage"])
+@pytest.mark.parametrize("wav", [wav_header_with_rate(0), wav_header_with_rate(1), b"RIFF\x00\x00garbage labelled as wav"],
+                         ids=["rate-0", "rate-1", "garbage"])
 async def test_broken_wav_is_422_at_append(client: httpx.AsyncClient, wav: bytes) -> None:
     sid = await create(client)
     for response in (

@@ -193,6 +193,14 @@ class Run:
     reader: asyncio.Task[None] | None = None
     #: A committed turn set aside unanswered by the user's next input: only its words are wanted.
     set_aside: bool = False
+    #: Audio ms and chunks committed before the input buffer's item, in this same session (an
+    #: engine that hears audio itself takes the next utterance in the committed turn's session).
+    committed_ms: int = 0
+    committed_chunks: int = 0
+
+    @property
+    def holds_audio(self) -> bool:
+        return self.audio_item_id is not None or self.committed_chunks > 0
 
     @property
     def answering(self) -> bool:
@@ -619,6 +627,10 @@ class RealtimeConnection:
         self._padding.clear()
         self._half_sample = b""
         if turn is not None and turn.audio_item_id is not None and not turn.committed:
+            if turn.committed_chunks:
+                raise errors.InvalidRequest("the engine hears the audio itself, in one session with the utterance "
+                                            "committed before: the audio since cannot be taken back (commit it)",
+                                            param="type")
             await self._drop_turn()
         await self._emit(ev.event("input_audio_buffer.cleared"))
 
@@ -702,7 +714,7 @@ class RealtimeConnection:
         """An edit of the history: an unanswered text-only turn is made again from the items."""
         self._version += 1
         turn = self._turn
-        if turn is not None and turn.streaming and turn.answer is None and turn.audio_item_id is None:
+        if turn is not None and turn.streaming and turn.answer is None and not turn.holds_audio:
             await self._drop_turn()
 
     # --- responses -------------------------------------------------------------------
@@ -807,8 +819,7 @@ class RealtimeConnection:
     async def _respond(self, params: Params) -> None:
         """An answer in the conversation: the open turn's, when it was made as this one would be."""
         turn = self._turn
-        if turn is not None and turn.next_seq > 0 and (turn.basis == self._basis(params)
-                                                        or turn.audio_item_id is not None):
+        if turn is not None and turn.next_seq > 0 and (turn.basis == self._basis(params) or turn.holds_audio):
             await self._finish_turn(turn, params)
             return
         if turn is not None:
@@ -925,6 +936,7 @@ class RealtimeConnection:
                 # Its words are the engine's only (it hears audio itself): the next utterance is an
                 # item of its own in the same session, answered with it.
                 turn.committed, turn.audio_item_id = False, None
+                turn.committed_ms, turn.committed_chunks = turn.audio_ms, turn.next_seq
                 return turn
             await self._set_aside(turn)
         elif turn is not None and turn.answering:
@@ -999,8 +1011,9 @@ class RealtimeConnection:
             raise errors.EmptyAudioBuffer("the input audio buffer is empty", param="audio")
         # As OpenAI: too little to hear (a few stray bytes); it stays. (Each chunk's ms are rounded
         # down: the chunks' count makes up for it.)
-        if turn.audio_ms + turn.next_seq < MIN_COMMIT_MS:
-            raise errors.EmptyAudioBuffer(f"the input audio buffer holds {turn.audio_ms} ms of audio; a commit "
+        buffered_ms = turn.audio_ms - turn.committed_ms
+        if buffered_ms + turn.next_seq - turn.committed_chunks < MIN_COMMIT_MS:
+            raise errors.EmptyAudioBuffer(f"the input audio buffer holds {buffered_ms} ms of audio; a commit "
                                           f"takes at least {MIN_COMMIT_MS} ms", param="audio")
         turn.committed = True
         item = ev.user_item(turn.audio_item_id, [{"type": "input_audio", "transcript": None}])
@@ -1097,6 +1110,7 @@ class RealtimeConnection:
         self._turn = None
         turn.set_aside = True
         self._unheard[turn.session_id] = turn
+        await self._save()  # before its input ends: a reconnect after a crash must not answer it
         try:
             await self._service.finish(self._identity, turn.session_id, None)
         except errors.GatewayError:
@@ -1120,6 +1134,7 @@ class RealtimeConnection:
         if run.reader is not None and run.reader is not asyncio.current_task():
             run.reader.cancel()
         await self._tell_transcript(run)
+        await self._save()  # its words are in its item: a reconnect's history has them
         with contextlib.suppress(errors.GatewayError):
             await self._service.cancel(self._identity, run.session_id)
 
