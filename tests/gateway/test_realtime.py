@@ -25,6 +25,7 @@ from openai.types.realtime.realtime_server_event import RealtimeServerEvent
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import TypeAdapter
 
+from gateway.api.realtime.resume import event_place
 from omni_adapter.listener import with_listener
 from omni_adapter.scripted import Script, ScriptedEngine, text_capabilities
 from tests.gateway.client import live_app, make_settings
@@ -484,10 +485,19 @@ async def test_a_resume_from_any_event_gets_exactly_the_events_after_it(redis_ur
         await ws.send(json.dumps({"type": "conversation.item.create", "item": {
             "type": "message", "role": "user", "content": [{"type": "input_text", "text": "one two three"}]}}))
         await ws.send(json.dumps({"type": "response.create"}))
+        while sent[-1]["type"] != "rate_limits.updated":  # (the answer's last event, after response.done)
+            sent.append(conforming(json.loads(await ws.recv())))
+        first_done = len(sent) - 1
+        # A second turn: its events are placed in its own run (frame ids of two sessions do not compare).
+        await ws.send(json.dumps({"type": "conversation.item.create", "item": {
+            "type": "message", "role": "user", "content": [{"type": "input_text", "text": "four five"}]}}))
+        await ws.send(json.dumps({"type": "response.create"}))
         while sent[-1]["type"] != "response.done":
             sent.append(conforming(json.loads(await ws.recv())))
         ws.transport.abort()
-        for cut in range(len(sent) - 1):
+        # From anywhere in the last answer, or the first one's end (an answer before the last is not
+        # kept to replay): the rest.
+        for cut in range(first_done, len(sent) - 1):
             after = await resumed_until_done(url, session_id, sent[cut]["event_id"])
             assert after[0]["type"] == "session.created"
             assert [(e["type"], e["event_id"]) for e in after[1:]] \
@@ -495,6 +505,7 @@ async def test_a_resume_from_any_event_gets_exactly_the_events_after_it(redis_ur
         async with sdk(url).realtime.connect(model="scripted") as other:
             elsewhere = (await until(other, "session.created"))[-1]["event_id"]
         for foreign in (elsewhere, sent[3]["event_id"][:-1] + ("0" if sent[3]["event_id"][-1] != "0" else "1")):
+            assert event_place(foreign) is not None
             async with websockets.connect(f"{url.replace('http', 'ws')}/v1/realtime?session_id={session_id}"
                                           f"&last_event_id={foreign}") as refused:
                 error = json.loads(await refused.recv())

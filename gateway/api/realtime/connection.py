@@ -79,8 +79,9 @@ from gateway.api.realtime.config import (
 from gateway.api.realtime.conversation import ROOT, Conversation, item_text, public, without_oldest
 from gateway.api.realtime.limits import EventBudget
 from gateway.api.realtime.resume import (
-    END,
+    EVERYTHING,
     START,
+    EventPlace,
     Position,
     connection_tag,
     event_place,
@@ -126,8 +127,8 @@ TRANSCRIBED_ITEMS_KEPT = 32
 #: (JSON characters: an item of a long text is not; a client that missed it misses it).
 OUTBOX_EVENTS, OUTBOX_EVENT_CHARS = 32, 8192
 
-#: A request event kept for a reconnect: its number, the frame event it followed, the event.
-Told = tuple[int, Position, dict[str, Any]]
+#: A request event kept for a reconnect: its number, the run and frame event it followed, the event.
+Told = tuple[int, int, Position, dict[str, Any]]
 
 
 @dataclass
@@ -135,8 +136,10 @@ class _FrameOrigin:
     """The frame whose events are being sent (set in the reader's task only)."""
 
     frame_id: str
+    #: The run (the conversation's count of answers) the frame is of.
+    run: int
     #: Events at or before this place were sent before a reconnect: not again.
-    muted_through: Position | None
+    muted_through: EventPlace | None
     #: The open turn's frames: request events after them name their position.
     tracked: bool
     count: int = 0
@@ -193,6 +196,8 @@ class Run:
     reader: asyncio.Task[None] | None = None
     #: A committed turn set aside unanswered by the user's next input: only its words are wanted.
     set_aside: bool = False
+    #: Its place among the conversation's runs (event ids name it: see resume.py).
+    index: int = 0
     #: Audio ms and chunks committed before the input buffer's item, in this same session (an
     #: engine that hears audio itself takes the next utterance in the committed turn's session).
     committed_ms: int = 0
@@ -259,7 +264,9 @@ class RealtimeConnection:
         self._position_frame: str | None = None
         self.id = ev.new_id("sess")
         self._saved = ""
-        self._resume_at: Position | None = None
+        self._resume_at: EventPlace | None = None
+        #: The conversation's runs so far: the latest one's index (a transcription session's stay 0).
+        self._runs = 0
         #: Request events sent, counted; the latest kept for a reconnect; those a reconnect sends again.
         self._told = 0
         self._outbox: deque[Told] = deque(maxlen=OUTBOX_EVENTS)
@@ -274,7 +281,9 @@ class RealtimeConnection:
             "version": self._version, "turn": self._turn.saved() if self._turn else None,
             "hearing": [run.saved() for run in self._hearing.values()],
             "last": self._last.saved() if self._last is not None and self._last is not self._turn else None,
-            "told": self._told})[:-1] + f', "outbox": {self._outbox_text()}}}'
+            "told": self._told, "runs": self._runs, "run_index": {
+                run.session_id: run.index for run in (self._turn, self._last, *self._hearing.values())
+                if run is not None}})[:-1] + f', "outbox": {self._outbox_text()}}}'
 
     def _outbox_text(self) -> str:
         """The kept request events as JSON, made again only when one is added (the state is
@@ -312,14 +321,18 @@ class RealtimeConnection:
         if state is None or (state["identity"] != self._identity and self._identity_checked):
             raise errors.SessionNotFound(f"no realtime session {conversation_id!r} to resume", param="session_id")
         self.id = conversation_id
-        self._told = state.get("told", 0)
-        self._outbox.extend((n, ((at[0][0], at[0][1]), at[1]), event) for n, at, event in state.get("outbox") or ())
+        self._told, self._runs = state.get("told", 0), state.get("runs", 0)
+        self._outbox.extend((n, run, ((at[0][0], at[0][1]), at[1]), event)
+                            for n, run, at, event in state.get("outbox") or ())
         self._outbox_json = None
         if place is not None:
             # What the client missed of the request events: those after its last event (by number, or
-            # after the frame event it names), each sent again after the frame event it followed.
-            self._pending = [told for told in self._outbox
-                             if (told[0] > place.number if place.number is not None else told[1] >= place.position)]
+            # after the frame event it names: at its place too), each sent again after the frame event
+            # it followed.
+            self._pending = [told for told in self._outbox if (
+                told[0] > place.number if place.number is not None else not place.reached(told[1], told[2])
+                or (told[1], told[2]) == (place.run, place.position))]
+        indices = state.get("run_index") or {}
         self.config = RealtimeConfig.restored(state["config"], self.config.can_transcribe)
         self.conversation = Conversation(state["items"])
         self._version = state["version"]
@@ -336,13 +349,15 @@ class RealtimeConnection:
             self._hearing[str(turn.audio_item_id)] = turn
             with contextlib.suppress(errors.GatewayError):  # (its input may not have been ended yet)
                 await self._service.finish(self._identity, turn.session_id, None)
-        position = None if place is None else place.position
-        if state.get("last") is not None and position is not None:
+        if state.get("last") is not None and place is not None:
             # The client's last event may be inside the answer that ended last (its end was in
             # flight when the socket broke): what came after it is replayed, the rest muted.
-            self._replayed = await self._restored_run(state["last"], finished=True)
+            self._replayed = self._last = await self._restored_run(state["last"], finished=True)
+        for restored in (self._turn, self._replayed, *self._hearing.values()):
+            if restored is not None:
+                restored.index = indices.get(restored.session_id, 0)
         if saved is not None or self._hearing or self._replayed is not None:
-            self._resume_at = position or START  # its reader starts after session.created
+            self._resume_at = place or EventPlace(0, START)  # its reader starts after session.created
         self._saved = self._state()
 
     async def _restored_run(self, saved: dict[str, Any], *, finished: bool = False) -> Run | None:
@@ -391,31 +406,37 @@ class RealtimeConnection:
         tag = connection_tag(self.id)
         if origin is None:
             number, self._told = self._told, self._told + 1
-            event["event_id"] = request_event_id(self._position, self._position_frame, number, tag)
-            # (session.created is each connection's own: a reconnect gets its own)
-            # (json, not orjson: an item's fields may hold an integer past 64 bits, a lone surrogate)
+            event["event_id"] = request_event_id(self._position, self._position_frame, self._runs, number, tag)
+            # (json, not orjson: an item's fields may hold an integer past 64 bits, a lone surrogate;
+            # session.created is each connection's own: a reconnect gets its own)
             if event["type"] != "session.created" and len(json.dumps(event)) <= OUTBOX_EVENT_CHARS:
-                self._outbox.append((number, self._position or START, event))
+                self._outbox.append((number, self._runs, self._position or START, event))
                 self._outbox_json = None
             await self._send_raw(event)
             return
         index, origin.count = origin.count, origin.count + 1
-        event["event_id"] = frame_event_id(origin.frame_id, index, tag)
+        event["event_id"] = frame_event_id(origin.frame_id, index, origin.run, tag)
         position = (event_id_key(origin.frame_id), index)
         # A transcription session reads several runs at once: its position only rises.
         if origin.tracked and not (self.config.transcribing and self._position is not None
                                    and position <= self._position):
             self._position, self._position_frame = position, origin.frame_id
-        if origin.muted_through is not None and position <= origin.muted_through:
+        if origin.muted_through is not None and origin.muted_through.reached(origin.run, position):
             return
+        at = EventPlace(origin.run, position)
+        await self._send_missed(at, before=True)
         await self._send_raw(event)
-        await self._send_missed(position)
+        await self._send_missed(at)
 
-    async def _send_missed(self, through: Position) -> None:
+    async def _send_missed(self, through: EventPlace, *, before: bool = False) -> None:
         """After a reconnect: the request events the client missed that followed frame events up to
-        ``through`` (which it now has), as they were sent."""
-        while self._pending and self._pending[0][1] <= through:
-            await self._send_raw(self._pending.pop(0)[2])
+        ``through`` (``before``: up to the one before it, about to be sent), as they were sent."""
+        while self._pending:
+            _, run, position, event = self._pending[0]
+            if not through.reached(run, position) or (before and (run, position) == (through.run, through.position)):
+                return
+            del self._pending[0]
+            await self._send_raw(event)
 
     # --- the client's events --------------------------------------------------
 
@@ -423,7 +444,7 @@ class RealtimeConnection:
         await self._emit(ev.event("session.created", session=self.config.session_object(self.id)))
         # The missed request events before any frame to replay; the rest follow their frame events
         # (all of them at once when there is nothing to replay, or at the client's next event).
-        await self._send_missed(self._resume_at or END)
+        await self._send_missed(self._resume_at or EVERYTHING)
         for run in (self._replayed, self._turn, *self._hearing.values()):
             if run is not None and run.reader is None:  # restored: follow it again, muted up to where the client was
                 self._follow(run, self._resume_at)
@@ -433,7 +454,7 @@ class RealtimeConnection:
         """One client event; a bad one gets an ``error`` event and the connection goes on."""
         async with self._lock:
             if self._pending:  # the client goes on: what it missed comes first
-                await self._send_missed(END)
+                await self._send_missed(EVERYTHING)
             kind = message.get("type")
             if kind in USER_INPUT and self._holds(kind, message):
                 await self._hold(message)
@@ -872,7 +893,7 @@ class RealtimeConnection:
                             params.max_output_tokens)
         if in_conversation:
             self._turn = run
-            self._position = self._position_frame = None
+            self._next_run(run)
         else:
             self._side[run.answer.response_id] = run
         await run.answer.begin()
@@ -949,9 +970,15 @@ class RealtimeConnection:
         turn = Run(record.session_id, streaming=True, basis=self._basis(params))
         self._turn = turn
         if not self.config.transcribing:  # (runs being heard out are still read: their place stays)
-            self._position = self._position_frame = None
+            self._next_run(turn)
         self._follow(turn, None)
         return turn
+
+    def _next_run(self, run: Run) -> None:
+        """``run`` is the conversation's next: its events' places count from its start."""
+        self._runs += 1
+        run.index = self._runs
+        self._position = self._position_frame = None
 
     async def _append(self, turn: Run, chunk: ChunkIn) -> None:
         record = record_from_json(chunk.model_copy(update={"sequence_id": turn.next_seq}),
@@ -1178,17 +1205,18 @@ class RealtimeConnection:
 
     # --- the session's output -----------------------------------------------------
 
-    def _follow(self, run: Run, muted_through: Position | None) -> None:
+    def _follow(self, run: Run, muted_through: EventPlace | None) -> None:
         run.reader = asyncio.create_task(self._read(run, muted_through), name=f"realtime-{run.session_id}")
 
-    async def _read(self, run: Run, muted_through: Position | None) -> None:
+    async def _read(self, run: Run, muted_through: EventPlace | None) -> None:
         """Read the run's session output from its start; a failure ends only this run."""
         try:
             stream = await self._service.events(self._identity, run.session_id, "0-0")
             if stream is None:  # only after the final frame, and this read starts at the first
                 return
             async for frame in stream:
-                token = _FRAME.set(_FrameOrigin(str(frame.id), muted_through, tracked=run.in_conversation))
+                token = _FRAME.set(_FrameOrigin(str(frame.id), run.index, muted_through,
+                                                tracked=run.in_conversation))
                 try:
                     await self._on_frame(run, frame)
                 finally:
