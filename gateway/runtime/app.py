@@ -32,7 +32,7 @@ from gateway.service.sessions import SessionService
 from gateway.settings import Settings
 from gateway.store.connection import open_redis
 from gateway.store.redis_store import SessionStore
-from gateway.web.error_handlers import install_error_handlers
+from gateway.web.error_handlers import SESSIONS_API, install_error_handlers
 from gateway.web.identity import IdentityResolver
 from gateway.web.middleware.admission import Admission, AdmissionMiddleware
 from gateway.web.middleware.authentication import AuthenticationMiddleware
@@ -219,10 +219,17 @@ def _openapi_with_envelope(app: FastAPI) -> dict[str, Any]:
         spec = get_openapi(title=app.title, version=app.version, description=app.description,
                            routes=app.routes)
         envelope = {"$ref": "#/components/schemas/ErrorEnvelope"}
-        for operation in (op for path in spec["paths"].values() for op in path.values()):
-            invalid = operation["responses"].get("422")
-            if invalid is not None:
+        for path, operations in spec["paths"].items():
+            for operation in operations.values():
+                responses = operation["responses"]
+                invalid = responses.get("422")
+                if invalid is None:
+                    continue
                 invalid["content"] = {"application/json": {"schema": envelope}}
+                if not path.startswith(SESSIONS_API):  # OpenAI's doors say 400 for it (error_handlers.py)
+                    del responses["422"]
+                    bad = responses.setdefault("400", {**invalid, "description": ""})
+                    bad["description"] = ", ".join(d for d in (bad["description"], invalid["description"]) if d)
         for name in ("HTTPValidationError", "ValidationError"):
             spec.get("components", {}).get("schemas", {}).pop(name, None)
         app.openapi_schema = spec
