@@ -364,7 +364,7 @@ async def test_openai_fields_that_change_nothing_here_are_taken(scripted: httpx.
     ({"messages": [{"role": "user", "content": [{"type": "file", "file": {"file_id": "f"}}]}]},
      "messages.0.content.0"),
     ({"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {
-        "data": "AAAA", "format": "mp3"}}]}]}, "messages.0.content.0.input_audio.format"),
+        "data": "AAAA", "format": "ogg"}}]}]}, "messages.0.content.0.input_audio.format"),
 ])
 async def test_fields_it_cannot_honour_are_400s_that_name_them(scripted: httpx.AsyncClient, fields: dict,
                                                                param: str) -> None:

@@ -8,6 +8,7 @@ and by espeak-ng in a voice of its own, files encoded by FFmpeg (PyAV) as client
 
 from __future__ import annotations
 
+import base64
 import io
 import shutil
 import subprocess
@@ -85,6 +86,19 @@ async def test_files_in_the_formats_clients_send_are_heard(client: httpx.AsyncCl
                                                     response_format="verbose_json")  # LiveKit asks whisper-1 so
     assert verbose.language == "english" and verbose.duration > 1 and word_error_rate(QUESTION, verbose.text) == 0
     assert thinker.sessions == [], "a transcription asks the Thinker nothing"
+
+
+async def test_chat_input_audio_in_mp3_is_heard(redis_url: str) -> None:
+    """OpenAI's chat takes input_audio in wav and mp3; mp3 was refused by name."""
+    mp3 = base64.b64encode(encoded(speech(QUESTION), SPEECH_RATE, "mp3", "libmp3lame")).decode()
+    async with app_client(make_settings(redis_url=redis_url), with_listener(ScriptedEngine())) as client:
+        answer = await openai_client(client).chat.completions.create(model="scripted", messages=[{
+            "role": "user", "content": [{"type": "input_audio", "input_audio": {"data": mp3, "format": "mp3"}}]}])
+        assert answer.choices[0].message.content == f"echo: {QUESTION}"
+        not_mp3 = base64.b64encode(b"not an mp3 at all").decode()
+        refused = await client.post("/v1/chat/completions", json={"model": "scripted", "messages": [{"role": "user",
+            "content": [{"type": "input_audio", "input_audio": {"data": not_mp3, "format": "mp3"}}]}]})
+        assert_error(refused, 400, "invalid_payload", "messages.0.content.0.input_audio.data")
 
 
 async def test_a_file_whose_sample_rate_changes_midway_is_heard_whole(client: httpx.AsyncClient) -> None:

@@ -18,7 +18,8 @@ from gateway.service.models import (
 
 class InputAudio(StrictModel):
     data: str = Field(description="base64")
-    format: Literal["wav", "pcm16"]
+    #: OpenAI's wav and mp3 (decoded by FFmpeg); pcm16 is the sessions API's (16 kHz).
+    format: Literal["wav", "mp3", "pcm16"]
 
 
 class AudioPart(StrictModel):

@@ -9,6 +9,8 @@ output frames or read from its stored result, so any replica can serve it.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import contextlib
 import re
 import time
@@ -19,13 +21,14 @@ import anyio
 from sse_starlette import ServerSentEvent
 
 from gateway import errors
+from gateway.api.chat.audio_files import RATE, decoded
 from gateway.api.chat.models import (
     AudioPart,
     ChatCompletionMessage,
     ChatCompletionRequest,
     ImagePart,
 )
-from gateway.api.chunks import record_from_json
+from gateway.api.chunks import b64decode_in_slices, record_from_json
 from gateway.domain.policies import StartPolicy
 from gateway.domain.states import SessionState
 from gateway.service.models import (
@@ -67,7 +70,8 @@ class ChatService:
                                           "after it", param=f"messages.{len(history)}.tool_calls")
         if last.role == "assistant":  # its words as a history message says them (a refusal's, a transcript's)
             last = last.model_copy(update={"content": last.as_history().get("content")})
-        chunks = self._input_chunks(last, f"messages.{len(history)}.content")
+        where = f"messages.{len(history)}.content"
+        chunks = await anyio.to_thread.run_sync(self._input_chunks, last, where)  # (it may decode mp3)
         for chunk in chunks:
             self._sessions.check_input_modality(chunk, param=f"messages.{len(history)}.content")
         options = body.model_dump(include=set(GenerationOptions.model_fields), by_alias=True)  # json_schema's schema
@@ -153,7 +157,8 @@ class ChatService:
                 await self.cancel(identity, session_id)
 
     def _input_chunks(self, message: ChatCompletionMessage, where: str) -> list[ChunkRecord]:
-        """The chunks of the user's message, in order; adjacent text parts are one chunk."""
+        """The chunks of the user's message, in order; adjacent text parts are one chunk (blocking:
+        mp3 audio is decoded)."""
         parts = [TextPart(type="text", text=message.content)] if isinstance(message.content, str) \
             else message.content or []
         if message.role == "tool" and not all(isinstance(p, TextPart) for p in parts):
@@ -171,7 +176,10 @@ class ChatService:
                 texts.append(part.text)
                 continue
             close_text()
-            if isinstance(part, AudioPart):
+            if isinstance(part, AudioPart) and part.input_audio.format == "mp3":
+                chunks.append(_decoded_mp3(part.input_audio.data, f"{where}.{i}.input_audio.data",
+                                           self._max_chunk_bytes))
+            elif isinstance(part, AudioPart):
                 chunks.append(ChunkIn(sequence_id=0, modality="audio", payload=part.input_audio.data,
                                       format=part.input_audio.format))
             elif isinstance(part, ImagePart):  # a refusal part is an assistant's: never in the input
@@ -222,3 +230,12 @@ def _history_message(message: ChatCompletionMessage, where: str) -> ChatMessage:
     return message
 
 
+def _decoded_mp3(data: str, where: str, max_bytes: int) -> ChunkIn:
+    """An mp3 ``input_audio`` (OpenAI takes wav and mp3) as the pcm16 the engines read."""
+    try:
+        mp3 = b64decode_in_slices(data)
+    except (binascii.Error, ValueError) as exc:
+        raise errors.InvalidPayload("input_audio data is not valid base64", param=where) from exc
+    pcm = decoded(mp3, max_bytes, param=where)
+    return ChunkIn(sequence_id=0, modality="audio", payload=base64.b64encode(pcm).decode(), format="pcm16",
+                   sample_rate=RATE)
