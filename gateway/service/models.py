@@ -145,6 +145,10 @@ class ChatMessage(StrictModel):
     audio: EarlierAudio | None = None
     #: The legacy form of ``tool_calls``: null only.
     function_call: dict[str, Any] | None = None
+    #: A reasoning model's thoughts on an earlier answer (vLLM's names, as its clients send them
+    #: back): taken and left out of the history, as chat templates leave them out.
+    reasoning_content: str | None = None
+    reasoning: str | None = None
 
     @field_validator("role")
     @classmethod
@@ -181,7 +185,7 @@ class ChatMessage(StrictModel):
         before they were taken (a create's idempotency digest is of the dump, and replicas of
         the earlier release compute it too)."""
         data: dict[str, Any] = dump(self)
-        for name in ("refusal", "annotations", "audio", "function_call"):
+        for name in ("refusal", "annotations", "audio", "function_call", "reasoning_content", "reasoning"):
             if data.get(name, "") is None:
                 del data[name]
         return data
@@ -367,16 +371,12 @@ class GenerationOptions(StrictModel):
             raise ValueError(f"tool_choice names {choice.function.name!r}, which is not among the tools")
         if choice == "required" and not named:
             raise ValueError("tool_choice required needs tools")
-        # Both would set the answer's grammar: a call's arguments, or the response's JSON.
-        response_format = info.data.get("response_format")
-        forced_call = tools and (choice == "required" or isinstance(choice, NamedToolChoice))
-        if forced_call and response_format is not None and response_format.type != "text":
-            raise ValueError("response_format json_object or json_schema cannot go with tool_choice required "
-                             "or a named function: the answer is a function call")
-        if forced_call and info.data.get("structured_outputs") is not None:
-            raise ValueError("structured_outputs cannot go with tool_choice required or a named function: the "
-                             "answer is a function call")
         return choice
+
+    @property
+    def forces_a_call(self) -> bool:
+        """``tool_choice`` required or a named function (with tools): the answer is a call."""
+        return bool(self.tools) and (self.tool_choice == "required" or isinstance(self.tool_choice, NamedToolChoice))
 
     @property
     def logprobs_asked(self) -> int | None:
@@ -409,7 +409,12 @@ class GenerationOptions(StrictModel):
         return value
 
     def format_constraint(self) -> dict[str, Any] | None:
-        """``response_format`` (or ``structured_outputs``) as the engine takes it: ``None`` for free text."""
+        """``response_format`` (or ``structured_outputs``) as the engine takes it: ``None`` for free text.
+
+        A forced call's schema holds the answer instead, as vLLM's server does it (its tool parser
+        overrides the format): agent frameworks force a tool, then ask again for the typed answer."""
+        if self.forces_a_call:
+            return None
         if self.structured_outputs is not None:
             return self.structured_outputs.constraint()
         if self.response_format is None or self.response_format.type == "text":

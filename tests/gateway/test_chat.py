@@ -129,6 +129,15 @@ async def test_template_variables_and_a_reasoning_effort_reach_the_engine_as_vll
     await oai.chat.completions.create(model="scripted", messages=hi, reasoning_effort="high",
                                       extra_body={"chat_template_kwargs": {"enable_thinking": False}})
     await oai.responses.create(model="scripted", input="hi", reasoning={"effort": "low"})
+    # On the Responses API too (the OpenAI Agents SDK's default model), beside OpenAI's options
+    # that change nothing here (the whole conversation is sent each time: nothing to compact).
+    await oai.responses.create(model="scripted", input="hi", extra_body={
+        "chat_template_kwargs": {"enable_thinking": False}, "prompt_cache_options": {"mode": "implicit"},
+        "context_management": [{"type": "compaction", "compact_threshold": 200000}]})
+    # A reasoning model's thoughts on an earlier answer, sent back as vLLM's clients do: left out.
+    await oai.chat.completions.create(model="scripted", messages=[
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello", "reasoning_content": "greet"},
+        {"role": "user", "content": "hi"}])  # type: ignore[list-item]
     created = await client.post("/v1/streaming_input/sessions", json={
         "model": "scripted", "chat_template_kwargs": {"enable_thinking": False}})
     assert created.status_code == 201, created.text
@@ -136,14 +145,16 @@ async def test_template_variables_and_a_reasoning_effort_reach_the_engine_as_vll
                       json={"sequence_id": 0, "text": "hi"})
     await client.post(f"/v1/streaming_input/sessions/{created.json()['session_id']}/finish", json={})
     async with asyncio.timeout(5):
-        while len(engine.sessions) < 5:  # noqa: ASYNC110 (the engine work starts on its own)
+        while len(engine.sessions) < 7:  # noqa: ASYNC110 (the engine work starts on its own)
             await asyncio.sleep(0.01)
     assert [s.request.chat_template_kwargs for s in engine.sessions] == [
         {"enable_thinking": False},
         {"enable_thinking": False, "reasoning_effort": "none"},
         {"enable_thinking": False, "reasoning_effort": "high"},
         {"enable_thinking": True, "reasoning_effort": "low"},
+        {"enable_thinking": False}, {},
         {"enable_thinking": False}]
+    assert engine.sessions[5].request.messages[1] == {"role": "assistant", "content": "hello"}
     refused = await client.post("/v1/chat/completions", json={
         "model": "scripted", "messages": hi, "chat_template_kwargs": {"chat_template": "{{ 7 * 7 }}"}})
     assert assert_error(refused, 400, "validation_error")["param"] == "chat_template_kwargs"

@@ -33,7 +33,7 @@ from omni_adapter.port import (
     TextDelta,
     ToolCallDelta,
 )
-from omni_adapter.scripted import ScriptedEngine
+from omni_adapter.scripted import Script, ScriptedEngine, text_capabilities
 from omni_adapter.vllm_engine import load_tokenizer
 from tests.gateway.client import (
     BASE,
@@ -388,12 +388,19 @@ async def test_json_on_an_engine_that_cannot_hold_to_it_is_refused_before_any_wo
     assert assert_error(both, 400, "validation_error")["param"] == "structured_outputs"
 
 
-async def test_json_and_a_forced_function_call_do_not_go_together(scripted: httpx.AsyncClient) -> None:
+async def test_a_forced_function_call_holds_the_answer_beside_a_json_format(redis_url: str) -> None:
+    """The OpenAI Agents SDK forces a tool and asks for a typed answer (output_type) in the same
+    request, then asks again without forcing: as vLLM's server, the call's schema holds the first
+    answer (it was a 400 here, which ended the agent's run)."""
+    engine = ScriptedEngine(Script(calls=lambda request, text: [("f", "{}")]),
+                            capabilities=replace(text_capabilities(), structured_outputs=True))
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
-    response = await scripted.post(CHAT, json=ask("hello", tools=tools, tool_choice="required",
-                                                  response_format={"type": "json_object"}))
-    error = assert_error(response, 400, "validation_error")
-    assert "tool_choice" in error["message"], error
+    async with app_client(make_settings(redis_url=redis_url), engine) as client:
+        for held in ({"response_format": {"type": "json_object"}}, {"structured_outputs": {"choice": ["a"]}}):
+            response = await client.post(CHAT, json=ask("hello", tools=tools, tool_choice="required", **held))
+            assert response.status_code == 200, response.text
+            assert response.json()["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "f"
+            assert engine.sessions[-1].request.sampling.response_format is None
 
 
 async def test_one_model_is_retrieved_and_another_is_a_404(scripted: httpx.AsyncClient) -> None:

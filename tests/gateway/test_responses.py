@@ -122,9 +122,6 @@ async def test_what_is_not_served_here_is_said(sdk: AsyncOpenAI, engine: Scripte
         ({"background": True}, openai.BadRequestError, "background"),
         ({"tool_choice": {"type": "function", "name": "nope"}, "tools": [WEATHER]},
          openai.BadRequestError, "tool_choice"),
-        ({"tool_choice": "required", "tools": [WEATHER],
-          "text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "object"}}}},
-         openai.BadRequestError, "tool_choice"),
     ]
     for extra, error, param in cases:
         with pytest.raises(error) as raised:

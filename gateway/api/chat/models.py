@@ -59,6 +59,7 @@ class OpenAIBookkeeping(StrictModel):
     service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
     prompt_cache_key: str | None = None
     prompt_cache_retention: str | None = None
+    prompt_cache_options: dict[str, Any] | None = None
 
 
 class ChatCompletionRequest(GenerationOptions, OpenAIBookkeeping):

@@ -191,6 +191,10 @@ class ResponsesRequest(OpenAIBookkeeping):
     #: Accepted as vLLM accepts it: a model that does not reason answers as it would without.
     reasoning: dict[str, Any] | None = None
     truncation: Literal["auto", "disabled"] | None = None
+    #: Accepted: the client sends the whole conversation each time (nothing is kept here to compact).
+    context_management: list[dict[str, Any]] | None = None
+    #: vLLM's: the chat template's variables (``{"enable_thinking": false}``), as on chat completions.
+    chat_template_kwargs: dict[str, Any] | None = None
     #: 1: one call at most (``parallel_tool_calls: false``); more is what an answer makes anyway.
     max_tool_calls: int | None = Field(None, ge=1)
     #: vLLM's sampling options, as its Responses API takes them (and chat completions here).
