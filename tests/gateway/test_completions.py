@@ -153,6 +153,16 @@ async def test_the_real_engines_return_the_answer_s_log_probabilities_as_vllm_do
                                                    temperature=0, logprobs=2)).choices[0]
         unscored = (await oai.chat.completions.create(model=model, **{**asked, "logprobs": False,
                                                                       "top_logprobs": None})).choices[0]
+        # The Responses API: the same tokens on its output text, whole and streamed.
+        responded = await oai.responses.create(model=model, input=asked["messages"], max_output_tokens=8,
+                                               temperature=0, top_logprobs=3,
+                                               include=["message.output_text.logprobs"])
+        responded_stream = await oai.responses.create(model=model, input=asked["messages"], max_output_tokens=8,
+                                                      temperature=0, top_logprobs=3, stream=True)
+        streamed_events = [event async for event in responded_stream]
+        deltas = [entry for event in streamed_events if event.type == "response.output_text.delta"
+                  for entry in event.logprobs or ()]
+        done = next(event for event in streamed_events if event.type == "response.output_text.done")
     assert ours.logprobs is not None and ours.logprobs.content and theirs.logprobs and theirs.logprobs.content
     tokens = ours.logprobs.content
     # vLLM lists the end of sequence too (``<|im_end|>``) when the answer ends with it.
@@ -165,6 +175,12 @@ async def test_the_real_engines_return_the_answer_s_log_probabilities_as_vllm_do
         assert [t.logprob for t in token.top_logprobs] == sorted((t.logprob for t in token.top_logprobs), reverse=True)
     assert [(t.token, t.logprob) for t in streamed] == [(t.token, t.logprob) for t in tokens]
     assert unscored.logprobs is None
+    said = responded.output[0]
+    assert said.type == "message" and said.content[0].type == "output_text"
+    assert [(t.token, t.logprob, len(t.top_logprobs)) for t in said.content[0].logprobs or ()] \
+        == [(t.token, t.logprob, 3) for t in tokens]  # (chat's, the end of sequence too)
+    assert [t.token for t in done.logprobs or ()] == [t.token for t in said.content[0].logprobs or ()]
+    assert [t.token for t in deltas] == [t.token for t in done.logprobs or ()][:len(deltas)] and deltas
     assert completed.logprobs is not None and reference.logprobs is not None
     assert completed.logprobs.tokens == reference.logprobs.tokens and "".join(completed.logprobs.tokens) == completed.text
     assert completed.logprobs.text_offset == reference.logprobs.text_offset

@@ -107,6 +107,7 @@ def chat_request(body: ResponsesRequest) -> ChatCompletionRequest:
         "max_completion_tokens": body.max_output_tokens, "temperature": body.temperature, "top_p": body.top_p,
         "metadata": body.metadata, "reasoning_effort": (body.reasoning or {}).get("effort"),
         "chat_template_kwargs": body.chat_template_kwargs,
+        **({"logprobs": True, "top_logprobs": body.top_logprobs or 0} if body.logprobs_asked else {}),
         "parallel_tool_calls": False if body.max_tool_calls == 1 else body.parallel_tool_calls,
         **body.model_dump(include=_SAMPLING, exclude_none=True),
     }

@@ -166,6 +166,10 @@ class StreamOptions(StrictModel):
     include_obfuscation: bool | None = Field(None, strict=True)
 
 
+#: What ``include`` names to have the output text's log probabilities.
+LOGPROBS_INCLUDED = "message.output_text.logprobs"
+
+
 class ResponsesRequest(OpenAIBookkeeping):
     model: str | None = None
     #: A string is one user message. (Read as a list, so that a bad item's error names the item.)
@@ -186,7 +190,8 @@ class ResponsesRequest(OpenAIBookkeeping):
     previous_response_id: str | None = None
     conversation: str | dict[str, Any] | None = None
     background: bool | None = Field(None, strict=True)
-    #: Accepted: nothing beyond the answer is returned (no hosted tools, no log probabilities).
+    #: ``message.output_text.logprobs`` returns them; the rest is accepted and returns nothing more
+    #: (no hosted tools, no reasoning).
     include: list[str] | None = None
     #: Accepted as vLLM accepts it: a model that does not reason answers as it would without.
     reasoning: dict[str, Any] | None = None
@@ -206,16 +211,13 @@ class ResponsesRequest(OpenAIBookkeeping):
     repetition_penalty: float | None = None
     min_p: float | None = None
     logit_bias: dict[str, float] | None = None
-    #: Log probabilities are returned by chat completions and completions, not here yet: 0 (or none) only.
+    #: With it (or ``include: ["message.output_text.logprobs"]``) each output token's log
+    #: probability, and this many of the likeliest beside it.
     top_logprobs: int | None = Field(None, ge=0, le=20)
 
-    @field_validator("top_logprobs")
-    @classmethod
-    def _no_logprobs(cls, value: int | None) -> int | None:
-        if value:
-            raise ValueError("log probabilities are not returned by the Responses API here (chat completions "
-                             "return them); send 0 or leave it out")
-        return value
+    @property
+    def logprobs_asked(self) -> bool:
+        return self.top_logprobs is not None or LOGPROBS_INCLUDED in (self.include or ())
 
     @field_validator("input", mode="before")
     @classmethod

@@ -51,7 +51,7 @@ class ResponseShape:
             "metadata": body.metadata or {},
             "parallel_tool_calls": body.parallel_tool_calls is not False,
             "previous_response_id": None,
-            "reasoning": {"effort": None, "summary": None},
+            "reasoning": {"effort": (body.reasoning or {}).get("effort"), "summary": None},
             "service_tier": "default",
             "store": False,  # nothing is kept to retrieve later
             "temperature": body.temperature,
@@ -61,6 +61,7 @@ class ResponseShape:
             else choice or "auto",
             "tools": [tool.model_dump(exclude_none=True) for tool in body.tools or ()],
             "top_p": body.top_p,
+            "top_logprobs": body.top_logprobs,
             "truncation": body.truncation or "disabled",
             "user": body.user,
         })
@@ -83,7 +84,8 @@ def response_of(completion: dict[str, Any], shape: ResponseShape) -> dict[str, A
     item_status = "completed" if status == "completed" else "incomplete"
     output = []
     if message.get("content"):
-        output.append(_message_item(f"{completion['id']}_0", message["content"], item_status))
+        output.append(_message_item(f"{completion['id']}_0", message["content"], item_status,
+                                    (choice.get("logprobs") or {}).get("content") or []))
     output += [_call_item(call["id"], call["function"]["name"], call["function"]["arguments"], item_status)
                for call in message.get("tool_calls") or ()]
     shape = ResponseShape(completion["model"], completion["created"], shape.fields)
@@ -133,6 +135,8 @@ class _EventStream:
         self._calls: dict[int, int] = {}  # a call's index in the frames -> its item's output index
         self.finish_reason: str | None = None
         self._usage: dict[str, Any] | None = None
+        #: Log probabilities of tokens that said nothing yet (the answer's first, a held-back stop).
+        self._unsaid: list[dict[str, Any]] = []
 
     def event(self, kind: str, **fields: Any) -> ServerSentEvent:
         event = {"type": kind, "sequence_number": self._sequence, **fields}
@@ -148,6 +152,7 @@ class _EventStream:
         events: list[ServerSentEvent] = []
         for choice in chunk.get("choices") or ():
             delta = choice.get("delta") or {}
+            self._unsaid += (choice.get("logprobs") or {}).get("content") or []
             if delta.get("content"):
                 events += self._text(delta["content"])
             for call in delta.get("tool_calls") or ():
@@ -165,8 +170,10 @@ class _EventStream:
                                          output_index=index, name=item["name"], arguments=item["arguments"]))
             else:
                 part = item["content"][0]
+                part["logprobs"] += self._unsaid  # (the end of sequence's: it said nothing)
+                self._unsaid = []
                 at = {"item_id": item["id"], "output_index": index, "content_index": 0}
-                events += [self.event("response.output_text.done", **at, text=part["text"], logprobs=[]),
+                events += [self.event("response.output_text.done", **at, text=part["text"], logprobs=part["logprobs"]),
                            self.event("response.content_part.done", **at, part=part)]
             events.append(self.event("response.output_item.done", output_index=index, item=item))
         return events
@@ -184,9 +191,11 @@ class _EventStream:
             events.append(self.event("response.content_part.added", item_id=item["id"], output_index=self._message,
                                      content_index=0, part=item["content"][0]))
         item = self._output[self._message]
+        logprobs, self._unsaid = self._unsaid, []
         item["content"][0]["text"] += text
+        item["content"][0]["logprobs"] += logprobs
         events.append(self.event("response.output_text.delta", item_id=item["id"], output_index=self._message,
-                                 content_index=0, delta=text, logprobs=[]))
+                                 content_index=0, delta=text, logprobs=logprobs))
         return events
 
     def _call_piece(self, call: dict[str, Any]) -> list[ServerSentEvent]:
@@ -208,9 +217,11 @@ class _EventStream:
         return events
 
 
-def _message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
+def _message_item(item_id: str, text: str, status: str, logprobs: list[dict[str, Any]] | None = None,
+                  ) -> dict[str, Any]:
+    """The answer's text as an output item; its tokens' log probabilities as chat's (the same shape)."""
     return {"id": f"msg_{item_id}", "type": "message", "role": "assistant", "status": status,
-            "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]}
+            "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}]}
 
 
 def _call_item(call_id: str, name: str, arguments: str, status: str) -> dict[str, Any]:
