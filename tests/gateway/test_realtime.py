@@ -18,6 +18,7 @@ from dataclasses import replace
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 import websockets
 from openai import AsyncOpenAI
@@ -322,6 +323,45 @@ async def test_a_turn_cut_off_before_it_was_heard_keeps_its_words(redis_url: str
     assert [word_error_rate(words, heard[item]) for words, item in zip(said, items, strict=True)] == [0, 0], heard
     history = [m["content"] for m in engine.sessions[-1].request.messages if m["role"] == "user"]
     assert any("Bob" in text for text in history), history
+
+
+async def test_audio_with_no_words_in_it_says_so_of_its_item(redis_url: str) -> None:
+    """Hiss committed and answered: the recognizer hears nothing, the response fails; the item
+    got no transcription event at all, and a client waiting for each item's transcript hung."""
+    hiss = (np.random.default_rng(0).normal(0, 3000, SPEECH_RATE * 2)).astype("<i2").tobytes()
+    async with live_app(make_settings(redis_url=redis_url), with_listener(ScriptedEngine())) as url, \
+            sdk(url).realtime.connect(model="scripted") as connection:
+        await connection.session.update(session={"type": "realtime", "output_modalities": ["text"], "audio": {
+            "input": {"transcription": {"model": "whisper-1"}, "turn_detection": None}}})
+        for piece in pieces(hiss, SPEECH_RATE, 100):
+            await connection.input_audio_buffer.append(audio=base64.b64encode(piece).decode())
+        await connection.input_audio_buffer.commit()
+        await connection.response.create()
+        events = await until(connection, "response.done")
+    item = next(e["item_id"] for e in events if e["type"] == "input_audio_buffer.committed")
+    failed = [e for e in events if e["type"] == "conversation.item.input_audio_transcription.failed"]
+    assert [e["item_id"] for e in failed] == [item], types(events)
+    assert events[-1]["response"]["status"] == "failed"
+
+
+async def test_speech_going_on_after_a_clear_is_a_new_utterance(redis_url: str) -> None:
+    """Server VAD, a clear in the middle of speaking: the rest went into an item no speech_started
+    announced. It is told as a new utterance now."""
+    said = speech("Call Michael Johnson at five five five, one two three four.")
+    cut = len(said) // 3 // 2 * 2
+    quiet = bytes(2 * SPEECH_RATE)
+    async with live_app(make_settings(redis_url=redis_url), with_listener(ScriptedEngine())) as url, \
+            sdk(url).realtime.connect(model="scripted") as connection:
+        await connection.session.update(session={"type": "realtime", "output_modalities": ["text"]})
+        for piece in pieces(quiet + said[:cut], SPEECH_RATE, 100):
+            await connection.input_audio_buffer.append(audio=base64.b64encode(piece).decode())
+        events = await until(connection, "input_audio_buffer.speech_started")
+        await connection.input_audio_buffer.clear()
+        for piece in pieces(said[cut:] + quiet, SPEECH_RATE, 100):
+            await connection.input_audio_buffer.append(audio=base64.b64encode(piece).decode())
+        events += await until(connection, "input_audio_buffer.committed")
+    started = [e["item_id"] for e in events if e["type"] == "input_audio_buffer.speech_started"]
+    assert len(started) == 2 and events[-1]["item_id"] == started[-1], types(events)
 
 
 async def two_utterances_then_a_response(url: str, server_vad: bool, transcribed: int) -> list[dict[str, Any]]:

@@ -647,6 +647,9 @@ class RealtimeConnection:
         turn = self._turn
         self._padding.clear()
         self._half_sample = b""
+        # Speech still going on after a clear starts a new utterance, told and padded as one (the
+        # detector's state went with the audio: the rest went to an item no speech_started named).
+        self._detector = None
         if turn is not None and turn.audio_item_id is not None and not turn.committed:
             if turn.committed_chunks:
                 raise errors.InvalidRequest("the engine hears the audio itself, in one session with the utterance "
@@ -1246,6 +1249,7 @@ class RealtimeConnection:
             if run.audio_item_id in self._hearing:
                 await self._hearing_failed(run, body)
                 return
+            await self._tell_not_heard(run, body)
             if run.answer is None:
                 # The turn failed before its response (e.g. no speech recognized, or it expired).
                 await self._emit(ev.error(errors.from_envelope({"error": body})))
@@ -1305,6 +1309,17 @@ class RealtimeConnection:
         if delta and run.audio_item_id and self.config.transcription is not None:
             await self._emit(ev.event("conversation.item.input_audio_transcription.delta",
                                       item_id=run.audio_item_id, content_index=0, delta=delta))
+
+    async def _tell_not_heard(self, run: Run, error: dict[str, Any]) -> None:
+        """A turn that failed before its words were told (nothing recognized in its audio, the
+        engine failed): its item's ``...transcription.failed``, so a client waiting for each
+        item's transcript does not wait forever."""
+        if run.told_transcript or run.audio_item_id is None or self.config.transcription is None \
+                or self.conversation.index(run.audio_item_id) is None:
+            return
+        run.told_transcript = True
+        await self._emit(ev.event("conversation.item.input_audio_transcription.failed", item_id=run.audio_item_id,
+                                  content_index=0, error={k: error.get(k) for k in ("type", "code", "message", "param")}))
 
     async def _tell_transcript(self, run: Run) -> None:
         """The spoken input's words join its item (the history); ``...transcription.completed`` once."""
