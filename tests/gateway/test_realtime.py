@@ -344,6 +344,23 @@ async def test_audio_with_no_words_in_it_says_so_of_its_item(redis_url: str) -> 
     assert events[-1]["response"]["status"] == "failed"
 
 
+async def test_words_heard_before_the_answer_failed_are_the_items(redis_url: str) -> None:
+    """The engine fails at the answer's first word, after the recognizer heard the question: the
+    item's transcript is what was heard (completed, not failed), and the history keeps it."""
+    async with live_app(make_settings(redis_url=redis_url), with_listener(ScriptedEngine(
+            Script(error_after_words=0)))) as url, sdk(url).realtime.connect(model="scripted") as connection:
+        await connection.session.update(session={"type": "realtime", "output_modalities": ["text"], "audio": {
+            "input": {"transcription": {"model": "whisper-1"}, "turn_detection": None}}})
+        for piece in pieces(speech(QUESTION), SPEECH_RATE, 100):
+            await connection.input_audio_buffer.append(audio=base64.b64encode(piece).decode())
+        await connection.input_audio_buffer.commit()
+        await connection.response.create()
+        events = await until(connection, "response.done")
+    assert events[-1]["response"]["status"] == "failed"
+    heard = [e for e in events if e["type"] == "conversation.item.input_audio_transcription.completed"]
+    assert [e["transcript"] for e in heard] == [QUESTION], types(events)
+
+
 async def test_speech_going_on_after_a_clear_is_a_new_utterance(redis_url: str) -> None:
     """Server VAD, a clear in the middle of speaking: the rest went into an item no speech_started
     announced. It is told as a new utterance now."""
@@ -550,6 +567,29 @@ async def test_a_resume_from_any_event_gets_exactly_the_events_after_it(redis_ur
                                           f"&last_event_id={foreign}") as refused:
                 error = json.loads(await refused.recv())
                 assert error["type"] == "error" and error["error"]["param"] == "last_event_id", error
+
+
+async def test_a_resume_after_an_out_of_band_answer_sends_nothing_again(redis_url: str) -> None:
+    """An answer, then an out-of-band one (conversation: none); the socket breaks after the latter's
+    last event. The reconnect has nothing to send: the last answer was sent whole again (the
+    out-of-band answer's events were placed before it)."""
+    async with live_app(make_settings(redis_url=redis_url), ScriptedEngine()) as url:
+        ws = await websockets.connect(url.replace("http", "ws") + "/v1/realtime")
+        session_id = json.loads(await ws.recv())["session"]["id"]
+        await ws.send(json.dumps({"type": "session.update", "session": TEXT_ONLY}))
+        await ws.send(json.dumps({"type": "conversation.item.create", "item": {
+            "type": "message", "role": "user", "content": [{"type": "input_text", "text": "one two"}]}}))
+        for request in ({"type": "response.create"},
+                        {"type": "response.create", "response": {"conversation": "none"}}):
+            await ws.send(json.dumps(request))
+            while (last := json.loads(await ws.recv()))["type"] != "rate_limits.updated":  # (after response.done)
+                pass
+        ws.transport.abort()
+        async with websockets.connect(f"{url.replace('http', 'ws')}/v1/realtime?session_id={session_id}"
+                                      f"&last_event_id={last['event_id']}") as quiet:
+            assert json.loads(await quiet.recv())["type"] == "session.created"
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(quiet.recv(), 1)
 
 
 async def test_a_resume_of_an_unknown_session_is_refused(server: tuple[str, ScriptedEngine]) -> None:

@@ -44,7 +44,7 @@ def decoded(data: bytes, max_bytes: int, param: str = "file") -> bytes:
                     pcm += to_16k(frame)
                 if len(pcm) > max_bytes:
                     raise errors.PayloadTooLarge(
-                        f"the audio is longer than a session takes ({max_bytes // (2 * RATE)} s at most)",
+                        f"the audio is longer than {max_bytes // (2 * RATE)} s, the most taken here",
                         param=param)
             pcm += to_16k(None)
     except (av.FFmpegError, ValueError) as exc:  # PyAV's own checks raise ValueError

@@ -80,7 +80,7 @@ async def create_response(body: ResponsesRequest, request: Request, identity: Id
 #: Chat's names of the fields this door names otherwise (in an error's param and message).
 CHAT_NAMES = {"response_format.json_schema.schema": "text.format.schema",
               "response_format.json_schema": "text.format", "response_format": "text.format",
-              "max_completion_tokens": "max_output_tokens"}
+              "max_completion_tokens": "max_output_tokens", "logprobs": "top_logprobs"}
 
 #: Fields that mean the same in both requests, checked by the chat request's rules.
 _SAMPLING = {"top_k", "seed", "stop", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p",

@@ -217,7 +217,7 @@ class ResponsesRequest(OpenAIBookkeeping):
 
     @property
     def logprobs_asked(self) -> bool:
-        return self.top_logprobs is not None or LOGPROBS_INCLUDED in (self.include or ())
+        return bool(self.top_logprobs) or LOGPROBS_INCLUDED in (self.include or ())
 
     @field_validator("input", mode="before")
     @classmethod

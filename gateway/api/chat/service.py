@@ -71,7 +71,8 @@ class ChatService:
         if last.role == "assistant":  # its words as a history message says them (a refusal's, a transcript's)
             last = last.model_copy(update={"content": last.as_history().get("content")})
         where = f"messages.{len(history)}.content"
-        chunks = await anyio.to_thread.run_sync(self._input_chunks, last, where)  # (it may decode mp3)
+        chunks = await anyio.to_thread.run_sync(self._input_chunks, last, where) if _holds_mp3(last) else \
+            self._input_chunks(last, where)  # (FFmpeg decodes mp3 off the loop)
         for chunk in chunks:
             self._sessions.check_input_modality(chunk, param=f"messages.{len(history)}.content")
         options = body.model_dump(include=set(GenerationOptions.model_fields), by_alias=True)  # json_schema's schema
@@ -228,6 +229,11 @@ def _history_message(message: ChatCompletionMessage, where: str) -> ChatMessage:
     if isinstance(message.content, list) and not all(isinstance(p, TextPart | RefusalPart) for p in message.content):
         raise errors.ValidationFailed("only the last message may carry audio or images", param=where)
     return message
+
+
+def _holds_mp3(message: ChatCompletionMessage) -> bool:
+    return isinstance(message.content, list) and any(
+        isinstance(part, AudioPart) and part.input_audio.format == "mp3" for part in message.content)
 
 
 def _decoded_mp3(data: str, where: str, max_bytes: int) -> ChunkIn:

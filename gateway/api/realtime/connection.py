@@ -645,16 +645,17 @@ class RealtimeConnection:
     async def _audio_clear(self, _: dict[str, Any]) -> None:
         """Drop the audio since the last commit; the turn's text items stay in the conversation."""
         turn = self._turn
+        clearing = turn is not None and turn.audio_item_id is not None and not turn.committed
+        if clearing and turn is not None and turn.committed_chunks:
+            raise errors.InvalidRequest("the engine hears the audio itself, in one session with the utterance "
+                                        "committed before: the audio since cannot be taken back (commit it)",
+                                        param="type")
         self._padding.clear()
         self._half_sample = b""
         # Speech still going on after a clear starts a new utterance, told and padded as one (the
         # detector's state went with the audio: the rest went to an item no speech_started named).
         self._detector = None
-        if turn is not None and turn.audio_item_id is not None and not turn.committed:
-            if turn.committed_chunks:
-                raise errors.InvalidRequest("the engine hears the audio itself, in one session with the utterance "
-                                            "committed before: the audio since cannot be taken back (commit it)",
-                                            param="type")
+        if clearing:
             await self._drop_turn()
         await self._emit(ev.event("input_audio_buffer.cleared"))
 
@@ -897,7 +898,8 @@ class RealtimeConnection:
         if in_conversation:
             self._turn = run
             self._next_run(run)
-        else:
+        else:  # placed in the conversation's latest run (its frames are compared as time runs)
+            run.index = self._runs
             self._side[run.answer.response_id] = run
         await run.answer.begin()
         self._follow(run, None)
@@ -1218,8 +1220,9 @@ class RealtimeConnection:
             if stream is None:  # only after the final frame, and this read starts at the first
                 return
             async for frame in stream:
+                # Only the latest run's frames place the request events (a replayed earlier one's do not).
                 token = _FRAME.set(_FrameOrigin(str(frame.id), run.index, muted_through,
-                                                tracked=run.in_conversation))
+                                                tracked=run.in_conversation and run.index == self._runs))
                 try:
                     await self._on_frame(run, frame)
                 finally:
@@ -1316,6 +1319,9 @@ class RealtimeConnection:
         item's transcript does not wait forever."""
         if run.told_transcript or run.audio_item_id is None or self.config.transcription is None \
                 or self.conversation.index(run.audio_item_id) is None:
+            return
+        if run.transcript:  # heard, then the answer failed: the words are the item's all the same
+            await self._tell_transcript(run)
             return
         run.told_transcript = True
         await self._emit(ev.event("conversation.item.input_audio_transcription.failed", item_id=run.audio_item_id,
