@@ -237,6 +237,9 @@ async def test_vllms_structured_outputs_hold_the_answer(client: httpx.AsyncClien
     completion = await oai.completions.create(model=model, prompt="The sky is", max_tokens=4,
                                               extra_body={"structured_outputs": {"choice": ["blue", "green"]}})
     assert completion.choices[0].text in ("blue", "green")
+    responded = await oai.responses.create(model=model, input="Is the sky blue?", max_output_tokens=24,
+                                           extra_body={"structured_outputs": {"json": schema}})
+    assert isinstance(json.loads(responded.output_text)["blue"], bool)
     for bad in ({"regex": "[0-9"}, {"choice": []}, {"regex": "a", "choice": ["a"]}):
         with pytest.raises(openai.BadRequestError) as refused:
             await held(bad)

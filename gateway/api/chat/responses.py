@@ -84,7 +84,7 @@ CHAT_NAMES = {"response_format.json_schema.schema": "text.format.schema",
 
 #: Fields that mean the same in both requests, checked by the chat request's rules.
 _SAMPLING = {"top_k", "seed", "stop", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p",
-             "logit_bias"}
+             "logit_bias", "structured_outputs"}
 
 
 def chat_request(body: ResponsesRequest) -> ChatCompletionRequest:
@@ -109,7 +109,7 @@ def chat_request(body: ResponsesRequest) -> ChatCompletionRequest:
         "chat_template_kwargs": body.chat_template_kwargs,
         **({"logprobs": True, "top_logprobs": body.top_logprobs or 0} if body.logprobs_asked else {}),
         "parallel_tool_calls": False if body.max_tool_calls == 1 else body.parallel_tool_calls,
-        **body.model_dump(include=_SAMPLING, exclude_none=True),
+        **body.model_dump(include=_SAMPLING, exclude_none=True, by_alias=True),
     }
     if body.stream:  # response.completed carries the usage
         chat["stream_options"] = {"include_usage": True}

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Discriminator, Field, Tag, field_validator
 
 from gateway.api.chat.models import OpenAIBookkeeping
-from gateway.service.models import Seed, StrictModel, TopK
+from gateway.service.models import Seed, StrictModel, StructuredOutputs, TopK
 
 
 class InputText(StrictModel):
@@ -200,6 +200,8 @@ class ResponsesRequest(OpenAIBookkeeping):
     context_management: list[dict[str, Any]] | None = None
     #: vLLM's: the chat template's variables (``{"enable_thinking": false}``), as on chat completions.
     chat_template_kwargs: dict[str, Any] | None = None
+    #: vLLM's: the answer held to a choice, a regex, a grammar or a JSON schema, as on chat completions.
+    structured_outputs: StructuredOutputs | None = None
     #: 1: one call at most (``parallel_tool_calls: false``); more is what an answer makes anyway.
     max_tool_calls: int | None = Field(None, ge=1)
     #: vLLM's sampling options, as its Responses API takes them (and chat completions here).
