@@ -263,6 +263,8 @@ class RealtimeConnection:
         self._position: Position | None = None
         self._position_frame: str | None = None
         self.id = ev.new_id("sess")
+        #: In every event id (resume.py): made once, not per event (a frame event per token).
+        self._tag = connection_tag(self.id)
         self._saved = ""
         self._resume_at: EventPlace | None = None
         #: The conversation's runs so far: the latest one's index (a transcription session's stay 0).
@@ -320,7 +322,7 @@ class RealtimeConnection:
         state = json.loads(raw) if raw else None
         if state is None or (state["identity"] != self._identity and self._identity_checked):
             raise errors.SessionNotFound(f"no realtime session {conversation_id!r} to resume", param="session_id")
-        self.id = conversation_id
+        self.id, self._tag = conversation_id, connection_tag(conversation_id)
         self._told, self._runs = state.get("told", 0), state.get("runs", 0)
         self._outbox.extend((n, run, ((at[0][0], at[0][1]), at[1]), event)
                             for n, run, at, event in state.get("outbox") or ())
@@ -403,7 +405,7 @@ class RealtimeConnection:
     async def _emit(self, event: dict[str, Any]) -> None:
         """Send an event with an id that marks its position (``resume.py``)."""
         origin = _FRAME.get()
-        tag = connection_tag(self.id)
+        tag = self._tag
         if origin is None:
             number, self._told = self._told, self._told + 1
             event["event_id"] = request_event_id(self._position, self._position_frame, self._runs, number, tag)
@@ -422,6 +424,9 @@ class RealtimeConnection:
                                    and position <= self._position):
             self._position, self._position_frame = position, origin.frame_id
         if origin.muted_through is not None and origin.muted_through.reached(origin.run, position):
+            return
+        if not self._pending:  # (the usual case: only after a reconnect is anything missed)
+            await self._send_raw(event)
             return
         at = EventPlace(origin.run, position)
         await self._send_missed(at, before=True)
