@@ -45,15 +45,30 @@ class Events:
                 self.seen.append(event)
                 self._changed.notify_all()
 
-    async def until(self, matches: Callable[[Any], bool], within_sec: float = 120) -> Any:
-        """The first event from now on that ``matches``."""
-        start = len(self.seen)
-        async with asyncio.timeout(within_sec), self._changed:
-            while True:
-                found = next((e for e in self.seen[start:] if matches(e)), None)
-                if found is not None:
-                    return found
-                await self._changed.wait()
+    async def until(self, matches: Callable[[Any], bool], within_sec: float = 120,
+                    since: int | None = None) -> Any:
+        """The first event that ``matches`` from now on (or from the ``since``-th event seen)."""
+        start = len(self.seen) if since is None else since
+        try:
+            async with asyncio.timeout(within_sec), self._changed:
+                while True:
+                    found = next((e for e in self.seen[start:] if matches(e)), None)
+                    if found is not None:
+                        return found
+                    await self._changed.wait()
+        except TimeoutError:  # say what came instead, or a failure tells nothing
+            raise AssertionError(f"not within {within_sec} s; came: {self._summary(start)}") from None
+
+    def _summary(self, start: int) -> list[str]:
+        said = []
+        for event in self.seen[start:]:
+            if event.type == "raw_model_event" and event.data.type == "raw_server_event":
+                data = event.data.data
+                said.append(data["type"] if data["type"] != "response.done"
+                            else f"response.done {data['response']['status']} {data['response'].get('status_details')}")
+            elif event.type != "raw_model_event":
+                said.append(event.type)
+        return said
 
     def raw(self, kind: str) -> list[dict[str, Any]]:
         return [e.data.data for e in self.seen if e.type == "raw_model_event"
@@ -118,11 +133,13 @@ async def test_realtime_runner_text_tool_spoken_interrupt_and_next_turn(gateway:
             # answer leaves out, and nothing is said.)
             await session.send_message("Hello again! Say hi back.")
             await events.until(lambda e: e.type == "audio")
+            answering = len(events.seen)  # its response.done may come while interrupt() is sent
             await session.interrupt()
-            await events.until(response_done)
+            await events.until(response_done, since=answering)
             await session.send_message("Thanks! Say bye.")
-            await events.until(lambda e: response_done(e)
-                               and e.data.data["response"]["status"] == "completed")
+            # Answered (cut off at max_output_tokens is "incomplete", as at OpenAI), not cancelled.
+            done = await events.until(response_done)
+            assert done.data.data["response"]["status"] in ("completed", "incomplete"), done.data.data
         finally:
             await events.aclose()
     errors = [e for e in events.seen if e.type == "error"]
