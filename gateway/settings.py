@@ -152,6 +152,10 @@ class Settings(BaseSettings):
     body_timeout_sec: float = Field(10.0, gt=0)
     body_min_bytes_per_sec: int = Field(32 * 1024, ge=1)
     max_header_bytes: int = Field(16 * 1024, ge=1024)
+    #: Origins whose browser pages may call the API (CORS), comma-separated, ``*`` for any,
+    #: as vLLM's ``--allowed-origins``; empty (vLLM's default too): cross-origin calls from a
+    #: browser are refused by the browser. WebSockets are not subject to CORS.
+    allowed_origins: Annotated[tuple[str, ...], NoDecode] = ()
 
     @property
     def realtime_max_append_chars(self) -> int:
@@ -270,7 +274,7 @@ class Settings(BaseSettings):
     #: (a request naming one of these reaches the sidecar under its first name).
     served_model_name: Annotated[tuple[str, ...], NoDecode] = ()
 
-    @field_validator("served_model_name", mode="before")
+    @field_validator("served_model_name", "allowed_origins", mode="before")
     @classmethod
     def _names_from_text(cls, value: object) -> object:
         if not isinstance(value, str):

@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 from typing import Any, Literal
 
 from fastapi import FastAPI
+from starlette.middleware.cors import CORSMiddleware
 
 from gateway.api.chat.completions import router as completions_router
 from gateway.api.chat.responses import router as responses_router
@@ -46,6 +47,10 @@ from gateway.work.runner import SessionRunner
 from gateway.work.tender import Tender
 from omni_adapter.factory import EngineChoice, open_engine, open_request_checks, preload_tokenizer
 from omni_adapter.port import Engine, RequestChecks, SamplingOptions
+
+#: The answer headers a browser page on an allowed origin may read (beside CORS's safelisted
+#: ones): a stream's session, to resume it; a WebRTC call's place; when to come back.
+EXPOSED_HEADERS = ["X-Session-Id", "X-Request-Id", "Location", "Retry-After"]
 
 logger = logging.getLogger(__name__)
 
@@ -179,9 +184,10 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
                               "`GET /v1/realtime` upgrades to a WebSocket that speaks the OpenAI Realtime "
                               "protocol (GA event names; `?session_id=&last_event_id=` resumes a broken "
                               "connection); WebSockets are outside what OpenAPI describes.")
-    # Last added runs first: request ids wrap everything, then load shedding
-    # (before any other work), then the caller's identity (before any body
-    # is read), then bounded bodies.
+    # Last added runs first: request ids wrap everything, then CORS (a browser's
+    # preflight carries no credentials, and every answer, errors too, needs its
+    # headers), then load shedding (before any other work), then the caller's
+    # identity (before any body is read), then bounded bodies.
     app.add_middleware(BoundedBodyMiddleware, max_bytes=settings.max_request_bytes,
                        idle_timeout_sec=settings.body_idle_timeout_sec,
                        max_header_bytes=settings.max_header_bytes,
@@ -190,6 +196,9 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
                        min_bytes_per_sec=settings.body_min_bytes_per_sec)
     app.add_middleware(AuthenticationMiddleware)
     app.add_middleware(AdmissionMiddleware, admission=admission)
+    if settings.allowed_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=settings.allowed_origins, allow_methods=["*"],
+                           allow_headers=["*"], expose_headers=EXPOSED_HEADERS)
     app.add_middleware(RequestIdMiddleware)
     app.include_router(sessions_router)
     app.include_router(upload_router)

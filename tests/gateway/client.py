@@ -87,15 +87,21 @@ async def live_app(settings: Settings, engine: Engine) -> AsyncIterator[str]:
     real server; an in-process engine is bound to this loop); its URL."""
     port = free_port()
     # The server's own configuration (serve's), on a loopback port.
-    config = uvicorn_config(create_app(settings, engine=engine), settings, host="127.0.0.1", port=port,
-                            log_level="warning")
+    async with served(uvicorn_config(create_app(settings, engine=engine), settings, host="127.0.0.1", port=port,
+                                     log_level="warning")):
+        yield f"http://127.0.0.1:{port}"
+
+
+@asynccontextmanager
+async def served(config: uvicorn.Config) -> AsyncIterator[None]:
+    """uvicorn serving ``config`` in this event loop, from when it listens until the block ends."""
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())
     while not server.started:  # noqa: ASYNC110 - uvicorn offers no event for this
         assert not task.done(), "the app did not start"
         await asyncio.sleep(0.02)
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield
     finally:
         server.should_exit = True
         await asyncio.wait_for(task, 30)
