@@ -1,7 +1,8 @@
-"""Operations routes: liveness, readiness and Prometheus metrics."""
+"""Operations routes: liveness, readiness and Prometheus metrics, and vLLM's own probes."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import logging
 from typing import Annotated
 
@@ -43,6 +44,29 @@ async def readyz(resources: Res) -> dict[str, str]:
         logger.warning("not ready: %s", exc.message)
         raise
     return {"status": "ready"}
+
+
+@router.get("/health", response_class=Response, responses=errors.error_responses(errors.EngineUnavailable))
+@router.get("/ping", response_class=Response, responses=errors.error_responses(errors.EngineUnavailable))
+@router.post("/ping", response_class=Response, responses=errors.error_responses(errors.EngineUnavailable))
+async def health(resources: Res) -> Response:
+    """vLLM's health check (and SageMaker's ``/ping``): 200 with no body while the engine is
+    healthy, else 503; probes written for ``vllm serve`` run unchanged. ``/readyz`` says more."""
+    try:
+        await resources.engine.check_health()
+    except Exception as exc:
+        raise errors.EngineUnavailable(f"the engine is not healthy: {exc}") from exc
+    return Response(status_code=200)
+
+
+@router.get("/version")
+async def version() -> dict[str, str]:
+    """This gateway's version, as vLLM's ``/version`` tells its own."""
+    return {"version": VERSION}
+
+
+#: The installed package's version (pyproject.toml's).
+VERSION = importlib.metadata.version("omni-gateway")
 
 
 @router.get("/metrics", response_class=Response,

@@ -17,6 +17,7 @@ from gateway.api.chat.router import router as chat_router
 from gateway.api.chat.speech import router as speech_router
 from gateway.api.chat.transcriptions import router as transcriptions_router
 from gateway.api.demo.router import router as demo_router
+from gateway.api.ops import VERSION
 from gateway.api.ops import router as ops_router
 from gateway.api.realtime.calls import router as calls_router
 from gateway.api.realtime.client_secrets import router as client_secrets_router
@@ -179,7 +180,7 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
                 if own_engine:
                     await active.aclose()
 
-    app = FastAPI(title="omni-gateway", version="0.1.0", lifespan=lifespan,
+    app = FastAPI(title="omni-gateway", version=VERSION, lifespan=lifespan,
                   description="Streaming-input sessions in front of vLLM / vLLM-Omni. Besides these routes, "
                               "`GET /v1/realtime` upgrades to a WebSocket that speaks the OpenAI Realtime "
                               "protocol (GA event names; `?session_id=&last_event_id=` resumes a broken "

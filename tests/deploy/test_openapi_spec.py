@@ -11,6 +11,7 @@ import json
 from openapi_spec_validator import OpenAPIV31SpecValidator, validate
 
 from deploy import render_manifests
+from gateway.web.middleware.admission import OPS_PATHS
 from tests.deploy import k8s
 
 SPEC_PATH = render_manifests.ROOT / "openapi" / "openapi.json"
@@ -41,7 +42,7 @@ def test_the_deployment_relies_only_on_documented_routes() -> None:
     objs = k8s.render({"ingress": {"enabled": True}})
     routed = [(p["path"], p["pathType"]) for rule in k8s.one(objs, "Ingress")["spec"]["rules"]
               for p in rule["http"]["paths"]]
-    api = [path for path in paths if path not in ("/healthz", "/readyz", "/metrics")]
+    api = [path for path in paths if path not in OPS_PATHS]  # probes reach the pods, not the Ingress
     # An Exact path routes itself alone: /v1/models/{model} needs /v1/models as a Prefix.
     unrouted = [path for path in api if not any(path == r or (kind == "Prefix" and path.startswith(r + "/"))
                                                 for r, kind in routed)]

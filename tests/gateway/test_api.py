@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import importlib.metadata
 import json
 import struct
 from collections.abc import AsyncIterator
@@ -508,8 +509,14 @@ async def test_an_adapter_that_raises_fails_its_session_at_once(
 async def test_health_readiness_and_metrics(client: httpx.AsyncClient, engine: ScriptedEngine) -> None:
     assert (await client.get("/healthz")).json() == {"status": "ok"}
     assert (await client.get("/readyz")).status_code == 200
+    # vLLM's probes, as `vllm serve` answers them: an empty 200 while the engine is healthy.
+    for probe in (client.get("/health"), client.get("/ping"), client.post("/ping")):
+        answer = await probe
+        assert answer.status_code == 200 and answer.content == b""
+    assert (await client.get("/version")).json() == {"version": importlib.metadata.version("omni-gateway")}
     engine.healthy = False
     assert_error(await client.get("/readyz"), 503, "engine_unavailable")
+    assert_error(await client.get("/health"), 503, "engine_unavailable")
     sid = await create(client, start_policy="on_end_only")
     await append(client, sid, 0, "count me")
     await append(client, sid, 0, "count me")

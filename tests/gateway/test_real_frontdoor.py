@@ -19,6 +19,7 @@ from pydantic import BaseModel
 from omni_adapter.audio import OPENAI_PCM16_RATE, parse_wav
 from omni_adapter.port import Engine
 from omni_adapter.talker import EspeakTalker, TalkingEngine
+from omni_adapter.vllm_engine import VllmEngine
 from tests.gateway.client import (
     BASE,
     app_client,
@@ -49,7 +50,7 @@ def alnum(text: str) -> str:
     return "".join(ch for ch in text if ch.isalnum())
 
 
-async def test_openai_client_streamed_text_equals_non_streamed(client: httpx.AsyncClient) -> None:
+async def test_openai_client_streamed_text_equals_non_streamed(client: httpx.AsyncClient, vllm_engine: VllmEngine) -> None:
     oai = openai_client(client)
     sampling = {"model": MODEL, "messages": QUESTION, "temperature": 0, "max_tokens": 10}
     completion = await oai.chat.completions.create(**sampling)
@@ -61,7 +62,10 @@ async def test_openai_client_streamed_text_equals_non_streamed(client: httpx.Asy
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
     assert chunks[-1].usage == completion.usage
     assert completion.usage is not None and 0 < completion.usage.completion_tokens <= 10
-    assert [m.id for m in (await oai.models.list()).data] == [MODEL, ALIAS]
+    cards = (await oai.models.list()).data
+    assert [m.id for m in cards] == [MODEL, ALIAS]
+    # vLLM's card fields: both names serve the engine's model, whose context is the setting's.
+    assert [(m.root, m.max_model_len) for m in cards] == [(MODEL, vllm_engine.max_input_tokens + 1)] * 2
     # A client that names the alias (a framework's default model) is answered by the same model.
     # vLLM's template variables: the embedded model's template reads none, so the answer is the same.
     aliased = await oai.chat.completions.create(**{**sampling, "model": ALIAS},

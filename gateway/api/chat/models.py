@@ -101,6 +101,11 @@ class ModelCard(BaseModel):
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "omni-gateway"
+    #: vLLM's: the model the name serves (the engine's own name), none above it, and its context
+    #: length (prompt and answer together), which clients read to budget their requests.
+    root: str | None = None
+    parent: str | None = None
+    max_model_len: int | None = None
 
 
 class ModelList(BaseModel):

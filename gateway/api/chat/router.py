@@ -18,7 +18,7 @@ from gateway.api.chat.service import ChatService
 from gateway.output.audio import as_pcm16
 from gateway.store.session_hash import SessionRecord
 from gateway.web.event_stream import EVENT_STREAM_CONTENT, RESUME_ELSEWHERE, EventStream
-from gateway.web.resources import get_identity, get_resources
+from gateway.web.resources import Resources, get_identity, get_resources
 from gateway.web.validation import IdempotencyKey
 
 router = APIRouter(prefix="/v1", tags=["openai"])
@@ -154,10 +154,8 @@ async def _disconnected(request: Request) -> None:
             responses=errors.error_responses(errors.Unauthorized, errors.TooManyRequests, errors.StoreUnavailable,
                                              errors.Overloaded))
 async def list_models(request: Request, identity: Identity) -> ModelList:
-    # Like vLLM: the models exist from now on, as far as a client can tell.
-    created = int(time.time())
-    return ModelList(data=[ModelCard(id=name, created=created)
-                           for name in get_resources(request).engine.capabilities.model_names])
+    resources = get_resources(request)
+    return ModelList(data=[_card(resources, name) for name in resources.engine.capabilities.model_names])
 
 
 @router.get("/models/{model:path}", response_model=ModelCard,  # served names may hold a "/"
@@ -168,4 +166,11 @@ async def retrieve_model(model: str, request: Request, identity: Identity) -> Mo
     names = get_resources(request).engine.capabilities.model_names
     if model not in names:
         raise errors.ModelNotFound(f"model {model!r} is not served here (served: {', '.join(names)})", param="model")
-    return ModelCard(id=model, created=int(time.time()))
+    return _card(get_resources(request), model)
+
+
+def _card(resources: Resources, name: str) -> ModelCard:
+    # Like vLLM: the models exist from now on, as far as a client can tell.
+    limit = resources.service.max_input_tokens  # the context less the one token an answer needs
+    return ModelCard(id=name, created=int(time.time()), root=resources.engine.capabilities.model_names[0],
+                     max_model_len=None if limit is None else limit + 1)

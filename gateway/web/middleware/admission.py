@@ -25,7 +25,7 @@ that exists (append, finish, replace, reads, cancel) keep it alive and
 cost half a millisecond: lag never refuses them (the lag is often that very
 session's work: recognizing its audio, relaying its answer), and in-flight
 pressure refuses them only at ``SESSION_CALLS_HEADROOM`` times the cap new
-work gets. Operations routes (``/healthz``, ``/readyz``, ``/metrics``) are
+work gets. Operations routes (``/healthz``, ``/readyz``, ``/metrics``, vLLM's probes) are
 never shed: a probe must see the process, not its load.
 """
 
@@ -43,7 +43,7 @@ from gateway.web.error_handlers import render_error
 #: How often the loop's lag is sampled.
 LAG_SAMPLE_SEC = 0.02
 #: The paths that are never shed.
-OPS_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+OPS_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/health", "/ping", "/version"})
 SESSIONS_PATH = "/v1/streaming_input/sessions"
 WAITING_SUFFIXES = ("/events", "/result")
 #: Calls on existing sessions are refused only past this many times ``max_in_flight``.
@@ -53,7 +53,7 @@ SESSION_CALLS_HEADROOM = 2
 class Call(enum.Enum):
     """What a request is, for shedding."""
 
-    #: /healthz, /readyz, /metrics: never shed.
+    #: Operations routes: never shed.
     OPS = "ops"
     #: Creates a session (or anything that is not a session's own call): shed first.
     NEW = "new"
