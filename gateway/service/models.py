@@ -307,6 +307,19 @@ class AudioOptions(StrictModel):
 
 class StreamOptions(StrictModel):
     include_usage: bool = Field(False, strict=True)
+    #: Accepted (the openai SDK sends it): no obfuscation field is added (it pads events
+    #: against a side channel on shared networks; this server's events go to its own client).
+    include_obfuscation: bool | None = Field(None, strict=True)
+    #: vLLM's usage in every chunk: not given here (the usage comes once, at the end).
+    continuous_usage_stats: bool | None = Field(None, strict=True)
+
+    @field_validator("continuous_usage_stats")
+    @classmethod
+    def _usage_once(cls, value: bool | None) -> bool | None:
+        if value:
+            raise ValueError("continuous_usage_stats is not supported: the usage comes once, in the "
+                             "last chunk, with include_usage")
+        return value
 
 
 class GenerationOptions(StrictModel):

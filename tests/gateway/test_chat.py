@@ -61,7 +61,8 @@ async def test_streamed_and_non_streamed_answers_agree(client: httpx.AsyncClient
     assert [c.data for c in session.fed] == [b"hello\nworld"]
 
     stream = await oai.chat.completions.create(model="scripted", messages=messages, temperature=0,
-                                               stream=True, stream_options={"include_usage": True})
+                                               stream=True, stream_options={"include_usage": True,
+                                                                            "include_obfuscation": False})
     chunks = [chunk async for chunk in stream]
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -248,6 +249,8 @@ async def test_bad_requests_get_the_envelope_and_open_no_session(
         ({"messages": USER, "parallel_tool_calls": "yes"}, 400, "validation_error", "parallel_tool_calls"),
         ({"messages": USER, "stream_options": {"include_usage": 1}}, 400, "validation_error",
          "stream_options.include_usage"),
+        ({"messages": USER, "stream_options": {"continuous_usage_stats": True}}, 400, "validation_error",
+         "stream_options.continuous_usage_stats"),
     ]
     for body, status, code, param in cases:
         for stream in (False, True):
