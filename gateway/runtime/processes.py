@@ -85,7 +85,22 @@ def api_workers(settings: Settings) -> int:
     return max(1, cores - 1)
 
 
+class RefusedHandshakeIsNotAnError(logging.Filter):
+    """uvicorn 0.54's sans-I/O WebSocket logs ERROR "ASGI callable returned without completing
+    handshake." after a refusal sent as an HTTP answer (a Realtime connection's 401, 404, 429:
+    the error envelope, as OpenAI answers them), though that answer went out whole: it never
+    marks such a handshake complete (upstream: Kludex/uvicorn#3138). A bad key is not a server
+    error for alerting to wake someone for; that one line is dropped."""
+
+    MESSAGE = "ASGI callable returned without completing handshake."
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.msg != self.MESSAGE
+
+
 def uvicorn_config(app: object, settings: Settings, **kwargs: object) -> uvicorn.Config:
+    if not any(isinstance(f, RefusedHandshakeIsNotAnError) for f in logging.getLogger("uvicorn.error").filters):
+        logging.getLogger("uvicorn.error").addFilter(RefusedHandshakeIsNotAnError())
     return uvicorn.Config(app, log_config=None, timeout_graceful_shutdown=CONNECTION_DRAIN_SEC,  # type: ignore[arg-type]
                           # The Realtime WebSocket: websockets' sans-I/O core (the
                           # "websockets" choice is its deprecated legacy API). A message

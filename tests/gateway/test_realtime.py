@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
@@ -220,7 +221,7 @@ async def test_cancel_mid_answer_ends_the_response_as_cancelled(redis_url: str) 
         assert answer_text(await text_turn(connection, "again")).endswith("again")
 
 
-async def test_browsers_authenticate_with_the_key_subprotocol(redis_url: str) -> None:
+async def test_browsers_authenticate_with_the_key_subprotocol(redis_url: str, caplog: pytest.LogCaptureFixture) -> None:
     settings = make_settings(redis_url=redis_url, api_keys="sk-test")
     async with live_app(settings, ScriptedEngine()) as url:
         ws_url = url.replace("http", "ws") + "/v1/realtime"
@@ -228,6 +229,9 @@ async def test_browsers_authenticate_with_the_key_subprotocol(redis_url: str) ->
             async with websockets.connect(ws_url):
                 pass
         assert refused.value.response.status_code == 401
+        assert json.loads(refused.value.response.body)["error"]["code"] == "missing_credentials"
+        # A bad key is the client's error: nothing for the server's alerting (uvicorn logs one).
+        assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.records
         async with websockets.connect(ws_url, subprotocols=[
                 "realtime", "openai-insecure-api-key.sk-test"]) as ws:  # type: ignore[list-item]
             assert ws.subprotocol == "realtime"
