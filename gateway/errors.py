@@ -17,6 +17,7 @@ the handler knows HTTP.
     │   └── PromptTooLong (400 context_length_exceeded)  a chat's messages: OpenAI's and vLLM's status
     ├── ValidationFailed (422 validation_error)
     │   ├── InvalidPayload (422 invalid_payload)
+    │   ├── UnknownParameter (422 unknown_parameter)  Realtime: OpenAI's GA code
     │   ├── UnsupportedModality (422 unsupported_modality)
     │   ├── EmptyInput (422 empty_input)
     │   │   └── EmptyAudioBuffer (422 input_audio_buffer_commit_empty)
@@ -150,6 +151,12 @@ class ValidationFailed(GatewayError):
 
 class InvalidPayload(ValidationFailed):
     code = "invalid_payload"
+
+
+class UnknownParameter(ValidationFailed):
+    """A field the protocol does not have (a typo, or a name of another version of it)."""
+
+    code = "unknown_parameter"
 
 
 class UnsupportedModality(ValidationFailed):

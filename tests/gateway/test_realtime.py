@@ -221,6 +221,61 @@ async def test_cancel_mid_answer_ends_the_response_as_cancelled(redis_url: str) 
         assert answer_text(await text_turn(connection, "again")).endswith("again")
 
 
+async def test_a_field_the_protocol_does_not_have_is_refused_and_the_session_stays(
+        server: tuple[str, ScriptedEngine]) -> None:
+    """A beta name or a typo is OpenAI's GA ``unknown_parameter``, not a setting silently lost;
+    the fields it has that take no effect here are checked, and taken."""
+    url, engine = server
+    async with websockets.connect(url.replace("http", "ws") + "/v1/realtime") as ws:
+        created = json.loads(await ws.recv())["session"]
+
+        async def update(session: dict[str, Any]) -> dict[str, Any]:
+            await ws.send(json.dumps({"type": "session.update", "session": session}))
+            return conforming(json.loads(await ws.recv()))
+
+        refused = [  # (the update, the param its error names)
+            ({"type": "realtime", "turn_detection": None, "modalities": ["text"]}, "session.turn_detection"),
+            ({"instrucions": "Be brief."}, "session.instrucions"),
+            ({"audio": {"input": {"turn_detection": {"type": "server_vad", "silence_ms": 200}}}},
+             "session.audio.input.turn_detection.silence_ms"),
+            ({"audio": {"output": {"speed": 1.25}}}, "session.audio.output.speed"),
+            ({"audio": {"input": {"noise_reduction": {"type": "bogus"}}}}, "session.audio.input.noise_reduction"),
+            ({"audio": {"input": {"turn_detection": {"type": "semantic_vad", "eagerness": "bogus"}}}},
+             "session.audio.input.turn_detection.eagerness"),
+            ({"tracing": "sometimes"}, "session.tracing"),
+            ({"include": ["bogus.field"]}, "session.include"),
+            ({"prompt": {"id": "pmpt_123"}}, "session.prompt"),
+        ]
+        for session, param in refused:
+            said = await update(session)
+            assert said["type"] == "error" and said["error"]["param"] == param, (session, said)
+        assert said["error"]["message"] and (await update(refused[0][0]))["error"]["code"] == "unknown_parameter"
+        # Nothing of the refused updates took effect: the session is as it was created (server VAD on).
+        shown = (await update({}))["session"]
+        assert shown == created and shown["audio"]["input"]["turn_detection"]["type"] == "server_vad"
+        assert shown["audio"]["output"]["speed"] == 1.0
+        # What the protocol has and does nothing here is taken: a client sends it unchanged.
+        taken = await update({**TEXT_ONLY, "tracing": "auto", "include": ["item.input_audio_transcription.logprobs"],
+                              "reasoning": {"effort": "low"}, "prompt": None, "audio": {
+                                  "input": {"noise_reduction": {"type": "near_field"}, "turn_detection": None},
+                                  "output": {"voice": {"id": "voice_1234"}, "speed": 1}}})
+        assert taken["type"] == "session.updated", taken
+        assert taken["session"]["audio"]["output"]["voice"] == "voice_1234"
+
+        await ws.send(json.dumps({"type": "response.create", "response": {"modalities": ["text"]}}))
+        said = conforming(json.loads(await ws.recv()))
+        assert said["type"] == "error" and said["error"]["param"] == "response.modalities", said
+        await ws.send(json.dumps({"type": "response.create", "response": {
+            "audio": {"output": {"format": {"type": "audio/pcmu"}}}}}))
+        said = conforming(json.loads(await ws.recv()))
+        assert said["type"] == "error" and said["error"]["param"] == "response.audio.output.format", said
+        assert not engine.sessions, "a refused response.create answers nothing"
+        await ws.send(json.dumps({"type": "response.create", "response": {
+            "audio": {"output": {"voice": "marin", "format": {"type": "audio/pcm", "rate": 24000}}},
+            "reasoning": {"effort": "minimal"}, "metadata": {"turn": "1"}}}))
+        assert conforming(json.loads(await ws.recv()))["type"] == "response.created"
+
+
 async def test_browsers_authenticate_with_the_key_subprotocol(redis_url: str, caplog: pytest.LogCaptureFixture) -> None:
     settings = make_settings(redis_url=redis_url, api_keys="sk-test")
     async with live_app(settings, ScriptedEngine()) as url:

@@ -5,9 +5,11 @@ A session is of one of OpenAI's two types: ``realtime`` (a conversation, answere
 stretch of it gets its transcript; voice-agent frameworks use it for streaming STT). A
 transcription session takes only the input audio's settings.
 
-Only what this service can honour is taken from ``session.update``; fields
-it does not implement (tracing, noise reduction, prompts...) are ignored, as
-OpenAI's own server ignores what a model does not use, and the
+A field OpenAI's GA protocol does not have is refused as its server refuses it
+(``unknown_parameter``, naming it): a typo or a beta name (``turn_detection`` at the
+top) would otherwise be a setting silently lost. Of the fields it has, those this
+service does not implement are checked and take no effect (tracing, noise reduction,
+reasoning, ``include``), a stored ``prompt`` and a ``speed`` but 1 are refused, and the
 ``session.updated`` reply shows what is in effect. Tools are Realtime's flat
 function shape here and the chat shape (``{"type", "function": {...}}``) on
 the way to the engine.
@@ -44,6 +46,87 @@ REALTIME, TRANSCRIPTION = "realtime", "transcription"
 #: OpenAI's streaming recognizers that find no turn ends: a session naming one has no server VAD
 #: unless it asks (the client commits each stretch, as LiveKit does for them).
 UNENDPOINTED_MODELS = ("gpt-realtime-whisper", "gpt-live-transcribe")
+
+
+#: The fields of OpenAI's GA session objects (the SDK's ``RealtimeSessionCreateRequestParam``,
+#: ``...TranscriptionSessionCreateRequestParam``), the beta names still taken, and what
+#: ``session.updated`` shows (a client may send back the object it was given).
+_SHOWN = {"id", "object", "expires_at"}
+REALTIME_FIELDS = frozenset({"type", "model", "audio", "include", "instructions", "max_output_tokens",
+                             "output_modalities", "parallel_tool_calls", "prompt", "reasoning", "tool_choice",
+                             "tools", "tracing", "truncation", "temperature", "input_audio_format",
+                             "output_audio_format", *_SHOWN})
+TRANSCRIPTION_FIELDS = frozenset({"type", "audio", "include", "input_audio_format", *_SHOWN})
+_AUDIO_FIELDS = {"audio": frozenset({"input", "output"}),
+                 "audio.input": frozenset({"format", "noise_reduction", "transcription", "turn_detection"}),
+                 "audio.output": frozenset({"format", "speed", "voice"}),
+                 "audio.input.transcription": frozenset({"delay", "keywords", "language", "languages", "model",
+                                                         "prompt"}),
+                 "audio.input.turn_detection": frozenset({"type", "threshold", "prefix_padding_ms",
+                                                          "silence_duration_ms", "create_response",
+                                                          "interrupt_response", "idle_timeout_ms", "eagerness"})}
+#: ``response.create``'s (``RealtimeResponseCreateParamsParam``).
+RESPONSE_FIELDS = frozenset({"audio", "conversation", "input", "instructions", "max_output_tokens", "metadata",
+                             "output_modalities", "parallel_tool_calls", "prompt", "reasoning", "tool_choice",
+                             "tools"})
+
+
+def known_fields(given: dict[str, Any], known: frozenset[str], where: str) -> None:
+    """As OpenAI's GA server: a field it does not have is an error naming it."""
+    for name in given:
+        if name not in known:
+            raise errors.UnknownParameter(f"Unknown parameter: '{where}.{name}'.", param=f"{where}.{name}")
+
+
+def unimplemented_fields(given: dict[str, Any], where: str) -> None:
+    """The GA fields this service takes without effect, checked as OpenAI checks them; a stored
+    prompt (OpenAI's dashboard's) is refused: what it says would be lost."""
+    if given.get("prompt") is not None:
+        raise errors.ValidationFailed("stored prompts are OpenAI's; this server has none: send the text as "
+                                      "instructions", param=f"{where}.prompt")
+    include = given.get("include")
+    if include is not None and (not isinstance(include, list)
+                                or any(x != "item.input_audio_transcription.logprobs" for x in include)):
+        raise errors.ValidationFailed('include lists "item.input_audio_transcription.logprobs"',
+                                      param=f"{where}.include")
+    tracing = given.get("tracing")
+    if tracing not in (None, "auto") and not (
+            isinstance(tracing, dict) and set(tracing) <= {"group_id", "metadata", "workflow_name"}):
+        raise errors.ValidationFailed('tracing is null, "auto" or {workflow_name, group_id, metadata}',
+                                      param=f"{where}.tracing")
+    if given.get("reasoning") is not None and not isinstance(given["reasoning"], dict):
+        raise errors.ValidationFailed("reasoning is an object", param=f"{where}.reasoning")
+
+
+def check_response_fields(body: dict[str, Any], output_format: str) -> None:
+    """``response.create``'s fields that ``_params`` does not read: known, and its ``audio`` the
+    session's (the answer's format is set with ``session.update``; any voice is taken)."""
+    known_fields(body, RESPONSE_FIELDS, "response")
+    unimplemented_fields(body, "response")
+    audio = body.get("audio")
+    if audio is None:
+        return
+    if not isinstance(audio, dict) or not isinstance(audio.get("output") or {}, dict):
+        raise errors.ValidationFailed("audio is {output: {format, voice}}", param="response.audio")
+    known_fields(audio, frozenset({"output"}), "response.audio")
+    output = audio.get("output") or {}
+    known_fields(output, frozenset({"format", "voice"}), "response.audio.output")
+    if "voice" in output:
+        voice_name(output, "response.audio.output")
+    fmt = output.get("format")
+    if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != output_format):
+        raise errors.ValidationFailed("a response's audio format is the session's (set it with session.update)",
+                                      param="response.audio.output.format")
+
+
+def voice_name(output: dict[str, Any], where: str) -> str:
+    """``voice``: a name, or a custom voice's ``{"id"}`` (taken; the Talker has one voice)."""
+    voice = output["voice"]
+    if isinstance(voice, dict) and isinstance(voice.get("id"), str):
+        return str(voice["id"])
+    if not isinstance(voice, str):
+        raise errors.ValidationFailed("voice is a name or {id}", param=f"{where}.voice")
+    return voice
 
 
 @dataclass
@@ -158,8 +241,8 @@ class RealtimeConfig:
             **({} if self.parallel_tool_calls is None else {"parallel_tool_calls": self.parallel_tool_calls}),
             "audio": {
                 "input": {"format": format_object(self.input_audio_format), "transcription": self.transcription,
-                          "turn_detection": turn_detection},
-                "output": {"format": format_object(self.output_audio_format), "voice": self.voice},
+                          "noise_reduction": None, "turn_detection": turn_detection},
+                "output": {"format": format_object(self.output_audio_format), "voice": self.voice, "speed": 1.0},
             },
         }
 
@@ -174,12 +257,15 @@ class RealtimeConfig:
         if kind != self.session_type and self.transcription == {}:
             self.transcription = None  # the transcription session's own default, not the client's choice
         self.session_type = kind
+        known_fields(session, TRANSCRIPTION_FIELDS if kind == TRANSCRIPTION else REALTIME_FIELDS, "session")
+        unimplemented_fields(session, "session")
         self._update_beta_formats(session)
         if kind == TRANSCRIPTION:
             audio = session.get("audio")
             if audio is not None:  # its only settings: the input audio's
                 if not isinstance(audio, dict):
                     raise errors.ValidationFailed("audio is an object", param="session.audio")
+                known_fields(audio, frozenset({"input"}), "session.audio")
                 self._update_audio({"input": audio.get("input")})
                 inputs = audio.get("input") or {}
                 model = (inputs.get("transcription") or {}).get("model")
@@ -249,9 +335,19 @@ class RealtimeConfig:
         self.truncation, self.retention_ratio, self.history_token_limit = "retention_ratio", float(ratio), limit
 
     def _update_audio(self, audio: dict[str, Any]) -> None:
+        known_fields(audio, _AUDIO_FIELDS["audio"], "session.audio")
         for side in ("input", "output"):
             if not isinstance(audio.get(side) or {}, dict):
                 raise errors.ValidationFailed(f"audio.{side} is an object", param=f"session.audio.{side}")
+            known_fields(audio.get(side) or {}, _AUDIO_FIELDS[f"audio.{side}"], f"session.audio.{side}")
+        for name in ("transcription", "turn_detection"):
+            given = (audio.get("input") or {}).get(name)
+            if isinstance(given, dict):
+                known_fields(given, _AUDIO_FIELDS[f"audio.input.{name}"], f"session.audio.input.{name}")
+        _check_noise_reduction((audio.get("input") or {}).get("noise_reduction"))
+        speed = (audio.get("output") or {}).get("speed")
+        if speed is not None and (isinstance(speed, bool) or speed != 1):
+            raise errors.ValidationFailed("the voice speaks at one speed: speed is 1", param="session.audio.output.speed")
         for side in ("input", "output"):
             fmt = (audio.get(side) or {}).get("format")
             if fmt is None:
@@ -264,7 +360,7 @@ class RealtimeConfig:
             setattr(self, f"{side}_audio_format", kind)
         output = audio.get("output") or {}
         if "voice" in output:
-            self.voice = _typed(output, "voice", str, "session.audio.output")
+            self.voice = voice_name(output, "session.audio.output")
         inputs = audio.get("input") or {}
         if "transcription" in inputs:
             transcription = inputs["transcription"]
@@ -281,10 +377,21 @@ class RealtimeConfig:
                 self.server_vad = None
             elif isinstance(detection, dict) and detection.get("type") in ("server_vad", "semantic_vad"):
                 # semantic_vad needs a model of turn ends; loudness is the nearest we have.
+                if detection.get("eagerness") not in (None, "low", "medium", "high", "auto"):
+                    raise errors.ValidationFailed('eagerness is "low", "medium", "high" or "auto"',
+                                                  param="session.audio.input.turn_detection.eagerness")
                 self.server_vad = _server_vad(detection)
             else:
                 raise errors.ValidationFailed("turn_detection is null or {type: server_vad, ...}",
                                               param="session.audio.input.turn_detection")
+
+
+def _check_noise_reduction(given: Any) -> None:
+    """``noise_reduction``: null or ``{type: near_field | far_field}`` (taken; none is done)."""
+    if given is not None and not (isinstance(given, dict) and given.get("type") in ("near_field", "far_field")
+                                  and set(given) <= {"type", "strength"}):
+        raise errors.ValidationFailed('noise_reduction is null or {type: "near_field" | "far_field"}',
+                                      param="session.audio.input.noise_reduction")
 
 
 def _check_languages(transcription: dict[str, Any]) -> None:

@@ -71,6 +71,7 @@ from gateway.api.realtime.config import (
     ServerVad,
     chat_tool_choice,
     chat_tools,
+    check_response_fields,
     choice_without_tool,
     output_token_limit,
     parallel_tool_calls,
@@ -753,6 +754,7 @@ class RealtimeConnection:
         body = message.get("response") or {}
         if not isinstance(body, dict):
             raise errors.ValidationFailed("response is an object", param="response")
+        check_response_fields(body, self.config.output_audio_format)
         conversation = body.get("conversation") or "auto"
         if conversation not in ("auto", "none"):
             raise errors.ValidationFailed('conversation is "auto" or "none"', param="response.conversation")
