@@ -420,9 +420,10 @@ async def test_words_heard_before_the_answer_failed_are_the_items(redis_url: str
     assert [e["transcript"] for e in heard] == [QUESTION], types(events)
 
 
-async def test_speech_going_on_after_a_clear_is_a_new_utterance(redis_url: str) -> None:
-    """Server VAD, a clear in the middle of speaking: the rest went into an item no speech_started
-    announced. It is told as a new utterance now."""
+@pytest.mark.parametrize("cut_by", ["clear", "commit"])
+async def test_speech_going_on_after_a_clear_or_commit_is_a_new_utterance(redis_url: str, cut_by: str) -> None:
+    """Server VAD, a clear (or the client's commit) in the middle of speaking: the rest went into
+    an item no speech_started announced. It is told as a new utterance now."""
     said = speech("Call Michael Johnson at five five five, one two three four.")
     cut = len(said) // 3 // 2 * 2
     quiet = bytes(2 * SPEECH_RATE)
@@ -432,10 +433,11 @@ async def test_speech_going_on_after_a_clear_is_a_new_utterance(redis_url: str) 
         for piece in pieces(quiet + said[:cut], SPEECH_RATE, 100):
             await connection.input_audio_buffer.append(audio=base64.b64encode(piece).decode())
         events = await until(connection, "input_audio_buffer.speech_started")
-        await connection.input_audio_buffer.clear()
+        await (connection.input_audio_buffer.clear() if cut_by == "clear" else connection.input_audio_buffer.commit())
         for piece in pieces(said[cut:] + quiet, SPEECH_RATE, 100):
             await connection.input_audio_buffer.append(audio=base64.b64encode(piece).decode())
-        events += await until(connection, "input_audio_buffer.committed")
+        while types(events).count("input_audio_buffer.committed") < (1 if cut_by == "clear" else 2):
+            events += await until(connection, "input_audio_buffer.committed")
     started = [e["item_id"] for e in events if e["type"] == "input_audio_buffer.speech_started"]
     assert len(started) == 2 and events[-1]["item_id"] == started[-1], types(events)
 

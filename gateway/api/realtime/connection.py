@@ -645,6 +645,9 @@ class RealtimeConnection:
     async def _audio_commit(self, _: dict[str, Any]) -> None:
         self._half_sample = b""  # half a sample at the buffer's end: nothing to hear
         committed = await self._commit()
+        # Under server VAD, speech still going on after the client's commit is a new utterance,
+        # told (speech_started names its item) and padded as one, as after a clear.
+        self._detector = None
         if self.config.transcribing:
             await self._hear_out(committed)
 
@@ -780,8 +783,11 @@ class RealtimeConnection:
             await self._cancel_answer(side, "client_cancelled")
             return
         turn = self._turn
-        if turn is None or not turn.answering or (wanted and turn.answer and turn.answer.response_id != wanted):
+        if turn is None or not turn.answering:
             raise errors.NoActiveResponse("there is no response in progress to cancel")
+        if wanted and turn.answer and turn.answer.response_id != wanted:
+            raise errors.NoActiveResponse(f"response {wanted!r} is not in progress (the one in progress is "
+                                          f"{turn.answer.response_id!r})", param="response_id")
         await self._cancel_answer(turn, "client_cancelled")
 
     _handlers: dict[str, Callable[[RealtimeConnection, dict[str, Any]], Awaitable[None]]] = {
