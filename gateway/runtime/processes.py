@@ -25,6 +25,7 @@ cannot be shared, so it stays one process.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import gc
 import logging
@@ -35,12 +36,13 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
 
 import uvicorn
 from prometheus_client.multiprocess import mark_process_dead
+from uvicorn.server import HANDLED_SIGNALS
 
 from gateway.metrics import SHARED_DIR_ENV
 from gateway.runtime.listeners import (
@@ -159,6 +161,22 @@ class DrainingServer(uvicorn.Server):
         # uvicorn would wait out its graceful timeout for their connections.
         self._draining.close()
         await super().shutdown(sockets=sockets)
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """uvicorn's, less raising the signals again once the server is done: that killed the
+        process there (SIGTERM's default action), before ``serve`` could wait for its API workers'
+        grace period (they died with it, their streams cut with no ``replica_stopping``) or
+        remove its runtime folder, and it exited 143, not 0."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        original = {sig: signal.signal(sig, self.handle_exit) for sig in HANDLED_SIGNALS}
+        try:
+            yield
+        finally:
+            for sig, handler in original.items():
+                signal.signal(sig, handler)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self._on_signal is not None:
@@ -305,12 +323,17 @@ class WorkerPool:
                     self.processes[index] = self._spawn()
 
     def signal(self, sig: int) -> None:
-        """Pass a signal on to every worker (they drain as this process does)."""
+        """Pass a signal on to every worker (they drain as this process does).
+
+        This process's copy of the public socket is closed now: it accepts nothing, and kept
+        open past the workers' drain it went on listening, so connections the edge opened then
+        hung until the replica exited instead of being refused (and retried elsewhere)."""
         self._stopping.set()
         self._signalled = True
         for process in self.processes:
             if process.poll() is None:
                 process.send_signal(sig)
+        self._listener.close()
 
     def stop(self, timeout_sec: float = CONNECTION_DRAIN_SEC + 5) -> None:
         self._stopping.set()

@@ -36,7 +36,7 @@ class Replica:
     engine process on its Unix socket, or on ``engine_port`` when one is given."""
 
     def __init__(self, workdir: Path, redis_url: str, workers: int, *, port: int | None = None,
-                 engine_port: int | None = None) -> None:
+                 engine_port: int | None = None, drain_sec: float = 0, grace_sec: float = 0) -> None:
         self.port = port or free_port()
         self.engine_port = engine_port
         # Its own id: the runtime folder is named after it, and other test runs share /tmp.
@@ -44,8 +44,8 @@ class Replica:
         self.log = workdir / f"replica-{self.port}.log"
         env = os.environ | {"OMNI_GATEWAY_REDIS_URL": redis_url, "OMNI_GATEWAY_REPLICA_ID": self.replica_id,
                             "OMNI_GATEWAY_API_WORKERS": str(workers), "OMNI_GATEWAY_TEND_INTERVAL_SEC": "30",
-                            "OMNI_GATEWAY_RATE_LIMIT_RPS": "0", "OMNI_GATEWAY_DRAIN_SEC": "0",
-                            "OMNI_GATEWAY_SHUTDOWN_GRACE_SEC": "0"}
+                            "OMNI_GATEWAY_RATE_LIMIT_RPS": "0", "OMNI_GATEWAY_DRAIN_SEC": str(drain_sec),
+                            "OMNI_GATEWAY_SHUTDOWN_GRACE_SEC": str(grace_sec)}
         engine_args = [] if engine_port is None else ["--engine-port", str(engine_port)]
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(
@@ -187,8 +187,36 @@ def test_open_sse_streams_end_with_an_explicit_error_when_the_replica_stops(repl
                 body = b"".join(response.iter_bytes())  # no frames were written: only the explicit end
                 assert body.startswith(b"event: error") and b"replica_stopping" in body, body
             assert time.monotonic() - stopped < 10, "the streams ended with the shutdown"
-    assert replica.proc.wait(timeout=20) in (0, -signal.SIGTERM), replica.tail()
+    assert replica.proc.wait(timeout=20) == 0, replica.tail()
     assert "ASGI callable returned without completing response" not in replica.log.read_text(), replica.tail()
+
+
+def test_a_stopping_replica_gives_its_streams_their_grace_refuses_new_connections_and_exits_clean(
+        tmp_path: Path) -> None:
+    """SIGTERM with API workers, as a rolling deploy sends it: after the drain period the port
+    refuses connections (an edge retries them elsewhere; they used to hang until the replica
+    died), open streams run on for the grace period and then end with ``replica_stopping``
+    (the engine process used to die as its own server ended, taking its workers and their
+    streams with it), and the replica exits 0, its runtime folder removed."""
+    with redis_process() as redis:
+        replica = Replica(tmp_path, redis.url, workers=1, drain_sec=0.5, grace_sec=3)
+        for _ in _running(replica):
+            with httpx.Client(base_url=replica.url, timeout=30) as client:
+                sids = [client.post(BASE, json={"start_policy": "on_end_only"}).json()["session_id"]
+                        for _ in range(2)]
+                with ExitStack() as streams:
+                    opened = [streams.enter_context(client.stream("GET", f"{BASE}/{sid}/events")) for sid in sids]
+                    stopped = time.monotonic()
+                    replica.proc.send_signal(signal.SIGTERM)
+                    time.sleep(1.5)
+                    with pytest.raises(ConnectionRefusedError):
+                        socket.create_connection(("127.0.0.1", replica.port), timeout=2).close()
+                    for response in opened:
+                        body = b"".join(response.iter_bytes())
+                        assert body.startswith(b"event: error") and b"replica_stopping" in body, body
+                    assert time.monotonic() - stopped > 3, "the streams had their grace period"
+            assert replica.proc.wait(timeout=30) == 0, replica.tail()
+            assert not ReplicaDir(replica.replica_id).path.exists(), "the runtime folder is removed"
 
 
 def listening_ports(pid: int) -> set[int]:
