@@ -590,6 +590,24 @@ async def test_a_resume_inside_an_answer_that_has_ended_replays_its_rest(redis_u
     assert after[-1]["response"]["id"] == seen[-1]["response"]["id"]
 
 
+@pytest.mark.parametrize("broken_after", ["response.created", "response.done"])
+async def test_a_resume_after_the_answer_failed_gets_its_failed_response_done(redis_url: str,
+                                                                              broken_after: str) -> None:
+    """The answer failed (the engine's error) while the socket was broken, or its failure was in
+    flight: the reconnect gets response.done failed, not silence for ever."""
+    words = "one two three four five six"
+    async with live_app(make_settings(redis_url=redis_url),
+                        ScriptedEngine(Script(error_after_words=2, word_delay_sec=0.1))) as url:
+        session_id, seen = await ask_then_break(url, words, lambda got: bool(got) and got[-1]["type"] == broken_after)
+        if broken_after == "response.done":
+            seen = seen[:-3]  # its last events never reached the client
+        await asyncio.sleep(1)  # the answer fails meanwhile
+        after = await resumed_until_done(url, session_id, seen[-1]["event_id"])
+    done = after[-1]["response"]
+    assert done["status"] == "failed" and done["status_details"]["error"]["code"], done
+    assert not {e["event_id"] for e in after[1:]} & {e["event_id"] for e in seen}, "nothing is sent twice"
+
+
 async def test_a_resume_from_any_event_gets_exactly_the_events_after_it(redis_url: str) -> None:
     """Events answering the client's own requests (session.updated, its item's, response.created)
     were not sent again: a client whose socket broke before the answer's first frame never got

@@ -365,13 +365,16 @@ class RealtimeConnection:
 
     async def _restored_run(self, saved: dict[str, Any], *, finished: bool = False) -> Run | None:
         """The open turn as saved, its cursor read from its session (which a crash cannot leave
-        behind); ``finished``: the last answer, replayed only if it completed."""
+        behind); ``finished``: the last answer. A failed or expired one is read again too: its
+        session's error frame ends it (``response.done`` failed), which the client would
+        otherwise wait for forever. A cancelled one is not: its end was the connection's own
+        event (sent again from the outbox), and the frames would end it a second time."""
         try:
             record = await self._service.view(self._identity, saved["session_id"])
         except errors.GatewayError:
             return None
-        if record.state in (SessionState.FAILED, SessionState.CANCELLED, SessionState.EXPIRED) \
-                or (finished and record.state is not SessionState.COMPLETED):
+        if record.state is SessionState.CANCELLED or (finished and record.state not in (
+                SessionState.COMPLETED, SessionState.FAILED, SessionState.EXPIRED)):
             return None
         answer = saved.pop("answer")
         run = Run(**{**saved, "basis": tuple(saved["basis"])}, next_seq=record.next_seq)
