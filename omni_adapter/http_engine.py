@@ -63,6 +63,8 @@ logger = logging.getLogger(__name__)
 
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
+#: vLLM's own: a text's tokens, as the served model counts them.
+TOKENIZE_PATH = "/tokenize"
 #: A new warm-up only after this much new input (bytes): one KV block is 16
 #: tokens, a few dozen bytes of text; fewer would cache nothing new.
 WARMUP_MIN_NEW_BYTES = 48
@@ -223,6 +225,9 @@ class HttpSession:
         self.cached_prompt_tokens = 0
         self._prompt_tokens = 0
         self._completion_tokens = 0
+        #: The tokens of ``assistant_prefix`` (the answer so far, after a hand-off): they count
+        #: against ``max_tokens`` and in the usage as completion tokens, as in-process vLLM does.
+        self._emitted = 0
         self._answer_started = False
 
     async def feed(self, chunks: Sequence[InputChunk]) -> None:
@@ -302,6 +307,13 @@ class HttpSession:
         body = self._body(self._content.render(), warm=False)
         try:
             with _engine_errors():
+                if self._request.assistant_prefix:
+                    self._emitted = await self._tokens_of(self._request.assistant_prefix)
+                    if "max_tokens" in body:
+                        if body["max_tokens"] <= self._emitted:
+                            self._finish("length")  # the answer so far already reached it
+                            return
+                        body["max_tokens"] -= self._emitted
                 async with self._client.stream("POST", self._path, json=body) as response:
                     if response.status_code != 200:
                         await response.aread()
@@ -336,10 +348,22 @@ class HttpSession:
         self._fail(EngineError("the engine closed the stream before the end of the answer",
                                code="engine_unavailable"))
 
+    async def _tokens_of(self, text: str) -> int:
+        """How many tokens ``text`` is, as the sidecar counts them (vLLM's ``/tokenize``); 0 from a
+        server without it (the answer so far then goes uncounted, as before)."""
+        response = await self._client.post(TOKENIZE_PATH, json={"model": self._request.model, "prompt": text,
+                                                                "add_special_tokens": False})
+        if response.status_code != 200:
+            logger.warning("session %s: the engine did not count the answer so far (HTTP %s): it is not "
+                           "counted against max_tokens", self._request.request_id, response.status_code)
+            return 0
+        return int(response.json().get("count") or 0)
+
     def _on_chunk(self, chunk: dict[str, Any]) -> str | None:
         """Emit the chunk's deltas; return its finish reason, if any."""
         if usage := chunk.get("usage"):
-            self._prompt_tokens = usage.get("prompt_tokens") or self._prompt_tokens
+            # The answer so far was sent as the prompt's end: it is the answer's (completion) tokens.
+            self._prompt_tokens = max(0, (usage.get("prompt_tokens") or 0) - self._emitted) or self._prompt_tokens
             # vLLM-Omni repeats usage with 0 completion tokens on audio chunks.
             self._completion_tokens = max(self._completion_tokens, usage.get("completion_tokens") or 0)
             if details := usage.get("prompt_tokens_details"):
@@ -416,7 +440,7 @@ class HttpSession:
         return body
 
     def _finish(self, reason: FinishReason) -> None:
-        self._events.finish(reason, Usage(self._prompt_tokens, self._completion_tokens))
+        self._events.finish(reason, Usage(self._prompt_tokens, self._emitted + self._completion_tokens))
 
     def _fail(self, error: EngineError) -> None:
         self._events.fail(error)

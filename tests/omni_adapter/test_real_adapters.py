@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import pytest
 
@@ -76,3 +77,19 @@ async def test_unsupported_chunks_models_and_modalities_are_rejected(real_engine
     with pytest.raises(EngineRejectedError):
         real_engine.open_session(
             EngineRequest("x", MODEL, (), SamplingOptions(), output_modalities=("audio",)))
+
+
+async def test_the_answer_so_far_after_a_hand_off_counts_as_the_answers(real_engine: Engine) -> None:
+    """A new holder continues the answer after its text so far (the assistant's prefix): that text
+    counts against max_tokens and in the usage as completion tokens, not prompt tokens."""
+    _, alone = await one_shot(real_engine, request(max_tokens=1), QUESTION)
+    continued = replace(request(max_tokens=6), assistant_prefix="The sky is")
+    text, end = await one_shot(real_engine, continued, QUESTION)
+    assert isinstance(alone, Finished) and isinstance(end, Finished)
+    assert end.usage.prompt_tokens == alone.usage.prompt_tokens, "the prefix is the answer's, not the prompt's"
+    # "The sky is" is three tokens of the six: at most three more are made.
+    assert end.usage.completion_tokens <= 6 and len(text.split()) <= 3, (text, end)
+    # The answer so far is all max_tokens allows: it ends (in-process vLLM makes one token more).
+    everything_said = replace(request(max_tokens=2), assistant_prefix="The sky is")
+    text, end = await one_shot(real_engine, everything_said, QUESTION)
+    assert isinstance(end, Finished) and end.finish_reason == "length" and len(text.split()) <= 1, (text, end)
