@@ -820,7 +820,8 @@ class VllmSession:
         from vllm.sampling_params import RequestOutputKind, SamplingParams
 
         prefill_only = SamplingParams(
-            max_tokens=1, temperature=0.0, output_kind=RequestOutputKind.DELTA
+            max_tokens=1, temperature=0.0, output_kind=RequestOutputKind.DELTA,
+            **fixed_at_first_input(self._request.sampling),
         )
         while True:
             # One token stays behind until the end so the final input, which
@@ -940,6 +941,12 @@ def at_most(options: SamplingOptions, max_tokens: int) -> SamplingOptions:
     if options.min_tokens is None or options.min_tokens <= max_tokens:
         return options
     return replace(options, min_tokens=max_tokens)
+
+
+def fixed_at_first_input(options: SamplingOptions) -> dict[str, Any]:
+    """The options vLLM's output processor takes from a streamed request's first input and keeps
+    (its log probabilities'): an intermediate input carries them too."""
+    return {} if options.logprobs is None else {"logprobs": options.logprobs}
 
 
 def sampling_params(options: SamplingOptions, *, max_tokens: int | None) -> SamplingParams:
