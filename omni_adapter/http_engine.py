@@ -498,8 +498,14 @@ def openai_sampling(options: SamplingOptions) -> dict[str, Any]:
         "stop": list(options.stop) or None,
         "min_tokens": options.min_tokens,
         "ignore_eos": options.ignore_eos,
+        "stop_token_ids": options.stop_token_ids,
+        "include_stop_str_in_output": options.include_stop_str_in_output,
+        "skip_special_tokens": options.skip_special_tokens,
+        "spaces_between_special_tokens": options.spaces_between_special_tokens,
+        "bad_words": options.bad_words,
     }
-    return {key: value for key, value in fields.items() if value is not None}
+    return {key: list(value) if isinstance(value, tuple) else value for key, value in fields.items()
+            if value is not None}
 
 
 def _held_to(constraint: dict[str, Any] | None) -> dict[str, Any]:
