@@ -156,6 +156,11 @@ class EngineRequest:
     #: template (``messages`` and ``tools`` are empty), the tokenizer's own start (a BOS) before
     #: it, and the model's special tokens in it are its own.
     raw_prompt: bool = False
+    #: vLLM's chat template flags: ``False``: no generation prompt after the input (the template's
+    #: ``add_generation_prompt``); ``continue_final_message``: the input (the last message) is
+    #: left open and the answer continues it (a prefilled start of the assistant's answer).
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
 
 
 @dataclass(frozen=True)

@@ -357,8 +357,10 @@ class TokenizerChecks:
         if request.input_tool_call_id is not None:
             streamed["tool_call_id"] = request.input_tool_call_id
         try:
-            prefix, suffix = self._streaming.chat_frame(messages, tools=tools, streamed=streamed,
-                                                        template_kwargs=request.chat_template_kwargs)
+            prefix, suffix = self._streaming.chat_frame(
+                messages, tools=tools, streamed=streamed, template_kwargs=request.chat_template_kwargs,
+                add_generation_prompt=request.add_generation_prompt,
+                continue_final_message=request.continue_final_message)
         except Exception as exc:
             raise EngineRejectedError(f"the chat template cannot render the messages: {exc}") from exc
         self._check_sampling(request)

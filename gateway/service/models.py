@@ -417,8 +417,27 @@ class GenerationOptions(VllmRequestOptions):
     chat_template_kwargs: dict[str, Any] | None = Field(
         None, description='vLLM\'s: variables for the chat template, e.g. {"enable_thinking": false}; '
         "those the model's template does not read are left out")
+    add_generation_prompt: bool | None = Field(
+        None, strict=True, description="vLLM's: false renders no generation prompt after the input (the "
+        "template's flag); true unless continue_final_message")
+    continue_final_message: bool | None = Field(
+        None, strict=True, description="vLLM's: the last message (the streamed input) is left open and the answer "
+        "continues it: a prefilled start of the assistant's answer; not with add_generation_prompt true")
     chat_template: str | None = Field(None, description="vLLM's: null only (the model's own template)")
     mm_processor_kwargs: dict[str, Any] | None = Field(None, description="vLLM's: null or {} only")
+
+    @field_validator("continue_final_message")
+    @classmethod
+    def _open_or_new_turn(cls, value: bool | None, info: ValidationInfo) -> bool | None:
+        if value and info.data.get("add_generation_prompt"):
+            raise ValueError("continue_final_message and add_generation_prompt cannot both be true: the answer "
+                             "either continues the last message or starts a new one")
+        return value or None
+
+    @property
+    def generation_prompt(self) -> bool:
+        """The template's ``add_generation_prompt``: as sent; true unless the last message is continued."""
+        return not self.continue_final_message if self.add_generation_prompt is None else self.add_generation_prompt
 
     @field_validator("chat_template_kwargs")
     @classmethod
@@ -495,7 +514,7 @@ RAW_PROMPT_MAX_TOKENS = 16
 #: Fields added after idempotency digests were first taken: left out of a request's digest when
 #: unset, so a retry that lands on a replica of the release before (a rolling deploy) matches.
 _ADDED_SINCE_DIGESTS = ("logprobs", "top_logprobs", "structured_outputs", *VllmRequestOptions.model_fields,
-                        "chat_template", "mm_processor_kwargs")
+                        "add_generation_prompt", "continue_final_message", "chat_template", "mm_processor_kwargs")
 
 
 class CreateSessionRequest(GenerationOptions):
@@ -541,9 +560,10 @@ class CreateSessionRequest(GenerationOptions):
     def _raw_alone(cls, raw: bool, info: ValidationInfo) -> bool:
         given = info.data
         if raw and (given.get("messages") or given.get("tools") or given.get("chat_template_kwargs")
-                    or given.get("speak_input") or given.get("input_role", "user") != "user"):
-            raise ValueError("raw_prompt is the whole prompt: no messages, tools, chat_template_kwargs, "
-                             "input_role or speak_input")
+                    or given.get("speak_input") or given.get("input_role", "user") != "user"
+                    or given.get("add_generation_prompt") is not None or given.get("continue_final_message")):
+            raise ValueError("raw_prompt is the whole prompt: no messages, tools, chat_template_kwargs, chat "
+                             "template flags, input_role or speak_input")
         return raw
 
     @model_validator(mode="after")

@@ -391,7 +391,8 @@ class SessionService:
             parallel_tool_calls=body.parallel_tool_calls is not False,
             input_role=body.input_role, input_tool_call_id=body.input_tool_call_id,
             chat_template_kwargs=body.chat_template_kwargs or {}, speak_input=body.speak_input,
-            raw_prompt=body.raw_prompt)
+            raw_prompt=body.raw_prompt, add_generation_prompt=body.generation_prompt,
+            continue_final_message=bool(body.continue_final_message))
         timeout_ms = int(s.session_timeout_sec * 1000)
         return NewSession(
             policy=policy, model=model, identity=identity, request=request,

@@ -68,7 +68,8 @@ _LISTS = frozenset({"stop", "stop_token_ids", "bad_words"})
 #: not know, so a rolling deploy (or a rollback) fails such a session loudly, never answers
 #: it wrongly. A later release that adds such a feature adds its name here.
 KNOWN_NEEDS = frozenset({"hearing", "speak_input", "chat_template_kwargs", "raw_prompt", "logprobs",
-                         "structured_outputs", *_NEEDED_SAMPLING})
+                         "structured_outputs", *_NEEDED_SAMPLING, "add_generation_prompt",
+                         "continue_final_message"})
 #: The grammars of vLLM's ``structured_outputs`` beyond OpenAI's JSON (``response_format``'s kinds).
 VLLM_GRAMMARS = frozenset({"regex", "choice", "grammar"})
 
@@ -90,6 +91,8 @@ class StoredRequest:
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     speak_input: bool = False
     raw_prompt: bool = False
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
     #: The ``needs`` it was stored with (a newer release's may hold names this one does not know).
     stored_needs: tuple[str, ...] = field(default=(), compare=False)
 
@@ -100,7 +103,9 @@ class StoredRequest:
                 "chat_template_kwargs": bool(self.chat_template_kwargs), "raw_prompt": self.raw_prompt,
                 "logprobs": self.sampling.logprobs is not None,
                 "structured_outputs": (self.sampling.response_format or {}).get("type") in VLLM_GRAMMARS,
-                **{name: getattr(self.sampling, name) is not None for name in _NEEDED_SAMPLING}}
+                **{name: getattr(self.sampling, name) is not None for name in _NEEDED_SAMPLING},
+                "add_generation_prompt": not self.add_generation_prompt,
+                "continue_final_message": self.continue_final_message}
         return tuple(name for name, on in used.items() if on)
 
     def to_json(self) -> str:
@@ -123,6 +128,10 @@ class StoredRequest:
             stored["speak_input"] = True
         if self.raw_prompt:
             stored["raw_prompt"] = True
+        if not self.add_generation_prompt:
+            stored["add_generation_prompt"] = False
+        if self.continue_final_message:
+            stored["continue_final_message"] = True
         if logprobs is not None:
             stored["logprobs"] = logprobs
         if self.needs:
@@ -142,6 +151,8 @@ class StoredRequest:
                    input_role=stored.get("input_role", "user"), input_tool_call_id=stored.get("input_tool_call_id"),
                    chat_template_kwargs=stored.get("chat_template_kwargs") or {},
                    speak_input=stored.get("speak_input", False), raw_prompt=stored.get("raw_prompt", False),
+                   add_generation_prompt=stored.get("add_generation_prompt", True),
+                   continue_final_message=stored.get("continue_final_message", False),
                    stored_needs=tuple(stored.get("needs") or ()))
 
     def engine_request(self, request_id: str, model: str, assistant_prefix: str = "") -> EngineRequest:
@@ -155,7 +166,8 @@ class StoredRequest:
                              parallel_tool_calls=self.parallel_tool_calls, input_role=self.input_role,
                              input_tool_call_id=self.input_tool_call_id,
                              chat_template_kwargs=self.chat_template_kwargs, speak_input=self.speak_input,
-                             raw_prompt=self.raw_prompt)
+                             raw_prompt=self.raw_prompt, add_generation_prompt=self.add_generation_prompt,
+                             continue_final_message=self.continue_final_message)
 
 
 @dataclass(frozen=True)

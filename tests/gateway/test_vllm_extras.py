@@ -14,6 +14,7 @@ from dataclasses import replace
 from typing import Any
 
 import httpx
+import openai
 import pytest
 
 from gateway import errors
@@ -33,6 +34,7 @@ from tests.gateway.client import (
     parse_sse,
 )
 from tests.gateway.test_api import assert_error
+from tests.vllm_sidecar import VllmSidecar
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -43,7 +45,8 @@ VLLM_DEFAULTS: dict[str, Any] = {
     "use_beam_search": False, "length_penalty": 1.0, "truncate_prompt_tokens": None,
     "return_tokens_as_token_ids": None}
 #: Chat's own (chat completions and the sessions API, not completions).
-CHAT_DEFAULTS: dict[str, Any] = {"chat_template": None, "mm_processor_kwargs": {}}
+CHAT_DEFAULTS: dict[str, Any] = {"add_generation_prompt": True, "continue_final_message": False,
+                                 "chat_template": None, "mm_processor_kwargs": {}}
 
 
 @pytest.fixture
@@ -60,7 +63,7 @@ def ask(content: str, **fields: object) -> dict[str, Any]:
 async def test_vllms_defaults_are_taken_and_change_nothing(
         scripted: tuple[httpx.AsyncClient, ScriptedEngine]) -> None:
     client, engine = scripted
-    chat = await client.post(CHAT, json=ask("hello", **VLLM_DEFAULTS, **CHAT_DEFAULTS))
+    chat = await client.post(CHAT, json=ask("hello", **VLLM_DEFAULTS, **CHAT_DEFAULTS, echo=False))
     assert chat.status_code == 200, chat.text
     assert chat.json()["choices"][0]["message"]["content"] == "echo: hello"
     assert chat.json()["id"] == chat.headers["X-Session-Id"], "the answer's id is the session's, not request_id"
@@ -72,6 +75,7 @@ async def test_vllms_defaults_are_taken_and_change_nothing(
     for session in engine.sessions:
         asked = session.request
         assert asked.sampling == replace(SamplingOptions(), max_tokens=asked.sampling.max_tokens), asked.sampling
+        assert asked.add_generation_prompt and not asked.continue_final_message
 
 
 @pytest.mark.parametrize(("fields", "param", "why"), [
@@ -82,6 +86,8 @@ async def test_vllms_defaults_are_taken_and_change_nothing(
     ({"priority": -5}, "priority", "priority scheduling is not enabled"),
     ({"chat_template": "{{ messages }}"}, "chat_template", "the model's own renders"),
     ({"mm_processor_kwargs": {"fps": 2}}, "mm_processor_kwargs", "take no options"),
+    ({"add_generation_prompt": True, "continue_final_message": True}, "continue_final_message",
+     "cannot both be true"),
     ({"bad_words": [""]}, "bad_words", ""),
     ({"stop_token_ids": [-1]}, "stop_token_ids", ""),
 ])
@@ -112,6 +118,36 @@ async def test_vllms_fields_reach_the_engine(scripted: tuple[httpx.AsyncClient, 
         assert (await client.post(door, json=body)).status_code in (200, 201)
         asked = engine.sessions[-1].request.sampling
         assert replace(asked, max_tokens=None) == expected, (door, asked)
+    flags = await client.post(CHAT, json=ask("hello", add_generation_prompt=False))
+    assert flags.status_code == 200, flags.text
+    assert not engine.sessions[-1].request.add_generation_prompt
+    assert not engine.sessions[-1].request.continue_final_message
+
+
+async def test_a_prefilled_answer_is_continued_and_echoed(scripted: tuple[httpx.AsyncClient, ScriptedEngine]) -> None:
+    """``continue_final_message`` (vLLM's way to prefill the start of the answer, with
+    ``add_generation_prompt`` false, or alone): the last message, the assistant's, is the input
+    the answer continues; ``echo`` starts the answer with it, whole and streamed."""
+    client, engine = scripted
+    prefilled = [{"role": "user", "content": "Capital of France?"}, {"role": "assistant", "content": "It is"}]
+    for flags in ({"add_generation_prompt": False, "continue_final_message": True}, {"continue_final_message": True}):
+        answer = await client.post(CHAT, json={"model": "scripted", "messages": prefilled, "echo": True, **flags})
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["choices"][0]["message"]["content"] == "It isecho: It is"
+        asked = engine.sessions[-1].request
+        assert asked.continue_final_message and not asked.add_generation_prompt and asked.input_role == "assistant"
+        result = (await client.get(f"{BASE}/{answer.json()['id']}/result")).json()
+        assert result["completion"]["choices"][0]["message"]["content"] == "echo: It is", "the session's is the answer"
+    streamed = await client.post(CHAT, json={"model": "scripted", "messages": prefilled, "echo": True,
+                                             "continue_final_message": True, "stream": True})
+    frames = [json.loads(event.data) for event in parse_sse(streamed.text) if event.data != "[DONE]"]
+    assert frames[0]["choices"][0]["delta"] == {"role": "assistant"}
+    assert frames[1]["choices"][0]["delta"] == {"content": "It is"}, "echoed right after the role, as vLLM"
+    assert "".join(f["choices"][0]["delta"].get("content") or "" for f in frames) == "It isecho: It is"
+    user_last = await client.post(CHAT, json=ask("hello", echo=True))
+    assert user_last.json()["choices"][0]["message"]["content"] == "echo: hello", "only the answer's role is echoed"
+    raw = await client.post(BASE, json={"model": "scripted", "raw_prompt": True, "continue_final_message": True})
+    assert_error(raw, 422, "validation_error", "raw_prompt")
 
 
 def test_the_new_fields_are_stored_only_when_set_and_needed_by_a_replica() -> None:
@@ -120,18 +156,21 @@ def test_the_new_fields_are_stored_only_when_set_and_needed_by_a_replica() -> No
     plain = StoredRequest(messages=(), modalities=("text",), sampling=SamplingOptions(temperature=0.5))
     stored = json.loads(plain.to_json())
     assert "needs" not in stored and not {"stop_token_ids", "bad_words"} & set(stored["sampling"])
+    assert not {"add_generation_prompt", "continue_final_message"} & set(stored)
     sampled = SamplingOptions(stop_token_ids=(2,), include_stop_str_in_output=True, skip_special_tokens=False,
                               spaces_between_special_tokens=False, bad_words=("x",))
-    used = replace(plain, sampling=sampled)
+    used = replace(plain, sampling=sampled, add_generation_prompt=False, continue_final_message=True)
     assert StoredRequest.from_json(used.to_json()) == used
     assert set(json.loads(used.to_json())["needs"]) == {
         "stop_token_ids", "include_stop_str_in_output", "skip_special_tokens", "spaces_between_special_tokens",
-        "bad_words"}
+        "bad_words", "add_generation_prompt", "continue_final_message"}
+    request = StoredRequest.from_json(used.to_json()).engine_request("r", "m")
+    assert request.continue_final_message and not request.add_generation_prompt
     before = {**json.loads(used.to_json()), "needs": ["a_later_feature"]}
     with pytest.raises(errors.EngineUnavailable, match="a_later_feature"):
         StoredRequest.from_json(json.dumps(before)).engine_request("r", "m")
     asked = CreateSessionRequest(temperature=0.5)  # a retry on the release before digests the same request
-    assert not {"stop_token_ids", "request_id", "bad_words"} & set(json.loads(
+    assert not {"stop_token_ids", "request_id", "continue_final_message"} & set(json.loads(
         asked.model_dump_json(exclude=asked.unset_since_digests)))
     assert openai_sampling(sampled) == {"stop_token_ids": [2], "include_stop_str_in_output": True,
                                         "skip_special_tokens": False, "spaces_between_special_tokens": False,
@@ -213,3 +252,37 @@ async def test_special_tokens_are_kept_when_asked(client: httpx.AsyncClient) -> 
     assert await said() == ""
     assert "<|im_start|>" in await said(skip_special_tokens=False)
     assert await said(skip_special_tokens=False, spaces_between_special_tokens=False) == "<|im_start|>" * 3
+
+
+@pytest.mark.engine
+async def test_a_prefilled_answer_is_continued_as_vllm_continues_it(
+        redis_url: str, real_engine: Engine, vllm_sidecar: VllmSidecar) -> None:
+    """``continue_final_message`` (with ``add_generation_prompt`` false, as vLLM asks) and
+    ``add_generation_prompt`` false alone: at temperature 0, vLLM's own server's words and prompt;
+    ``echo`` gives the prefilled start too."""
+    vllm_sidecar.ensure_running()
+    vllm = openai.AsyncOpenAI(base_url=f"{vllm_sidecar.url}/v1", api_key="unused", max_retries=0)
+    served = (await vllm.models.list()).data[0].id
+    prefilled: list[Any] = [{"role": "user", "content": "What is the capital of France?"},
+                            {"role": "assistant", "content": "The capital of France is"}]
+    asked: list[tuple[list[Any], dict[str, Any]]] = [
+        (prefilled, {"add_generation_prompt": False, "continue_final_message": True}),
+        (prefilled, {"add_generation_prompt": False, "continue_final_message": True, "echo": True}),
+        (prefilled[:1], {"add_generation_prompt": False})]
+    async with app_client(make_settings(redis_url=redis_url), real_engine) as client:
+        oai = openai_client(client)
+        for messages, flags in asked:
+            ours = await oai.chat.completions.create(model=real_engine.capabilities.model_names[0],
+                                                     messages=messages, max_tokens=8, temperature=0,
+                                                     extra_body=flags)
+            theirs = await vllm.chat.completions.create(model=served, messages=messages, max_tokens=8,
+                                                        temperature=0, extra_body=flags)
+            assert ours.choices[0].message.content == theirs.choices[0].message.content, flags
+            assert ours.usage is not None and theirs.usage is not None
+            assert ours.usage.prompt_tokens == theirs.usage.prompt_tokens, flags
+        # continue_final_message alone (vLLM asks for add_generation_prompt false beside it) is taken.
+        alone = await oai.chat.completions.create(model=real_engine.capabilities.model_names[0], messages=prefilled,
+                                                  max_tokens=8, temperature=0,
+                                                  extra_body={"continue_final_message": True, "echo": True})
+        continued = alone.choices[0].message.content or ""
+        assert continued.startswith("The capital of France is ") and "Paris" in continued, continued
