@@ -235,8 +235,8 @@ class HttpSession:
             if chunk.modality not in self._accepted:
                 accepted = ", ".join(sorted(self._accepted))
                 raise EngineRejectedError(f"this engine accepts {accepted}, not {chunk.modality}")
-            if self._request.raw_prompt and chunk.modality != "text":
-                raise EngineRejectedError("a raw prompt is text")
+            if (self._request.raw_prompt or self._request.continue_final_message) and chunk.modality != "text":
+                raise EngineRejectedError("a raw prompt, or a message the answer continues, is text")
         if self._events.ended:
             return
         if self._input_ended:
@@ -416,7 +416,14 @@ class HttpSession:
         body: dict[str, Any] = {"model": request.model, "messages": messages}
         if request.chat_template_kwargs:  # the sidecar passes those its template reads
             body["chat_template_kwargs"] = request.chat_template_kwargs
-        if request.assistant_prefix:
+        if not request.add_generation_prompt:
+            body["add_generation_prompt"] = False
+        if request.continue_final_message:
+            # The input is left open; an answer so far (a hand-off) goes on from it.
+            assert isinstance(content, str)  # feed takes only text for it
+            streamed["content"] = content + request.assistant_prefix
+            body.update(add_generation_prompt=False, continue_final_message=True)
+        elif request.assistant_prefix:
             messages.append({"role": "assistant", "content": request.assistant_prefix})
             # vLLM's extension: render the last message open, so the answer continues it.
             body.update(add_generation_prompt=False, continue_final_message=True)
@@ -522,8 +529,14 @@ def openai_sampling(options: SamplingOptions) -> dict[str, Any]:
         "stop": list(options.stop) or None,
         "min_tokens": options.min_tokens,
         "ignore_eos": options.ignore_eos,
+        "stop_token_ids": options.stop_token_ids,
+        "include_stop_str_in_output": options.include_stop_str_in_output,
+        "skip_special_tokens": options.skip_special_tokens,
+        "spaces_between_special_tokens": options.spaces_between_special_tokens,
+        "bad_words": options.bad_words,
     }
-    return {key: value for key, value in fields.items() if value is not None}
+    return {key: list(value) if isinstance(value, tuple) else value for key, value in fields.items()
+            if value is not None}
 
 
 def _held_to(constraint: dict[str, Any] | None) -> dict[str, Any]:

@@ -41,6 +41,12 @@ class Capabilities:
     logprobs: bool = False
 
 
+#: The options only a request sets, never a model's generation defaults.
+_REQUEST_ONLY = frozenset({"stop", "logit_bias", "response_format", "min_tokens", "ignore_eos", "logprobs",
+                           "stop_token_ids", "include_stop_str_in_output", "skip_special_tokens",
+                           "spaces_between_special_tokens", "bad_words"})
+
+
 @dataclass(frozen=True)
 class SamplingOptions:
     """The OpenAI sampling fields a session was created with, and the answer's format."""
@@ -64,6 +70,15 @@ class SamplingOptions:
     #: vLLM's: no end (EOS or stop) before this many tokens; the end of sequence ignored (benchmarks).
     min_tokens: int | None = None
     ignore_eos: bool | None = None
+    #: vLLM's, ``None`` for its default: the answer ends at any of these tokens (their text left
+    #: out); a stop string's or stop token's text kept in the answer (``include_stop_str_in_output``);
+    #: special tokens left out of the text (``skip_special_tokens``, true) and spaced apart when kept;
+    #: words the answer never says (``bad_words``).
+    stop_token_ids: tuple[int, ...] | None = None
+    include_stop_str_in_output: bool | None = None
+    skip_special_tokens: bool | None = None
+    spaces_between_special_tokens: bool | None = None
+    bad_words: tuple[str, ...] | None = None
     #: Each answer token's log probability, with this many of the likeliest beside it (0: the
     #: token's own only); ``None``: none (OpenAI's ``logprobs`` / ``top_logprobs``).
     logprobs: int | None = None
@@ -71,8 +86,7 @@ class SamplingOptions:
     @classmethod
     def known(cls, values: dict[str, Any]) -> SamplingOptions:
         """The options among ``values`` (a model's generation defaults), the rest left out."""
-        names = {f.name for f in fields(cls)} - {"stop", "logit_bias", "response_format", "min_tokens", "ignore_eos",
-                                                 "logprobs"}
+        names = {f.name for f in fields(cls)} - _REQUEST_ONLY
         return cls(**{k: v for k, v in values.items() if k in names and v is not None})
 
     def or_defaults(self, defaults: SamplingOptions) -> SamplingOptions:
@@ -142,6 +156,11 @@ class EngineRequest:
     #: template (``messages`` and ``tools`` are empty), the tokenizer's own start (a BOS) before
     #: it, and the model's special tokens in it are its own.
     raw_prompt: bool = False
+    #: vLLM's chat template flags: ``False``: no generation prompt after the input (the template's
+    #: ``add_generation_prompt``); ``continue_final_message``: the input (the last message) is
+    #: left open and the answer continues it (a prefilled start of the assistant's answer).
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
 
 
 @dataclass(frozen=True)

@@ -169,7 +169,8 @@ class StreamingTokenizer:
 
     def chat_frame(self, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[Mapping[str, Any]] = (),
                    streamed: Mapping[str, Any] | None = None,
-                   template_kwargs: Mapping[str, Any] | None = None) -> tuple[Framed, Framed]:
+                   template_kwargs: Mapping[str, Any] | None = None, add_generation_prompt: bool = True,
+                   continue_final_message: bool = False) -> tuple[Framed, Framed]:
         """Render the chat template around one streamed turn.
 
         Returns the text before and after the streamed content. The template is
@@ -180,6 +181,8 @@ class StreamingTokenizer:
         ``streamed``: the streamed message's other fields (default: the user's);
         ``tools`` go to a template that renders them (see ``takes_tools``).
         ``template_kwargs``: a request's variables for the template (``template_variables``).
+        ``add_generation_prompt`` and ``continue_final_message``: the template's flags, as vLLM
+        passes a request's (the streamed turn left open: nothing after it).
         """
         tag = uuid4().hex
         contents: dict[str, str] = {}
@@ -197,7 +200,8 @@ class StreamingTokenizer:
         if tools:
             extra["tools"] = list(tools)
         rendered = self.tokenizer.apply_chat_template(
-            conversation, add_generation_prompt=True, tokenize=False, **extra
+            conversation, add_generation_prompt=add_generation_prompt, continue_final_message=continue_final_message,
+            tokenize=False, **extra
         )
         if not isinstance(rendered, str) or rendered.count(sentinel) != 1:
             raise ValueError("the chat template does not place the user input verbatim")

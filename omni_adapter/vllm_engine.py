@@ -357,8 +357,10 @@ class TokenizerChecks:
         if request.input_tool_call_id is not None:
             streamed["tool_call_id"] = request.input_tool_call_id
         try:
-            prefix, suffix = self._streaming.chat_frame(messages, tools=tools, streamed=streamed,
-                                                        template_kwargs=request.chat_template_kwargs)
+            prefix, suffix = self._streaming.chat_frame(
+                messages, tools=tools, streamed=streamed, template_kwargs=request.chat_template_kwargs,
+                add_generation_prompt=request.add_generation_prompt,
+                continue_final_message=request.continue_final_message)
         except Exception as exc:
             raise EngineRejectedError(f"the chat template cannot render the messages: {exc}") from exc
         self._check_sampling(request)
@@ -366,13 +368,21 @@ class TokenizerChecks:
 
     def _check_sampling(self, request: EngineRequest) -> None:
         """Built here to reject invalid options now, not after the input."""
-        sampling_params(request.sampling, max_tokens=request.sampling.max_tokens)  # None: up to the context
-        check_schema(request.sampling.response_format)
+        sampling = request.sampling
+        params = sampling_params(sampling, max_tokens=sampling.max_tokens)  # None: up to the context
+        check_schema(sampling.response_format)
         vocabulary = self._vocabulary
-        if unknown := [token for token in request.sampling.logit_bias or () if int(token) >= vocabulary]:
-            # vLLM refuses these when the request reaches the engine, after the input.
-            raise EngineRejectedError(f"logit_bias names token ids the model does not have ({', '.join(unknown[:5])}; "
-                                      f"its vocabulary is {vocabulary} tokens)", param="logit_bias")
+        # vLLM refuses these when the request reaches the engine, after the input.
+        for param, tokens in (("logit_bias", [int(token) for token in sampling.logit_bias or ()]),
+                              ("stop_token_ids", sampling.stop_token_ids or ())):
+            if unknown := [str(token) for token in tokens if token >= vocabulary]:
+                raise EngineRejectedError(f"{param} names token ids the model does not have ({', '.join(unknown[:5])}; "
+                                          f"its vocabulary is {vocabulary} tokens)", param=param)
+        if sampling.bad_words:
+            try:
+                params.update_from_tokenizer(self._streaming.tokenizer)  # as vLLM's input processor does
+            except Exception as exc:
+                raise EngineRejectedError(f"bad_words cannot be held to: {exc}", param="bad_words") from exc
 
 
 def load_tokenizer(model: str) -> Any:
@@ -598,7 +608,7 @@ class VllmSession:
         self._request = request
         self._tokens = tokens
         self._max_model_len = max_model_len
-        self._stops = StopStrings(request.sampling.stop)
+        self._stops = StopStrings(request.sampling.stop, keep=bool(request.sampling.include_stop_str_in_output))
         self._events = SessionEvents()
         #: Committed ids not yet handed to the engine.
         self._ready: list[int] = []
@@ -820,7 +830,8 @@ class VllmSession:
         from vllm.sampling_params import RequestOutputKind, SamplingParams
 
         prefill_only = SamplingParams(
-            max_tokens=1, temperature=0.0, output_kind=RequestOutputKind.DELTA
+            max_tokens=1, temperature=0.0, output_kind=RequestOutputKind.DELTA,
+            **fixed_at_first_input(self._request.sampling),
         )
         while True:
             # One token stays behind until the end so the final input, which
@@ -901,11 +912,14 @@ class StopStrings:
     """Stop strings matched on the streamed text, as vLLM does for one-shot input.
 
     Text that could still be the start of a stop string is held back, so no
-    part of a stop string is ever emitted.
+    part of a stop string is ever emitted, unless ``keep`` (vLLM's
+    ``include_stop_str_in_output``): then the answer ends with the stop string.
+    Of several, the one that ends first stops it (the first listed at a tie), as in vLLM.
     """
 
-    def __init__(self, stops: Sequence[str]) -> None:
+    def __init__(self, stops: Sequence[str], *, keep: bool = False) -> None:
         self._stops = tuple(s for s in stops if s)
+        self._keep = keep
         self._hold = max((len(s) for s in self._stops), default=1) - 1
         self._text = ""
         self._emitted = 0
@@ -914,9 +928,10 @@ class StopStrings:
         """Add output text; return the text safe to emit and whether a stop hit."""
         search_from = max(0, len(self._text) - self._hold)
         self._text += delta
-        hits = [i for s in self._stops if (i := self._text.find(s, search_from)) >= 0]
+        hits = [(i + len(s), i) for s in self._stops if (i := self._text.find(s, search_from)) >= 0]
         if hits:
-            return self._emit(min(hits)), True
+            end, start = min(hits, key=lambda hit: hit[0])
+            return self._emit(end if self._keep else start), True
         return self._emit(len(self._text) - self._hold), False
 
     def flush(self) -> str:
@@ -940,6 +955,15 @@ def at_most(options: SamplingOptions, max_tokens: int) -> SamplingOptions:
     if options.min_tokens is None or options.min_tokens <= max_tokens:
         return options
     return replace(options, min_tokens=max_tokens)
+
+
+def fixed_at_first_input(options: SamplingOptions) -> dict[str, Any]:
+    """The options vLLM's output processor takes from a streamed request's first input and keeps
+    (its detokenizer's, its log probabilities'): an intermediate input carries them too."""
+    fixed = {"skip_special_tokens": options.skip_special_tokens,
+             "spaces_between_special_tokens": options.spaces_between_special_tokens,
+             "include_stop_str_in_output": options.include_stop_str_in_output, "logprobs": options.logprobs}
+    return {name: value for name, value in fixed.items() if value is not None}
 
 
 def sampling_params(options: SamplingOptions, *, max_tokens: int | None) -> SamplingParams:
@@ -967,7 +991,9 @@ def sampling_params(options: SamplingOptions, *, max_tokens: int | None) -> Samp
         "logit_bias": {int(token): bias for token, bias in options.logit_bias.items()} if options.logit_bias else None,
         "min_tokens": options.min_tokens,
         "ignore_eos": options.ignore_eos,
-        "logprobs": options.logprobs,
+        "stop_token_ids": list(options.stop_token_ids) if options.stop_token_ids else None,
+        "bad_words": list(options.bad_words) if options.bad_words else None,
+        **fixed_at_first_input(options),
     }
     fields.update({k: v for k, v in optional.items() if v is not None})
     try:

@@ -322,7 +322,71 @@ class StreamOptions(StrictModel):
         return value
 
 
-class GenerationOptions(StrictModel):
+#: vLLM's request fields this server cannot honour: the value each takes by default (taken: generated
+#: clients send every field) and why another is refused (``{value}``: the one sent).
+_UNSERVED: dict[str, tuple[tuple[Any, ...], str]] = {
+    "use_beam_search": ((False,), "beam search is not supported: one sampled answer per request"),
+    "length_penalty": ((1.0,), "length_penalty weighs beam search's answers, and beam search is not supported: "
+                               "one sampled answer per request"),
+    "truncate_prompt_tokens": ((), "the prompt is not truncated here: the input streams into the engine as it "
+                                   "arrives, so its start cannot be cut afterwards (a prompt past the model's "
+                                   "context is refused as context_length_exceeded): shorten it yourself"),
+    "return_tokens_as_token_ids": ((False,), "log probabilities name their tokens by their text here, not as "
+                                             "token_id:<id>"),
+    "priority": ((0,), "got priority {value}, but priority scheduling is not enabled: sessions are scheduled by "
+                       "the gateway's own policy; send 0 or leave it out"),
+    "chat_template": ((), "a chat template from the request is not served: the model's own renders the messages "
+                          "(chat_template_kwargs sets its variables)"),
+    "mm_processor_kwargs": (({},), "the engine's input processors take no options from a request"),
+}
+
+
+#: vLLM's defaults of the fields a session keeps only when they differ.
+_VLLM_DEFAULTS: dict[str, Any] = {"include_stop_str_in_output": False, "skip_special_tokens": True,
+                                  "spaces_between_special_tokens": True, "stop_token_ids": [], "bad_words": []}
+
+
+class VllmRequestOptions(StrictModel):
+    """vLLM's own request fields, as ``vllm serve`` takes them on chat completions and completions.
+
+    ``None`` is vLLM's default, and so is the default sent (``"skip_special_tokens": true``); the
+    fields of ``_UNSERVED`` are taken at their defaults and refused otherwise, with why.
+    """
+
+    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = Field(
+        None, description="vLLM's: the answer ends at any of these token ids (their text left out)")
+    include_stop_str_in_output: bool | None = Field(
+        None, strict=True, description="vLLM's: the stop string (or stop token) that ended the answer stays in it")
+    skip_special_tokens: bool | None = Field(
+        None, strict=True, description="vLLM's: false keeps the model's special tokens in the answer's text")
+    spaces_between_special_tokens: bool | None = Field(
+        None, strict=True, description="vLLM's: false joins kept special tokens to the text without spaces")
+    bad_words: list[Annotated[str, Field(min_length=1)]] | None = Field(
+        None, description="vLLM's: words the answer never says")
+    priority: int | None = Field(None, description="vLLM's: 0 only (no priority scheduling here)")
+    request_id: str | None = Field(
+        None, description="vLLM's: taken, not used: the answer's id is the session's (also in X-Session-Id)")
+    use_beam_search: bool | None = Field(None, strict=True, description="vLLM's: false only")
+    length_penalty: float | None = Field(None, description="vLLM's (beam search): 1.0 only")
+    truncate_prompt_tokens: int | None = Field(None, description="vLLM's: null only")
+    return_tokens_as_token_ids: bool | None = Field(None, strict=True, description="vLLM's: false only")
+
+    @field_validator(*_UNSERVED, check_fields=False)  # (chat's own are GenerationOptions')
+    @classmethod
+    def _unserved(cls, value: Any, info: ValidationInfo) -> None:
+        defaults, why = _UNSERVED[info.field_name or ""]
+        if value is not None and value not in defaults:
+            raise ValueError(why.format(value=value))
+        return None
+
+    @field_validator("include_stop_str_in_output", "skip_special_tokens", "spaces_between_special_tokens",
+                     "stop_token_ids", "bad_words")
+    @classmethod
+    def _default_is_unset(cls, value: Any, info: ValidationInfo) -> Any:
+        return None if value == _VLLM_DEFAULTS[info.field_name or ""] else value
+
+
+class GenerationOptions(VllmRequestOptions):
     """What to generate and how: the OpenAI fields shared by sessions and chat completions."""
 
     model: str | None = None
@@ -366,6 +430,27 @@ class GenerationOptions(StrictModel):
     chat_template_kwargs: dict[str, Any] | None = Field(
         None, description='vLLM\'s: variables for the chat template, e.g. {"enable_thinking": false}; '
         "those the model's template does not read are left out")
+    add_generation_prompt: bool | None = Field(
+        None, strict=True, description="vLLM's: false renders no generation prompt after the input (the "
+        "template's flag); true unless continue_final_message")
+    continue_final_message: bool | None = Field(
+        None, strict=True, description="vLLM's: the last message (the streamed input) is left open and the answer "
+        "continues it: a prefilled start of the assistant's answer; not with add_generation_prompt true")
+    chat_template: str | None = Field(None, description="vLLM's: null only (the model's own template)")
+    mm_processor_kwargs: dict[str, Any] | None = Field(None, description="vLLM's: null or {} only")
+
+    @field_validator("continue_final_message")
+    @classmethod
+    def _open_or_new_turn(cls, value: bool | None, info: ValidationInfo) -> bool | None:
+        if value and info.data.get("add_generation_prompt"):
+            raise ValueError("continue_final_message and add_generation_prompt cannot both be true: the answer "
+                             "either continues the last message or starts a new one")
+        return value or None
+
+    @property
+    def generation_prompt(self) -> bool:
+        """The template's ``add_generation_prompt``: as sent; true unless the last message is continued."""
+        return not self.continue_final_message if self.add_generation_prompt is None else self.add_generation_prompt
 
     @field_validator("chat_template_kwargs")
     @classmethod
@@ -441,7 +526,8 @@ RAW_PROMPT_MAX_TOKENS = 16
 
 #: Fields added after idempotency digests were first taken: left out of a request's digest when
 #: unset, so a retry that lands on a replica of the release before (a rolling deploy) matches.
-_ADDED_SINCE_DIGESTS = ("logprobs", "top_logprobs", "structured_outputs")
+_ADDED_SINCE_DIGESTS = ("logprobs", "top_logprobs", "structured_outputs", *VllmRequestOptions.model_fields,
+                        "add_generation_prompt", "continue_final_message", "chat_template", "mm_processor_kwargs")
 
 
 class CreateSessionRequest(GenerationOptions):
@@ -487,9 +573,10 @@ class CreateSessionRequest(GenerationOptions):
     def _raw_alone(cls, raw: bool, info: ValidationInfo) -> bool:
         given = info.data
         if raw and (given.get("messages") or given.get("tools") or given.get("chat_template_kwargs")
-                    or given.get("speak_input") or given.get("input_role", "user") != "user"):
-            raise ValueError("raw_prompt is the whole prompt: no messages, tools, chat_template_kwargs, "
-                             "input_role or speak_input")
+                    or given.get("speak_input") or given.get("input_role", "user") != "user"
+                    or given.get("add_generation_prompt") is not None or given.get("continue_final_message")):
+            raise ValueError("raw_prompt is the whole prompt: no messages, tools, chat_template_kwargs, chat "
+                             "template flags, input_role or speak_input")
         return raw
 
     @model_validator(mode="after")

@@ -377,7 +377,9 @@ class SessionService:
             presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
             repetition_penalty=body.repetition_penalty, min_p=body.min_p, logit_bias=body.logit_bias,
             response_format=body.format_constraint(), min_tokens=body.min_tokens, ignore_eos=body.ignore_eos,
-            logprobs=body.logprobs_asked)
+            logprobs=body.logprobs_asked, stop_token_ids=_tuple(body.stop_token_ids),
+            include_stop_str_in_output=body.include_stop_str_in_output, skip_special_tokens=body.skip_special_tokens,
+            spaces_between_special_tokens=body.spaces_between_special_tokens, bad_words=_tuple(body.bad_words))
         request = StoredRequest(
             messages=tuple(m.as_history() for m in body.messages),
             modalities=tuple(body.modalities), sampling=sampling,
@@ -389,7 +391,8 @@ class SessionService:
             parallel_tool_calls=body.parallel_tool_calls is not False,
             input_role=body.input_role, input_tool_call_id=body.input_tool_call_id,
             chat_template_kwargs=body.chat_template_kwargs or {}, speak_input=body.speak_input,
-            raw_prompt=body.raw_prompt)
+            raw_prompt=body.raw_prompt, add_generation_prompt=body.generation_prompt,
+            continue_final_message=bool(body.continue_final_message))
         timeout_ms = int(s.session_timeout_sec * 1000)
         return NewSession(
             policy=policy, model=model, identity=identity, request=request,
@@ -425,6 +428,10 @@ class SessionService:
         self._metrics.transition(before, outcome.state)
         if outcome.lease is not None:
             self._runners.start(session_id, outcome.lease)
+
+
+def _tuple(values: list[Any] | None) -> tuple[Any, ...] | None:
+    return None if values is None else tuple(values)
 
 
 def _made_again(body: CreateSessionRequest) -> bool:

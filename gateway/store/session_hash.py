@@ -51,9 +51,15 @@ from gateway.domain.policies import StartPolicy, StartThresholds
 from gateway.domain.states import SessionState
 from omni_adapter.port import EngineRequest, SamplingOptions
 
+#: vLLM's sampling fields a release before ignores (it reads past unknown sampling fields): a
+#: session using one needs it (``KNOWN_NEEDS``).
+_NEEDED_SAMPLING = ("stop_token_ids", "include_stop_str_in_output", "skip_special_tokens",
+                    "spaces_between_special_tokens", "bad_words")
 #: Sampling fields newer than the stored form's first release (see ``StoredRequest.to_json``).
-_ADDED_SAMPLING = ("min_p", "logit_bias", "response_format", "min_tokens", "ignore_eos")
+_ADDED_SAMPLING = ("min_p", "logit_bias", "response_format", "min_tokens", "ignore_eos", *_NEEDED_SAMPLING)
 _SAMPLING_FIELDS = frozenset(f.name for f in fields(SamplingOptions))
+#: Sampling fields stored as JSON lists, read back as tuples.
+_LISTS = frozenset({"stop", "stop_token_ids", "bad_words"})
 
 
 #: What a session may need that a release without it would silently ignore (answering the
@@ -62,7 +68,8 @@ _SAMPLING_FIELDS = frozenset(f.name for f in fields(SamplingOptions))
 #: not know, so a rolling deploy (or a rollback) fails such a session loudly, never answers
 #: it wrongly. A later release that adds such a feature adds its name here.
 KNOWN_NEEDS = frozenset({"hearing", "speak_input", "chat_template_kwargs", "raw_prompt", "logprobs",
-                         "structured_outputs"})
+                         "structured_outputs", *_NEEDED_SAMPLING, "add_generation_prompt",
+                         "continue_final_message"})
 #: The grammars of vLLM's ``structured_outputs`` beyond OpenAI's JSON (``response_format``'s kinds).
 VLLM_GRAMMARS = frozenset({"regex", "choice", "grammar"})
 
@@ -84,6 +91,8 @@ class StoredRequest:
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     speak_input: bool = False
     raw_prompt: bool = False
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
     #: The ``needs`` it was stored with (a newer release's may hold names this one does not know).
     stored_needs: tuple[str, ...] = field(default=(), compare=False)
 
@@ -93,7 +102,10 @@ class StoredRequest:
         used = {"hearing": not self.modalities, "speak_input": self.speak_input,
                 "chat_template_kwargs": bool(self.chat_template_kwargs), "raw_prompt": self.raw_prompt,
                 "logprobs": self.sampling.logprobs is not None,
-                "structured_outputs": (self.sampling.response_format or {}).get("type") in VLLM_GRAMMARS}
+                "structured_outputs": (self.sampling.response_format or {}).get("type") in VLLM_GRAMMARS,
+                **{name: getattr(self.sampling, name) is not None for name in _NEEDED_SAMPLING},
+                "add_generation_prompt": not self.add_generation_prompt,
+                "continue_final_message": self.continue_final_message}
         return tuple(name for name, on in used.items() if on)
 
     def to_json(self) -> str:
@@ -116,6 +128,10 @@ class StoredRequest:
             stored["speak_input"] = True
         if self.raw_prompt:
             stored["raw_prompt"] = True
+        if not self.add_generation_prompt:
+            stored["add_generation_prompt"] = False
+        if self.continue_final_message:
+            stored["continue_final_message"] = True
         if logprobs is not None:
             stored["logprobs"] = logprobs
         if self.needs:
@@ -126,16 +142,17 @@ class StoredRequest:
     def from_json(cls, text: str) -> StoredRequest:
         stored = json.loads(text)
         # A newer release's sampling fields are left out: its ``needs`` say whether this one may run it.
-        sampling = {k: v for k, v in stored["sampling"].items() if k in _SAMPLING_FIELDS}
+        sampling = {k: tuple(v) if k in _LISTS else v for k, v in stored["sampling"].items() if k in _SAMPLING_FIELDS}
         return cls(messages=tuple(stored["messages"]), modalities=tuple(stored["modalities"]),
-                   sampling=SamplingOptions(**{**sampling, "stop": tuple(sampling["stop"]),
-                                               "logprobs": stored.get("logprobs")}),
+                   sampling=SamplingOptions(**{**sampling, "logprobs": stored.get("logprobs")}),
                    include_usage=stored.get("include_usage", False), metadata=stored.get("metadata") or {},
                    tools=tuple(stored.get("tools") or ()), tool_choice=stored.get("tool_choice"),
                    parallel_tool_calls=stored.get("parallel_tool_calls", True),
                    input_role=stored.get("input_role", "user"), input_tool_call_id=stored.get("input_tool_call_id"),
                    chat_template_kwargs=stored.get("chat_template_kwargs") or {},
                    speak_input=stored.get("speak_input", False), raw_prompt=stored.get("raw_prompt", False),
+                   add_generation_prompt=stored.get("add_generation_prompt", True),
+                   continue_final_message=stored.get("continue_final_message", False),
                    stored_needs=tuple(stored.get("needs") or ()))
 
     def engine_request(self, request_id: str, model: str, assistant_prefix: str = "") -> EngineRequest:
@@ -149,7 +166,8 @@ class StoredRequest:
                              parallel_tool_calls=self.parallel_tool_calls, input_role=self.input_role,
                              input_tool_call_id=self.input_tool_call_id,
                              chat_template_kwargs=self.chat_template_kwargs, speak_input=self.speak_input,
-                             raw_prompt=self.raw_prompt)
+                             raw_prompt=self.raw_prompt, add_generation_prompt=self.add_generation_prompt,
+                             continue_final_message=self.continue_final_message)
 
 
 @dataclass(frozen=True)

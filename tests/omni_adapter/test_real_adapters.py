@@ -40,6 +40,28 @@ async def test_stop_string_truncates_the_answer(real_engine: Engine) -> None:
     assert isinstance(end, Finished) and end.finish_reason == "stop"
 
 
+async def test_a_streamed_input_keeps_the_answers_decoding_options_and_log_probabilities(
+        real_engine: Engine) -> None:
+    """vLLM makes a streamed request's detokenizer and log probability keeper at its first input:
+    what the final input asks (special tokens kept, joined; log probabilities) holds when the input
+    streamed in before the end. (Special tokens: ``<|im_start|>``, which logit_bias forces.)"""
+
+    async def streamed(**sampling: object) -> tuple[str, int]:
+        session = real_engine.open_session(request(max_tokens=3, logit_bias={"1": 100}, **sampling))
+        for chunk in text_chunks(b"Say hi to me, please, my good friend.", 8):
+            await session.feed([chunk])
+            await asyncio.sleep(0.2)  # each piece prefilled before the next
+        await session.end_input()
+        deltas = [event async for event in session.events()]
+        assert isinstance(deltas[-1], Finished), deltas[-1]
+        said = [delta for delta in deltas if isinstance(delta, TextDelta)]
+        return "".join(d.text for d in said), sum(len(d.logprobs) for d in said)
+
+    assert await streamed() == ("", 0)
+    assert (await streamed(skip_special_tokens=False, spaces_between_special_tokens=False))[0] == "<|im_start|>" * 3
+    assert (await streamed(logprobs=1))[1] == 3
+
+
 async def test_abort_mid_generation_ends_events_then_engine_still_serves(real_engine: Engine) -> None:
     session = real_engine.open_session(request(max_tokens=400, temperature=1.0, seed=1))
     await session.feed(text_chunks(b"Write a long essay about rivers.", 8))

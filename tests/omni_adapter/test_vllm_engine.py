@@ -193,8 +193,8 @@ async def test_capabilities_and_health(vllm_engine: VllmEngine) -> None:
     await vllm_engine.check_health()
 
 
-def run_stops(stops: Sequence[str], deltas: Sequence[str]) -> tuple[str, bool]:
-    scanner, out = StopStrings(stops), ""
+def run_stops(stops: Sequence[str], deltas: Sequence[str], *, keep: bool = False) -> tuple[str, bool]:
+    scanner, out = StopStrings(stops, keep=keep), ""
     for delta in deltas:
         text, stopped = scanner.feed(delta)
         out += text
@@ -217,6 +217,23 @@ def test_stop_strings_never_emit_part_of_a_stop(
     stops: tuple[str, ...], deltas: list[str], expected: tuple[str, bool]
 ) -> None:
     assert run_stops(stops, deltas) == expected
+
+
+@pytest.mark.parametrize(
+    ("stops", "deltas", "kept", "dropped"),
+    [
+        (("END",), ["abc E", "N", "D more"], "abc END", "abc "),
+        # The stop that ends first wins, as in vLLM ("b" ends before "abc" does).
+        (("abc", "b"), ["xabc d"], "xab", "xa"),
+        (("\n\n",), ["one\n", "\ntwo"], "one\n\n", "one"),
+    ],
+)
+def test_a_stop_string_is_kept_when_asked_and_the_first_to_end_stops(
+    stops: tuple[str, ...], deltas: list[str], kept: str, dropped: str
+) -> None:
+    """vLLM's ``include_stop_str_in_output``."""
+    assert run_stops(stops, deltas, keep=True) == (kept, True)
+    assert run_stops(stops, deltas) == (dropped, True)
 
 
 @pytest.mark.engine

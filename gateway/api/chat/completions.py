@@ -8,8 +8,9 @@ back as a ``text_completion``. vLLM's quickstart, ``vllm bench serve`` and evalu
 harnesses speak it.
 
 Served: one text prompt (a string, or a list of one), ``max_tokens`` (16 unless set or null,
-as OpenAI and vLLM), the sampling fields chat takes with vLLM's ``min_tokens`` and
-``ignore_eos``, ``echo``, ``stream`` with ``stream_options``. Refused with an error that says
+as OpenAI and vLLM), the sampling fields chat takes with vLLM's (``min_tokens``, ``ignore_eos``,
+``stop_token_ids``, ``bad_words``... ``VllmRequestOptions``), ``echo``, ``stream`` with
+``stream_options``. Refused with an error that says
 why: several prompts, prompts of token ids and ``suffix`` (insertion) are 400s; ``n`` or
 ``best_of`` above 1 (one answer per request here) and an empty prompt are 400s. ``logprobs``
 (the answer's tokens, as vLLM returns them) is served; with ``echo`` (the prompt's too) it is a 400.
@@ -48,6 +49,7 @@ from gateway.service.models import (
     StreamOptions,
     StructuredOutputs,
     TopK,
+    VllmRequestOptions,
 )
 from gateway.web.event_stream import EVENT_STREAM_CONTENT, EventStream
 from gateway.web.resources import get_resources
@@ -58,7 +60,7 @@ WHEN_STOPPED = ("the completion goes on at another replica: read it as a chat.co
                 "GET /v1/streaming_input/sessions/{id}/result (the id in X-Session-Id), or ask again")
 
 
-class CompletionRequest(OpenAIBookkeeping):
+class CompletionRequest(VllmRequestOptions, OpenAIBookkeeping):
     """OpenAI's completion request, with vLLM's sampling extras."""
 
     model: str | None = None
@@ -124,7 +126,7 @@ class TextCompletion(BaseModel):
 #: The fields that mean the same in a session, checked by its rules.
 _SAMPLING = {"model", "max_tokens", "temperature", "top_p", "stream_options", "stop", "presence_penalty",
              "frequency_penalty", "logit_bias", "seed", "top_k", "min_p", "repetition_penalty", "response_format",
-             "structured_outputs", "min_tokens", "ignore_eos"}
+             "structured_outputs", "min_tokens", "ignore_eos", *VllmRequestOptions.model_fields}
 
 
 @router.post("/completions", response_model=None,

@@ -79,6 +79,9 @@ class ChatCompletionRequest(GenerationOptions, OpenAIBookkeeping):
     prediction: dict[str, Any] | None = None
     #: Refused with a clear error: there is no web search here (no hosted tools).
     web_search_options: dict[str, Any] | None = None
+    #: vLLM's: the answer's content starts with the last message's, when that is the assistant's
+    #: (with ``continue_final_message``: the whole message, the prefilled start and what continues it).
+    echo: bool | None = Field(None, strict=True)
 
     @field_validator("web_search_options")
     @classmethod

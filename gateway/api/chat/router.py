@@ -8,6 +8,7 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Iterator, Mapping
 from typing import Annotated, Any, TypeVar
 
+import orjson
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from sse_starlette import ServerSentEvent
@@ -16,6 +17,8 @@ from gateway import errors
 from gateway.api.chat.models import ChatCompletion, ChatCompletionRequest, ModelCard, ModelList
 from gateway.api.chat.service import ChatService
 from gateway.output.audio import as_pcm16
+from gateway.output.frames import DONE
+from gateway.output.sse import FrameEvent
 from gateway.store.session_hash import SessionRecord
 from gateway.web.event_stream import EVENT_STREAM_CONTENT, RESUME_ELSEWHERE, EventStream
 from gateway.web.resources import Resources, get_identity, get_resources
@@ -66,8 +69,11 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request, 
     session_id = await chat.start(identity, body, idempotency_key)
     headers = {"X-Session-Id": session_id}
     resources = get_resources(request)
+    echoed = _echoed(body)
     if body.stream:
         frames = chat.stream(identity, session_id)
+        if echoed:
+            frames = with_echo(frames, echoed)
         with_ids = request.headers.get("x-event-ids", "").lower() in ("1", "true")
         return EventStream(frames if with_ids else as_openai_sends(frames), ping_sec=resources.settings.sse_ping_sec,
                            draining=resources.draining, headers=headers,
@@ -77,7 +83,31 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request, 
         return JSONResponse({}, status_code=CLIENT_LEFT)
     if body.audio is not None and body.audio.format == "pcm16":
         answer = await asyncio.to_thread(as_pcm16, answer)  # (minutes of audio: decoded off the loop)
+    if echoed:
+        message = answer["choices"][0]["message"]
+        message["content"] = echoed + (message.get("content") or "")
     return JSONResponse(answer, headers=headers)
+
+
+def _echoed(body: ChatCompletionRequest) -> str:
+    """vLLM's ``echo``: the last message's text, which the answer's content starts with, when it is
+    the assistant's (the answer's role). Only the door's answer has it: the session's result and
+    events hold the answer alone, as a completion's ``echo``."""
+    last = body.messages[-1]
+    return str(last.as_history().get("content") or "") if body.echo and last.role == "assistant" else ""
+
+
+async def with_echo(frames: AsyncGenerator[ServerSentEvent, None], echoed: str) -> AsyncGenerator[ServerSentEvent, None]:
+    """The frames with ``echoed`` in a content chunk of its own right after the role chunk, as vLLM
+    streams it."""
+    async with contextlib.aclosing(frames):
+        async for frame in frames:
+            yield frame
+            if echoed and not frame.event and frame.data != DONE:
+                chunk = orjson.loads(str(frame.data))
+                chunk["choices"] = [{"index": 0, "delta": {"content": echoed}, "finish_reason": None}]
+                yield FrameEvent(data=orjson.dumps(chunk).decode())
+                echoed = ""
 
 
 @contextlib.contextmanager
