@@ -338,6 +338,8 @@ _UNSERVED: dict[str, tuple[tuple[Any, ...], str]] = {
     "chat_template": ((), "a chat template from the request is not served: the model's own renders the messages "
                           "(chat_template_kwargs sets its variables)"),
     "mm_processor_kwargs": (({},), "the engine's input processors take no options from a request"),
+    **{f"guided_{kind}": ((), f"vLLM's guided_{kind} is gone (vLLM 0.10.2 on): send structured_outputs "
+                              f"with {kind}") for kind in ("json", "regex", "choice", "grammar")},
 }
 
 
@@ -370,6 +372,11 @@ class VllmRequestOptions(StrictModel):
     length_penalty: float | None = Field(None, description="vLLM's (beam search): 1.0 only")
     truncate_prompt_tokens: int | None = Field(None, description="vLLM's: null only")
     return_tokens_as_token_ids: bool | None = Field(None, strict=True, description="vLLM's: false only")
+    #: vLLM's names before structured_outputs, refused with the name to use (vLLM drops them unread).
+    guided_json: Any = Field(None, description="vLLM's old name: send structured_outputs.json")
+    guided_regex: Any = Field(None, description="vLLM's old name: send structured_outputs.regex")
+    guided_choice: Any = Field(None, description="vLLM's old name: send structured_outputs.choice")
+    guided_grammar: Any = Field(None, description="vLLM's old name: send structured_outputs.grammar")
 
     @field_validator(*_UNSERVED, check_fields=False)  # (chat's own are GenerationOptions')
     @classmethod

@@ -90,6 +90,8 @@ async def test_vllms_defaults_are_taken_and_change_nothing(
      "cannot both be true"),
     ({"bad_words": [""]}, "bad_words", ""),
     ({"stop_token_ids": [-1]}, "stop_token_ids", ""),
+    ({"guided_json": {"type": "object"}}, "guided_json", "send structured_outputs"),
+    ({"guided_choice": ["yes", "no"]}, "guided_choice", "send structured_outputs"),
 ])
 async def test_what_cannot_be_honoured_is_refused_saying_why(
         scripted: tuple[httpx.AsyncClient, ScriptedEngine], fields: dict[str, Any], param: str, why: str) -> None:
