@@ -55,13 +55,15 @@ class Read:
     events: list[SseEvent]
     #: Frames that arrived once the outage was over.
     after_outage: int
+    #: Keep-alive comments that arrived during the outage.
+    pings_during: int
 
 
 async def read_across(client: httpx.AsyncClient, method: str, path: str, outage: Callable[[], Awaitable[None]],
                       *, after_frames: int = 3, **request: object) -> Read:
     """A whole SSE response; ``outage`` starts once ``after_frames`` frames arrived, the reading going on."""
     lines: list[str] = []
-    frames = after = 0
+    frames = after = pings = 0
     over = asyncio.Event()
 
     async def then_over() -> None:
@@ -72,6 +74,7 @@ async def read_across(client: httpx.AsyncClient, method: str, path: str, outage:
     async with client.stream(method, path, **request) as response:  # type: ignore[arg-type]
         async for line in response.aiter_lines():
             lines.append(line)
+            pings += line.startswith(": ping") and disturbance is not None and not over.is_set()
             if line.startswith("data: "):
                 frames += 1
                 after += over.is_set()
@@ -79,7 +82,7 @@ async def read_across(client: httpx.AsyncClient, method: str, path: str, outage:
                     disturbance = asyncio.create_task(then_over())
     assert disturbance is not None, "the stream ended before the outage"
     await disturbance
-    return Read(response.status_code, response.headers, parse_sse("\n".join(lines)), after)
+    return Read(response.status_code, response.headers, parse_sse("\n".join(lines)), after, pings)
 
 
 async def restart(server: RedisProcess, down_sec: float) -> None:
@@ -108,9 +111,11 @@ def errors_in(events: list[SseEvent]) -> list[str]:
 
 @pytest.fixture
 async def gateway() -> AsyncIterator[tuple[RedisProcess, httpx.AsyncClient]]:
-    """A gateway on its own Redis (AOF, as the chart runs it), its Redis calls bounded by half a second."""
+    """A gateway on its own Redis (AOF, as the chart runs it), its Redis calls bounded by half a
+    second, a keep-alive every second."""
     with redis_process(extra=AOF) as server:
-        settings = make_settings(redis_url=server.url, redis_timeout_sec=0.5, tend_interval_sec=0.05)
+        settings = make_settings(redis_url=server.url, redis_timeout_sec=0.5, tend_interval_sec=0.05,
+                                 sse_ping_sec=1)
         async with live_app(settings, ScriptedEngine(Script(word_delay_sec=0.03))) as url, \
                 httpx.AsyncClient(base_url=url, timeout=60) as client:
             yield server, client
@@ -125,6 +130,7 @@ async def test_a_stream_open_across_a_redis_restart_goes_on_from_its_last_frame(
     read = await read_across(client, "GET", f"{BASE}/{sid}/events", lambda: restart(server, 3.0))
 
     assert read.status == 200 and errors_in(read.events) == []
+    assert read.pings_during > 0  # the connection was kept alive meanwhile
     assert read.after_outage > 0
     assert [event.id for event in read.events] == stored_ids(server, sid)  # no gap, no duplicate
     assert content_of(read.events) == ANSWER and read.events[-1].data == "[DONE]"
