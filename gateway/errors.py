@@ -47,7 +47,7 @@ the handler knows HTTP.
     ├── ServiceUnavailable (503 service_unavailable)
     │   ├── StreamingInputDisabled (503 streaming_input_disabled)
     │   ├── CapacityExhausted (503 capacity_exhausted)    Retry-After
-    │   ├── StoreUnavailable (503 store_unavailable)
+    │   ├── StoreUnavailable (503 store_unavailable)  a stream's end past an outage: resumable
     │   ├── Overloaded (503 overloaded)                   Retry-After  this replica sheds load
     │   ├── ReplicaStopping (503 replica_stopping)  a stream's end at shutdown: resume it elsewhere
     │   └── EngineUnavailable (503 engine_unavailable)
@@ -305,6 +305,9 @@ class CapacityExhausted(ServiceUnavailable):
 
 
 class StoreUnavailable(ServiceUnavailable):
+    """Redis cannot serve now (gateway/store/connection.py decides). A stream waits it out
+    for a while first; one that gives up ends with this, ``resumable`` (gateway/output/sse.py)."""
+
     code = "store_unavailable"
 
 
@@ -316,7 +319,8 @@ class Overloaded(ServiceUnavailable):
 
 class ReplicaStopping(ServiceUnavailable):
     """The replica serving a stream stopped before the answer ended; the session goes on
-    (gateway/work/draining.py): resume the stream with ``Last-Event-ID``."""
+    (gateway/work/draining.py): resume the stream with ``Last-Event-ID`` (the event says
+    ``resumable``)."""
 
     code = "replica_stopping"
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from omni_client.audio import ANSWER_RATE, read_wav
-from omni_client.errors import SessionFailed, from_envelope
+from omni_client.errors import APIError, ServerError, SessionFailed, from_envelope
 
 
 @dataclass(frozen=True)
@@ -76,17 +76,26 @@ class SseParser:
         return event
 
 
-#: The error a replica ends a stream with when it stops before the answer did; the
-#: session goes on elsewhere, so the stream is resumed, not failed.
-REPLICA_STOPPING = "replica_stopping"
+#: Errors a gateway ends a stream with while the session goes on, so the stream is resumed,
+#: not failed: its replica stopped before the answer did, or its Redis stayed away too long.
+#: A gateway marks them ``resumable``; older ones did not, and said ``store_unavailable``
+#: at any Redis hiccup.
+RESUMABLE_CODES = frozenset({"replica_stopping", "store_unavailable"})
 
 
-def replica_stopped(sse: SseEvent) -> bool:
-    """The stream ended because its replica stopped: read on from the last event id."""
-    if sse.event != "error":
-        return False
-    error = _json(sse.data).get("error")
-    return isinstance(error, dict) and error.get("code") == REPLICA_STOPPING
+def resumable_end(sse: SseEvent) -> APIError | None:
+    """The error that ended the stream, not the session (read on from the last event id); else None.
+
+    Such an error is the gateway's word about this stream, so it has no id;
+    a session's own failure is one of its frames, with an id, and is final.
+    """
+    if sse.event != "error" or sse.id is not None:
+        return None
+    envelope = _json(sse.data)
+    error = envelope.get("error")
+    if not isinstance(error, dict) or not (error.get("resumable") is True or error.get("code") in RESUMABLE_CODES):
+        return None
+    return from_envelope(ServerError, 503, envelope)
 
 
 def events_of(sse: SseEvent) -> list[AnswerEvent]:

@@ -24,12 +24,13 @@ from omni_client.answer import (
     SseParser,
     TextDelta,
     events_of,
-    replica_stopped,
     result_of,
+    resumable_end,
 )
 from omni_client.chunks import chunk_of
 from omni_client.errors import APIError, OmniError, TransportFailed, api_error
 from omni_client.retry import (
+    Outage,
     RetryPolicy,
     describe,
     retry_after_of,
@@ -110,6 +111,7 @@ class AsyncClient:
                       **kwargs: Any) -> httpx.Response:
         """One API call with retries; a 2xx/3xx response, else a typed :class:`OmniError`."""
         attempt = 0
+        outage = Outage()
         while True:
             error: OmniError
             retry_after = None
@@ -124,7 +126,8 @@ class AsyncClient:
                 retry_after = retry_after_of(response)
                 error = api_error(response.status_code, response.content, retry_after)
                 retry = retryable_status(response.status_code, idempotent, error.code)
-            delay = self.retry.delay(attempt, retry_after) if retry else None
+            lasted = outage.seen(error.code if isinstance(error, APIError) else "", anyio.current_time())
+            delay = self.retry.delay(attempt, retry_after, store_outage_for=lasted) if retry else None
             if delay is None:
                 raise error
             attempt += 1
@@ -175,11 +178,14 @@ class AsyncSession:
         """The answer's events as they stream; a broken stream is resumed from its last event id.
 
         Ends after the final frame; an ``error`` event raises :class:`SessionFailed`, but for
-        ``replica_stopping`` (the replica serving the stream stopped; the session goes on),
-        which is read on from the last event id like a stream that broke.
-        Gives up (the last error) after ``retry.attempts`` reconnects in a row without a frame.
+        one that ends the stream and not the session (``resumable``: the replica serving it
+        stopped, or the gateway's Redis stayed away too long), which is read on from the last
+        event id like a stream that broke.
+        Gives up (the last error) after ``retry.attempts`` reconnects in a row without a frame,
+        or, while the gateway says its store is unavailable, after ``retry.store_outage_sec``.
         """
         failures = 0
+        outage = Outage()
         while True:
             error: OmniError | None = None
             retry_after = None
@@ -201,17 +207,20 @@ class AsyncSession:
                         async for line in response.aiter_lines():
                             if (event := parser.line(line)) is None:
                                 continue
-                            if replica_stopped(event):
-                                break  # the session goes on elsewhere: read on from the last id
+                            if (ended := resumable_end(event)) is not None:
+                                # The session goes on (elsewhere, or once Redis is back): read on from the last id.
+                                error = ended
+                                break
                             if event.id:
-                                last_event_id, failures = event.id, 0
+                                last_event_id, failures, outage.since = event.id, 0, None
                             for item in events_of(event):
                                 yield item
                             if event.data == "[DONE]":
                                 return
             except httpx.TransportError as exc:
                 error = TransportFailed(f"GET {self._path}/events: {describe(exc)}", exc)
-            delay = self.client.retry.delay(failures, retry_after)
+            lasted = outage.seen(error.code if isinstance(error, APIError) else "", anyio.current_time())
+            delay = self.client.retry.delay(failures, retry_after, store_outage_for=lasted)
             if delay is None:
                 raise error or TransportFailed(f"GET {self._path}/events: the stream kept ending early")
             failures += 1

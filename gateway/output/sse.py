@@ -4,6 +4,14 @@ Every frame carries its stream entry id as the SSE ``id:``, so a client that
 reconnects with ``Last-Event-ID`` gets exactly the frames after it, from any
 replica. Errors before the first byte are raised (the route checked the
 session); errors after it become an ``event: error`` frame, then the end.
+
+A store that cannot serve (Redis restarting, failing over) is not such an
+error at first: the stream waits it out (``StoreOutage``, up to
+``STORE_OUTAGE_SEC``), its keep-alive going on, and goes on after the last
+frame it sent. Only an outage longer than that ends it, with a
+``store_unavailable`` error marked ``resumable`` (no ``id``), as a stopping
+replica's ``replica_stopping`` is: the session goes on, and the client
+resumes with ``Last-Event-ID``.
 """
 
 from __future__ import annotations
@@ -17,6 +25,8 @@ from sse_starlette import ServerSentEvent
 
 from gateway import errors
 from gateway.domain.states import SessionState
+from gateway.store import connection
+from gateway.store.connection import StoreOutage
 from gateway.store.redis_store import SessionStore
 
 logger = logging.getLogger(__name__)
@@ -71,24 +81,42 @@ def _ended(state: SessionState | None) -> bool:
 
 
 async def session_events(store: SessionStore, session_id: str, after: str) -> AsyncIterator[ServerSentEvent]:
+    outage = StoreOutage(f"session {session_id}: stream")
     try:
         # Followed through the replica's one stream reader: no Redis connection per
         # subscriber, and one read for every session's frames of an engine step.
         async with store.output_stream(session_id, after) as stream:
             while True:
-                frames = await stream.read(READ_BLOCK_MS)
+                ended = False
+                try:
+                    frames = await stream.read(READ_BLOCK_MS)
+                    if not frames and _ended(await store.state(session_id)):
+                        # Frames are written only while the engine work runs: a terminal session
+                        # gets none after this read, so end rather than wait for its
+                        # keys to expire (the read may have raced the final frame).
+                        frames, ended = await store.read_frames(session_id, after, block_ms=None), True
+                except errors.StoreUnavailable as exc:
+                    # Tried again from where it was: a subscription keeps its place through a failed read.
+                    await outage.failed(exc)
+                    continue
+                outage.served()
                 for frame in frames:
                     yield FrameEvent(data=frame.data, event=frame.event or None, id=frame.id)
                     after = frame.id
                     if frame.last:
                         return
-                if not frames and _ended(await store.state(session_id)):
-                    # Frames are written only while the engine work runs: a terminal session
-                    # gets none after this read, so end rather than wait for its
-                    # keys to expire (the read may have raced the final frame).
-                    for frame in await store.read_frames(session_id, after, block_ms=None):
-                        yield FrameEvent(data=frame.data, event=frame.event or None, id=frame.id)
+                if ended:
                     return
+    except errors.StoreUnavailable:
+        yield FrameEvent(data=_store_gone(session_id).envelope_json(), event="error")
     except errors.GatewayError as exc:
         logger.warning("session %s: stream ended early: %s", session_id, exc.code)
         yield FrameEvent(data=json.dumps(exc.envelope()), event="error")
+
+
+def _store_gone(session_id: str) -> errors.StoreUnavailable:
+    """The end of a stream whose store stayed away past ``STORE_OUTAGE_SEC``: the session goes on."""
+    return errors.StoreUnavailable(
+        f"the session store could not be read for {connection.STORE_OUTAGE_SEC:g} s; the session goes on: "
+        f"resume its stream (GET /v1/streaming_input/sessions/{session_id}/events) with Last-Event-ID",
+        resumable=True)

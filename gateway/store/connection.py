@@ -1,8 +1,11 @@
-"""Open the Redis client: a real server when configured, fakeredis otherwise."""
+"""Open the Redis client: a real server when configured, fakeredis otherwise; which of its
+errors mean "Redis cannot serve now", and how long callers wait that out."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -128,6 +131,54 @@ RETRY_DELAYS_SEC = (0.05, 0.1, 0.2, 0.5, 1.0)
 def retry_delay(attempt: int) -> float:
     """The wait after try number ``attempt`` (from 0) failed: growing, then a second each."""
     return RETRY_DELAYS_SEC[min(attempt, len(RETRY_DELAYS_SEC) - 1)]
+
+
+#: How long a stream a client is reading rides out a store that cannot serve before it gives
+#: up and tells its client (an SSE answer, an upload's records). Long enough for what Redis going
+#: away and coming back looks like in production: a graceful restart that replays its AOF
+#: (seconds: the rolling-deploy probe saw 3 s down), a Sentinel failover (the chart's
+#: down-after of 5 s, then the election and the clients finding the new primary), CLUSTERDOWN
+#: while a node fails over. Runners ride out the same outage, and past their lease (10 s)
+#: another replica goes on with the session, so a stream held this long sees the answer go on.
+#: Short against the session's own life (``session_timeout_sec``, 300 s): a Redis down longer
+#: is an outage the client should hear of, with its own bounded retries after (the stream's
+#: end says how to resume). Meanwhile a stream costs a task and a socket, no Redis
+#: connection, and its keep-alive goes on, so proxies keep it open.
+STORE_OUTAGE_SEC = 30.0
+
+
+class StoreOutage:
+    """The store calls of one long-lived request (a stream a client reads), through an outage.
+
+    A call that fails with ``StoreUnavailable`` calls ``failed``: it waits
+    (``retry_delay``) for the next try, until ``STORE_OUTAGE_SEC`` have passed
+    since the first failure that nothing served after; then it raises the
+    error. Only for calls safe to repeat (reads; appends, deduplicated by
+    their sequence id).
+    """
+
+    def __init__(self, what: str) -> None:
+        #: For the log: whose calls these are ("session <id>: stream").
+        self._what = what
+        #: When the calls started failing (``time.monotonic``); None while the store serves.
+        self._since: float | None = None
+        self._failures = 0
+
+    def served(self) -> None:
+        """A call showed the store serving: the next failure starts a new outage."""
+        self._since, self._failures = None, 0
+
+    async def failed(self, error: StoreUnavailable) -> None:
+        """Wait before the next try; ``error`` is raised instead once the outage has lasted too long."""
+        now = time.monotonic()
+        if self._since is None:
+            self._since = now
+            logger.warning("%s: the store cannot serve; trying again for up to %g s", self._what, STORE_OUTAGE_SEC)
+        elif now - self._since >= STORE_OUTAGE_SEC:
+            logger.warning("%s: the store could not serve for %.0f s; giving up", self._what, now - self._since)
+            raise error
+        await asyncio.sleep(retry_delay(self._failures))
+        self._failures += 1
 
 
 #: Errors that mean "Redis cannot serve now" rather than "this call is wrong":

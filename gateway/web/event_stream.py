@@ -21,9 +21,11 @@ rest:
 - **the client left** (``http.disconnect``): the stream ends;
 - **the server is stopping** (``Draining``): the stream goes on for the
   grace period, most answers reach ``[DONE]``; one still open then ends with
-  an ``error`` event (``replica_stopping``, no ``id``), so no client takes
-  the end for a complete answer: it resumes the session's stream with
-  ``Last-Event-ID`` from another replica, where the session goes on.
+  an ``error`` event (``replica_stopping``, ``resumable``, no ``id``), so no
+  client takes the end for a complete answer: it resumes the session's stream
+  with ``Last-Event-ID`` from another replica, where the session goes on;
+- **the store is away** (Redis restarting): nothing here; the events wait it
+  out (gateway/output/sse.py) while the keep-alive goes on.
 
 However it ends, the events' generator is closed, so its ``finally`` runs
 (a subscription is left, an abandoned chat is cancelled).
@@ -120,7 +122,8 @@ class EventStream(Response):
         if not self._finished and self._draining.closing.is_set():
             # The server is stopping before the answer ended: say so, then end. A bare end
             # would read as a complete answer (OpenAI's SDKs take it so).
-            stopping = errors.ReplicaStopping(f"this replica is stopping before the answer ended; {self._when_stopped}")
+            stopping = errors.ReplicaStopping(f"this replica is stopping before the answer ended; {self._when_stopped}",
+                                              resumable=True)
             with anyio.move_on_after(1):
                 await send({"type": "http.response.body", "more_body": True,
                             "body": FrameEvent(data=stopping.envelope_json(), event="error").encode()})

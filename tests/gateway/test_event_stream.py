@@ -140,7 +140,7 @@ async def test_a_stopping_server_ends_an_unfinished_stream_with_an_error_after_i
     assert client.body.count(b"data: frame") == 2
     # Never a bare end, which a client takes for a complete answer: an explicit error, then the end.
     tail = client.body.rsplit(b"data: frame", 1)[1]
-    assert b"event: error" in tail and b"replica_stopping" in tail
+    assert b"event: error" in tail and b"replica_stopping" in tail and b'"resumable": true' in tail
     assert client.ended
     assert events.cleaned_up
 

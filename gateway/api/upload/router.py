@@ -9,7 +9,9 @@ that streams a request body). The response is the session's SSE stream; its
 id comes first, in the ``X-Session-Id`` header, so an upload that breaks off
 leaves a session that Mode B calls continue (``GET .../{id}`` says which
 sequence id comes next). A record the session refuses ends the stream with
-an ``error`` event naming the line; the session stays as it was.
+an ``error`` event naming the line; the session stays as it was. A store
+that cannot serve is not a refusal: the record is appended again, for as
+long as the answer's stream waits for the store too (``STORE_OUTAGE_SEC``).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from gateway.output.sse import FrameEvent
 from gateway.service.models import ChunkIn, CreateSessionRequest
 from gateway.service.sessions import SessionService
 from gateway.settings import Settings
+from gateway.store.connection import StoreOutage
 from gateway.web.event_stream import EVENT_STREAM_CONTENT, EventStream
 from gateway.web.resources import get_identity, get_resources, get_service, get_settings
 from gateway.web.validation import validation_error
@@ -82,6 +85,7 @@ class _UploadResponse(Response):
         super().__init__()
         self._service, self._identity, self._session_id = service, identity, session_id
         self._reader, self._settings, self._draining = reader, settings, draining
+        self._outage = StoreOutage(f"session {session_id}: upload")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         disconnected = asyncio.Event()
@@ -126,7 +130,15 @@ class _UploadResponse(Response):
             raise error from exc
         try:
             record = record_from_json(chunk, self._settings.max_chunk_bytes)
-            await self._service.append(self._identity, self._session_id, record)
+            while True:
+                try:
+                    await self._service.append(self._identity, self._session_id, record)
+                    break
+                except errors.StoreUnavailable as exc:
+                    # As a client of the sessions API would: the same record again (stored
+                    # once), while the answer's stream waits the same outage out.
+                    await self._outage.failed(exc)
+            self._outage.served()
         except errors.GatewayError as exc:
             exc.param = f"{where}: {exc.param}" if exc.param else where
             raise
