@@ -8,7 +8,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from omni_adapter.port import Capabilities, Engine, RequestChecks, SamplingOptions
+from omni_adapter.port import (
+    Capabilities,
+    Engine,
+    EngineRequest,
+    PromptCounter,
+    RequestChecks,
+    SamplingOptions,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -95,6 +102,38 @@ async def open_request_checks(choice: EngineChoice, capabilities: Capabilities,
     except Exception as exc:  # a template that cannot render a function, say: the checks still work
         logger.warning("request checks: the warm-up check failed (%s); the first request loads what it needs", exc)
     return checks
+
+
+class CheckedCounter:
+    """The engine's checks as its prompt counter: they tokenize, so in a worker thread."""
+
+    def __init__(self, checks: RequestChecks) -> None:
+        self._checks = checks
+
+    @property
+    def max_input_tokens(self) -> int:
+        return self._checks.max_input_tokens
+
+    async def prompt_tokens(self, request: EngineRequest) -> int:
+        return await asyncio.to_thread(self._checks.check_request, request)
+
+    async def aclose(self) -> None:
+        return None
+
+
+async def open_prompt_counter(choice: EngineChoice, checks: RequestChecks | None) -> PromptCounter | None:
+    """How a process counts prompts as its engine does: by the engine's checks where it has them
+    (its tokenizer); in front of an ``openai-http`` sidecar, by the sidecar (vLLM's ``/tokenize``),
+    in every process of a replica, the API workers too; else ``None``: nothing is counted."""
+    if checks is not None:
+        return CheckedCounter(checks)
+    if choice.kind != "openai-http" or not choice.engine_url:
+        return None
+    from omni_adapter.http_engine import HttpEngineConfig, open_sidecar_counter
+
+    return await open_sidecar_counter(HttpEngineConfig(
+        base_url=choice.engine_url, timeout_sec=choice.engine_timeout_sec,
+        start_timeout_sec=choice.engine_start_timeout_sec))
 
 
 async def preload_tokenizer(choice: EngineChoice) -> Any:

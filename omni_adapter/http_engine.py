@@ -17,6 +17,10 @@ and enough new input arrived. The final request waits for a warm-up already on
 the wire (its blocks are cached only once computed) and cancels one not sent
 yet, so a session whose input arrives all at once (``on_end_only``) never warms.
 
+The sidecar counts prompts for the gateway too (``SidecarCounter``: its ``/tokenize``
+and its ``max_model_len``), so a Realtime history is trimmed to what it will take; a
+server without them (not vLLM) is run as before, uncounted.
+
 Errors are translated here, like httpx's own ``map_httpcore_exceptions``:
 timeouts, refused or dropped connections and 5xx become ``engine_unavailable``
 (or ``engine_overloaded`` for 429), a prompt past the context ``context_length_exceeded``,
@@ -100,12 +104,9 @@ async def open_http_engine(
     """
     own_client = client is None
     if client is None:
-        client = httpx.AsyncClient(
-            base_url=config.base_url,
-            timeout=httpx.Timeout(config.timeout_sec, connect=config.connect_timeout_sec),
-        )
+        client = _new_client(config)
     try:
-        names = await _wait_for_models(client, config.start_timeout_sec)
+        names = tuple(card["id"] for card in await _wait_for_models(client, config.start_timeout_sec))
     except BaseException:
         if own_client:
             await client.aclose()
@@ -114,17 +115,22 @@ async def open_http_engine(
     return HttpEngine(client, config, names, own_client=own_client)
 
 
-async def _wait_for_models(client: httpx.AsyncClient, timeout_sec: float) -> tuple[str, ...]:
-    """The model names of ``/v1/models``, once the engine answers."""
+def _new_client(config: HttpEngineConfig) -> httpx.AsyncClient:
+    return httpx.AsyncClient(base_url=config.base_url,
+                             timeout=httpx.Timeout(config.timeout_sec, connect=config.connect_timeout_sec))
+
+
+async def _wait_for_models(client: httpx.AsyncClient, timeout_sec: float) -> list[dict[str, Any]]:
+    """The model cards of ``/v1/models`` (at least one, each with its ``id``), once the engine answers."""
     deadline = time.monotonic() + timeout_sec
     while True:
         try:
             response = await client.get("/v1/models")
             if response.status_code < 500:
                 response.raise_for_status()
-                names = tuple(model["id"] for model in response.json()["data"])
-                if names:
-                    return names
+                cards: list[dict[str, Any]] = list(response.json()["data"])
+                if [card["id"] for card in cards]:  # (a card without one: unusable)
+                    return cards
             problem = f"HTTP {response.status_code}"
         except httpx.TransportError as exc:
             problem = f"{type(exc).__name__}: {exc}"
@@ -408,26 +414,7 @@ class HttpSession:
         if request.raw_prompt:
             assert isinstance(content, str)  # feed takes only text for it
             return self._sampled({"model": request.model, "prompt": content + request.assistant_prefix}, warm=warm)
-        # The input is whose it is: the user's words, a function's result, or a system note.
-        streamed: dict[str, Any] = {"role": request.input_role, "content": content}
-        if request.input_tool_call_id is not None:
-            streamed["tool_call_id"] = request.input_tool_call_id
-        messages = [*request.messages, streamed]
-        body: dict[str, Any] = {"model": request.model, "messages": messages}
-        if request.chat_template_kwargs:  # the sidecar passes those its template reads
-            body["chat_template_kwargs"] = request.chat_template_kwargs
-        if not request.add_generation_prompt:
-            body["add_generation_prompt"] = False
-        if request.continue_final_message:
-            # The input is left open; an answer so far (a hand-off) goes on from it.
-            assert isinstance(content, str)  # feed takes only text for it
-            streamed["content"] = content + request.assistant_prefix
-            body.update(add_generation_prompt=False, continue_final_message=True)
-        elif request.assistant_prefix:
-            messages.append({"role": "assistant", "content": request.assistant_prefix})
-            # vLLM's extension: render the last message open, so the answer continues it.
-            body.update(add_generation_prompt=False, continue_final_message=True)
-        return self._sampled(body, warm=warm)
+        return self._sampled(chat_request(request, content), warm=warm)
 
     def _sampled(self, body: dict[str, Any], *, warm: bool) -> dict[str, Any]:
         """``body`` as a warm-up (prefill only) or as the answer's request."""
@@ -451,6 +438,111 @@ class HttpSession:
 
     def _fail(self, error: EngineError) -> None:
         self._events.fail(error)
+
+
+def chat_request(request: EngineRequest, content: str | list[dict[str, Any]]) -> dict[str, Any]:
+    """The chat request's prompt (no sampling): the history, the streamed input as whose it is,
+    the answer so far left open. What a session sends, and what the counter has the sidecar count."""
+    # The input is whose it is: the user's words, a function's result, or a system note.
+    streamed: dict[str, Any] = {"role": request.input_role, "content": content}
+    if request.input_tool_call_id is not None:
+        streamed["tool_call_id"] = request.input_tool_call_id
+    messages = [*request.messages, streamed]
+    body: dict[str, Any] = {"model": request.model, "messages": messages}
+    if request.chat_template_kwargs:  # the sidecar passes those its template reads
+        body["chat_template_kwargs"] = request.chat_template_kwargs
+    if not request.add_generation_prompt:
+        body["add_generation_prompt"] = False
+    if request.continue_final_message:
+        # The input is left open; an answer so far (a hand-off) goes on from it.
+        assert isinstance(content, str)  # feed takes only text for it
+        streamed["content"] = content + request.assistant_prefix
+        body.update(add_generation_prompt=False, continue_final_message=True)
+    elif request.assistant_prefix:
+        messages.append({"role": "assistant", "content": request.assistant_prefix})
+        # vLLM's extension: render the last message open, so the answer continues it.
+        body.update(add_generation_prompt=False, continue_final_message=True)
+    return body
+
+
+class SidecarCounter:
+    """A prompt's tokens as the sidecar counts them: vLLM's ``/tokenize`` of the chat request a
+    session would send with no input yet (the sidecar's own template, its generation prompt), so
+    a Realtime history is trimmed to what the sidecar will take. Its context is ``/v1/models``'
+    ``max_model_len``. Any process of a replica opens one (an API worker has no engine)."""
+
+    def __init__(self, client: httpx.AsyncClient, served: Sequence[str], max_model_len: int, *,
+                 own_client: bool = False) -> None:
+        self._client = client
+        self._served = tuple(served)
+        self._max_model_len = max_model_len
+        self._own_client = own_client
+
+    @property
+    def max_input_tokens(self) -> int:
+        return self._max_model_len - 1
+
+    async def prompt_tokens(self, request: EngineRequest) -> int:
+        model = request.model if request.model in self._served else self._served[0]
+        # The prompt before the input, as ``RequestChecks.check_request`` counts it: no answer so far.
+        body = chat_request(replace(request, model=model, assistant_prefix=""), "")
+        try:
+            response = await self._client.post(TOKENIZE_PATH, json=body)
+        except httpx.HTTPError as exc:
+            raise EngineUnavailableError(f"the engine did not count the prompt ({type(exc).__name__})") from exc
+        if response.status_code == 200:
+            try:
+                return int(response.json()["count"])
+            except (ValueError, KeyError, TypeError) as exc:
+                raise EngineUnavailableError(f"the engine's /tokenize answer is unusable: {exc}") from exc
+        error = _error_from_response(response)
+        if error.code in ("invalid_request", "context_length_exceeded"):
+            raise EngineRejectedError(error.message)
+        raise EngineUnavailableError(f"the engine did not count the prompt: {error.message}")
+
+    async def aclose(self) -> None:
+        if self._own_client:
+            await self._client.aclose()
+
+
+async def open_sidecar_counter(config: HttpEngineConfig,
+                               client: httpx.AsyncClient | None = None) -> SidecarCounter | None:
+    """The sidecar's counter, once it serves (up to ``start_timeout_sec``); ``None``, with one
+    warning, from a server that cannot count (no ``max_model_len`` in its model cards, no
+    ``/tokenize``: not vLLM): then nothing is counted before it runs a request, as before.
+
+    Pass ``client`` to share one (tests pass a transport); it is then not closed here.
+    """
+    own_client = client is None
+    if client is None:
+        client = _new_client(config)
+    counter = None
+    try:
+        counter = await _probed_counter(client, config.start_timeout_sec, own_client)
+    finally:
+        if counter is None and own_client:
+            await client.aclose()
+    return counter
+
+
+async def _probed_counter(client: httpx.AsyncClient, timeout_sec: float, own_client: bool) -> SidecarCounter | None:
+    cannot = "prompts are not counted before it runs them (a Realtime history is not trimmed)"
+    try:
+        cards = await _wait_for_models(client, timeout_sec)
+    except EngineUnavailableError as exc:
+        logger.warning("openai-http engine: %s; %s", exc, cannot)
+        return None
+    context = cards[0].get("max_model_len")
+    if not isinstance(context, int) or context < 2:
+        logger.warning("openai-http engine: its /v1/models names no max_model_len; %s", cannot)
+        return None
+    counter = SidecarCounter(client, [card["id"] for card in cards], context, own_client=own_client)
+    try:
+        await counter.prompt_tokens(EngineRequest("probe", cards[0]["id"], (), SamplingOptions()))
+    except (EngineRejectedError, EngineUnavailableError) as exc:
+        logger.warning("openai-http engine: it does not count a prompt (%s: %s); %s", TOKENIZE_PATH, exc, cannot)
+        return None
+    return counter
 
 
 class UserContent:

@@ -322,6 +322,30 @@ class RequestChecks(Protocol):
         ...
 
 
+@runtime_checkable
+class PromptCounter(Protocol):
+    """How big a prompt is, as the engine counts it (optional): what a Realtime history is
+    trimmed by, and the context ``/v1/models`` reports.
+
+    Async, unlike ``RequestChecks``: the engine's checks count in a worker thread
+    (``factory.CheckedCounter``), a ``vllm serve`` sidecar counts with its own ``/tokenize``,
+    from any process of a replica. An engine that can do neither has none.
+    """
+
+    @property
+    def max_input_tokens(self) -> int:
+        """The most prompt tokens a request may take (room left for one token)."""
+        ...
+
+    async def prompt_tokens(self, request: EngineRequest) -> int:
+        """The prompt tokens ``request`` takes before any streamed input (template, history).
+        EngineRejectedError for a request the engine would refuse; EngineUnavailableError when
+        the engine cannot be asked now."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
 class EngineUnavailableError(Exception):
     """The engine cannot take work right now (dead, starting, unreachable)."""
 

@@ -35,7 +35,7 @@ class VllmSidecar:
     def __init__(self, port: int | None = None, max_model_len: int = 2048) -> None:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self._max_model_len = max_model_len
+        self.max_model_len = max_model_len
         self._proc: subprocess.Popen[bytes] | None = None
         #: Answered its health check once: its start no longer takes the cores.
         self.has_been_ready = False
@@ -55,7 +55,7 @@ class VllmSidecar:
             sys.executable, "-m", "vllm.entrypoints.openai.api_server",
             "--model", str(ensure_default_model()), "--served-model-name", SERVED_NAME,
             "--host", "127.0.0.1", "--port", str(self.port), "--dtype", "float32",
-            "--max-model-len", str(self._max_model_len), "--enable-prefix-caching",
+            "--max-model-len", str(self.max_model_len), "--enable-prefix-caching",
             "--enable-prompt-tokens-details", "--block-size", str(BLOCK_SIZE),
             "--enforce-eager", "--seed", "0",
         ]

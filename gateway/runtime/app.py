@@ -46,7 +46,13 @@ from gateway.work.engine_death import watch_engine
 from gateway.work.pool import RunnerPool
 from gateway.work.runner import SessionRunner
 from gateway.work.tender import Tender
-from omni_adapter.factory import EngineChoice, open_engine, open_request_checks, preload_tokenizer
+from omni_adapter.factory import (
+    EngineChoice,
+    open_engine,
+    open_prompt_counter,
+    open_request_checks,
+    preload_tokenizer,
+)
 from omni_adapter.port import Engine, RequestChecks, SamplingOptions
 
 #: The answer headers a browser page on an allowed origin may read (beside CORS's safelisted
@@ -141,8 +147,11 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
                                                  settings.output_coalesce_ms / 1000, on_engine_dead=draining.fail),
                 # An API worker takes no engine work: what its calls start waits for the engine process.
                 capacity=0 if role == "api" else settings.max_engine_sessions, listening_cap=settings.listening_cap)
+            checks = await open_checks(active, preloading)
+            # Prompts counted as the engine counts them: by its checks, else a sidecar's /tokenize.
+            counter = await open_prompt_counter(choice, checks)
             service = SessionService(settings, store, active.capabilities, runners, metrics, draining,
-                                     await open_checks(active, preloading), admission.sheds_new_work)
+                                     checks, admission.sheds_new_work, counter)
             if isinstance(active, FrontEngine):
                 tender = asyncio.create_task(active.watch(), name="engine-watch")
             else:
@@ -177,6 +186,8 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
                 # had it too); a dead engine finishes nothing: its sessions go to other replicas at once.
                 await runners.aclose(0.0 if draining.failure else draining.grace_left())
                 await store.aclose()
+                if counter is not None:
+                    await counter.aclose()
                 if own_engine:
                     await active.aclose()
 

@@ -43,6 +43,8 @@ from omni_adapter.port import (
     Capabilities,
     EngineRejectedError,
     EngineRequest,
+    EngineUnavailableError,
+    PromptCounter,
     RequestChecks,
     SamplingOptions,
 )
@@ -69,7 +71,8 @@ class Replacement:
 class SessionService:
     def __init__(self, settings: Settings, store: SessionStore, capabilities: Capabilities,
                  runners: RunnerPool, metrics: Metrics, draining: Draining,
-                 checks: RequestChecks | None = None, sheds_new_work: Callable[[], bool] = lambda: False) -> None:
+                 checks: RequestChecks | None = None, sheds_new_work: Callable[[], bool] = lambda: False,
+                 counter: PromptCounter | None = None) -> None:
         self._settings = settings
         self._store = store
         self._capabilities = capabilities
@@ -78,6 +81,8 @@ class SessionService:
         self._draining = draining
         #: The engine's own checks, when it can make them before anything is stored.
         self._checks = checks
+        #: How big a prompt is, as the engine counts it (its checks', or a sidecar's own count).
+        self._counter = counter
         #: True while this process is too busy to start engine work (``web/middleware/admission.py``):
         #: work a call starts then waits in Redis for a tender with room, on any replica.
         self._sheds_new_work = sheds_new_work
@@ -115,20 +120,22 @@ class SessionService:
     @property
     def max_input_tokens(self) -> int | None:
         """The most prompt tokens a request may take; ``None`` when the engine cannot count."""
-        return None if self._checks is None else self._checks.max_input_tokens
+        return None if self._counter is None else self._counter.max_input_tokens
 
     async def prompt_tokens(self, messages: list[ChatMessage], tools: list[dict[str, Any]]) -> int:
         """The tokens ``messages`` take before a turn's input (template included), counted as the
-        engine counts them (a worker thread: it is tokenizing)."""
-        if self._checks is None:
+        engine counts them (by its tokenizer in a worker thread, or by the sidecar: a round trip)."""
+        if self._counter is None:
             return 0
         request = EngineRequest("count", self._capabilities.model_names[0],
                                 tuple(m.as_history() for m in messages), SamplingOptions(),
                                 tools=tuple(tools))
         try:
-            return await asyncio.to_thread(self._checks.check_request, request)
+            return await self._counter.prompt_tokens(request)
         except EngineRejectedError as exc:
             raise errors.ValidationFailed(str(exc)) from exc
+        except EngineUnavailableError as exc:
+            raise errors.EngineUnavailable(str(exc)) from exc
 
     def check_input_modality(self, chunk: ChunkRecord, param: str = "modality") -> None:
         """422 for input the engine cannot take, before anything is stored."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import logging
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
@@ -29,6 +30,7 @@ from omni_adapter.http_engine import (
     HttpSession,
     UserContent,
     open_http_engine,
+    open_sidecar_counter,
 )
 from omni_adapter.port import (
     AudioDelta,
@@ -319,6 +321,62 @@ async def test_the_requests_template_variables_go_to_the_sidecar() -> None:
         await collect(session.events())
         assert bodies[-1].get("chat_template_kwargs") == (kwargs or None)
     await engine.aclose()
+
+
+def counting_sidecar(cards: list[dict[str, Any]], tokenize: Callable[[dict[str, Any]], httpx.Response],
+                     ) -> httpx.AsyncClient:
+    """A client of a sidecar with these model cards, whose ``/tokenize`` answers as ``tokenize`` says."""
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json={"object": "list", "data": cards})
+        return tokenize(json.loads(request.content))
+
+    return httpx.AsyncClient(base_url="http://engine", transport=httpx.MockTransport(handler))
+
+
+async def test_a_sidecar_that_cannot_count_runs_uncounted_and_says_so_once(caplog: pytest.LogCaptureFixture) -> None:
+    """Not vLLM (no ``max_model_len`` in its cards, no ``/tokenize``): nothing is counted before it
+    runs a request, as before the counter; one warning at start, none per request."""
+    counted = httpx.Response(200, json={"count": 3, "max_model_len": 2048, "tokens": [1, 2, 3]})
+    for cards, tokenize in (([{"id": MODEL}], counted),
+                            ([{"id": MODEL, "max_model_len": 2048}], httpx.Response(404, json={"detail": "Not Found"}))):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="omni_adapter.http_engine"):
+            async with counting_sidecar(cards, lambda _, reply=tokenize: reply) as client:
+                assert await open_sidecar_counter(HttpEngineConfig(base_url="http://engine"), client) is None
+        assert [r.levelname for r in caplog.records] == ["WARNING"], caplog.text
+        assert "prompts are not counted" in caplog.text
+
+
+async def test_the_counter_has_the_sidecar_count_the_prompt_before_the_input() -> None:
+    """The chat request a session sends, with its input still empty (and no answer so far), under
+    the sidecar's own name; its refusals and failures in the port's terms."""
+    bodies: list[dict[str, Any]] = []
+    replies = iter([httpx.Response(200, json={"count": 5, "max_model_len": 2048, "tokens": [0] * 5}),
+                    httpx.Response(200, json={"count": 42, "max_model_len": 2048, "tokens": [0] * 42}),
+                    httpx.Response(400, json={"error": {"message": "bad template", "type": "BadRequestError",
+                                                        "code": 400}}),
+                    httpx.Response(503, json={"error": {"message": "busy", "code": 503}})])
+
+    def tokenize(body: dict[str, Any]) -> httpx.Response:
+        bodies.append(body)
+        return next(replies)
+
+    async with counting_sidecar([{"id": MODEL, "max_model_len": 2048}, {"id": "lora"}], tokenize) as client:
+        counter = await open_sidecar_counter(HttpEngineConfig(base_url="http://engine"), client)
+        assert counter is not None and counter.max_input_tokens == 2047
+        asked = replace(request(), model="an-alias", input_role="system", assistant_prefix="Half an ans",
+                        chat_template_kwargs={"enable_thinking": False})
+        assert await counter.prompt_tokens(asked) == 42
+        assert bodies[-1] == {"model": MODEL, "messages": [*asked.messages, {"role": "system", "content": ""}],
+                              "chat_template_kwargs": {"enable_thinking": False}}
+        with pytest.raises(EngineRejectedError, match="bad template"):
+            await counter.prompt_tokens(request())
+        with pytest.raises(EngineUnavailableError, match="busy"):
+            await counter.prompt_tokens(request())
+        await counter.aclose()  # a client it was given stays open
+        assert not client.is_closed
 
 
 def test_user_content_keeps_text_as_a_string_until_audio_arrives() -> None:

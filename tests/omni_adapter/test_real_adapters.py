@@ -3,20 +3,25 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from dataclasses import replace
 
 import pytest
 
+from omni_adapter.factory import EngineChoice, open_prompt_counter
 from omni_adapter.port import (
     Engine,
     EngineRejectedError,
     EngineRequest,
     Finished,
     InputChunk,
+    PromptCounter,
+    RequestChecks,
     SamplingOptions,
     TextDelta,
 )
-from tests.omni_adapter.sessions import MODEL, one_shot, request, text_chunks
+from omni_adapter.vllm_engine import VllmEngine
+from tests.omni_adapter.sessions import ALIAS, MODEL, one_shot, request, text_chunks
 
 pytestmark = pytest.mark.engine
 
@@ -115,3 +120,38 @@ async def test_the_answer_so_far_after_a_hand_off_counts_as_the_answers(real_eng
     everything_said = replace(request(max_tokens=2), assistant_prefix="The sky is")
     text, end = await one_shot(real_engine, everything_said, QUESTION)
     assert isinstance(end, Finished) and end.finish_reason == "length" and len(text.split()) <= 1, (text, end)
+
+
+
+@pytest.fixture
+async def counter(real_engine: Engine, request: pytest.FixtureRequest) -> AsyncIterator[tuple[PromptCounter, int]]:
+    """The adapter's prompt counter as a process opens it (``open_prompt_counter``), and its context."""
+    if isinstance(real_engine, RequestChecks):
+        opened = await open_prompt_counter(EngineChoice(kind="vllm"), real_engine)
+        context = real_engine.max_input_tokens + 1
+    else:  # an API worker has no engine: it opens the sidecar's counter from the settings
+        sidecar = request.getfixturevalue("vllm_sidecar")
+        opened = await open_prompt_counter(EngineChoice(kind="openai-http", engine_url=sidecar.url), None)
+        context = sidecar.max_model_len
+    assert isinstance(opened, PromptCounter)
+    try:
+        yield opened, context
+    finally:
+        await opened.aclose()
+
+
+async def test_the_prompt_counter_counts_as_the_in_process_engine(counter: tuple[PromptCounter, int],
+                                                                    vllm_engine: VllmEngine) -> None:
+    """Every process counts a prompt (a Realtime history's trim) as its engine will take it: by the
+    engine's checks in process, by the sidecar's /tokenize in front of it; both count alike."""
+    counts, context = counter
+    assert counts.max_input_tokens == context - 1
+    turns = tuple({"role": role, "content": f"Turn {n}: {'name a fruit' if role == 'user' else 'A pear.'}"}
+                  for n in range(12) for role in ("user", "assistant"))
+    counted = []
+    for req in (request(history=()), request(), request(history=(*request().messages, *turns)),
+                replace(request(), input_role="system"), replace(request(), model=ALIAS)):
+        tokens = await counts.prompt_tokens(req)
+        assert tokens == vllm_engine.check_request(replace(req, model=MODEL)) > 0, req
+        counted.append(tokens)
+    assert counted[2] > counted[1] + 12 * 8, "the history counts"
