@@ -114,7 +114,7 @@ class ToolCallParser:
         self._parallel = parallel
         #: A named function: OpenAI's finish reason stays ``stop``.
         self.named = isinstance(tool_choice, Mapping)
-        self._held = _CallStart()
+        self._held = CallStart()
 
     @property
     def structured_outputs(self) -> StructuredOutputsParams | None:
@@ -166,14 +166,15 @@ class ToolCallParser:
 CALL_OPENERS = ("<tool_call>", "[TOOL_CALLS]")
 
 
-class _CallStart:
+class CallStart:
     """Content that may be the start of a call, held back until it is known to be or not to be.
 
     vLLM's streaming parsers tell a call's opening tag as content until it is whole (SmolLM2
     writes ``<tool_call>`` in five tokens: ``<``, ``tool``, ``_``, ``call``, ``>``), and the
     ``xlam`` parser the text after a tag that follows words until ``"arguments"`` shows. Its
     non-streaming parse, which ``vllm serve`` uses for a whole answer, leaves both out of the
-    content: so do these answers, streamed or not.
+    content: so do these answers, streamed or not. ``vllm serve`` streams with the same parser,
+    so the ``openai-http`` adapter holds the sidecar's content back with this too.
     """
 
     def __init__(self) -> None:
