@@ -21,8 +21,9 @@ Function calling is the sidecar's own (``tools``, ``tool_choice``, ``parallel_to
 sent as they are; its ``delta.tool_calls`` relayed): ``auto`` needs it started with
 ``--enable-auto-tool-choice --tool-call-parser <parser>``, ``required`` and a named function
 do not. As in process, a template that ignores ``tools`` (SmolLM2's) has them told in the
-system prompt (``ToolTemplate`` asks the sidecar's ``/tokenize`` once), and the start of a
-call that vLLM's streaming parser tells as content is held back (``CallStart``).
+system prompt (``ToolTemplate`` asks the sidecar's ``/tokenize`` once), and its answer goes
+through the in-process ``CallRelay``: the start of a call that vLLM's streaming parser tells
+as content is held back, calls to undeclared functions are left out.
 
 The sidecar counts prompts for the gateway too (``SidecarCounter``: its ``/tokenize``
 and its ``max_model_len``), so a Realtime history is trimmed to what it will take; a
@@ -70,7 +71,7 @@ from omni_adapter.port import (
     Usage,
 )
 from omni_adapter.session_events import SessionEvents, check_servable
-from omni_adapter.tool_calls import CallStart, calls_tools, conversation
+from omni_adapter.tool_calls import CallRelay, calls_tools, conversation
 
 logger = logging.getLogger(__name__)
 
@@ -227,8 +228,9 @@ class HttpSession:
         self._client = client
         self._request = request
         self._template = template or ToolTemplate(client, request.model)
-        #: The answer's content, held while it may be a call's start (only when it may call).
-        self._held = CallStart() if calls_tools(request.tools, request.tool_choice) else None
+        #: The answer's content and calls, as in process (only when it may call).
+        self._calls = CallRelay(request.tools, parallel=request.parallel_tool_calls) \
+            if calls_tools(request.tools, request.tool_choice) else None
         self._accepted = accepted
         self._warmup_enabled = warmup
         self._content = UserContent()
@@ -357,8 +359,11 @@ class HttpSession:
             data = line[len("data:"):].strip()
             if data == "[DONE]":
                 finish = _FINISH_REASONS.get(reason or "")
-                if self._held is not None and (held := self._held.release()):
-                    self._events.emit(TextDelta(held))  # it was not a call after all
+                if self._calls is not None:
+                    for event in self._calls.events("", (), finished=True):
+                        self._events.emit(event)  # what was held was not a call after all
+                    if finish == "tool_calls" and not self._calls.called:
+                        finish = "stop"  # its only calls were left out
                 if finish is None:
                     self._fail(EngineError(f"generation failed ({reason or 'no finish reason'})"))
                 else:
@@ -415,18 +420,19 @@ class HttpSession:
         return reason
 
     def _on_text(self, content: str, logprobs: dict[str, Any] | None, calls: Sequence[dict[str, Any]]) -> None:
-        """The content (less a call's start, held until it is known) and the pieces of calls."""
-        if self._held is not None:
-            content = self._held.content(content)
-            if calls:
-                self._held.drop()  # what was held was the call's start
+        """The content and the pieces of calls, through the ``CallRelay`` when it may call."""
+        pieces: list[TextDelta | ToolCallDelta] = []
+        if self._calls is not None:
+            pieces = self._calls.events(content, [ToolCallDelta(
+                call.get("index") or 0, call.get("id"), (call.get("function") or {}).get("name"),
+                (call.get("function") or {}).get("arguments") or "") for call in calls], finished=False)
+            content = "".join(piece.text for piece in pieces if isinstance(piece, TextDelta))
         if content or not self._answer_started or logprobs:
             # The first chunk (vLLM's role chunk: no content) says the answer began.
             self._events.emit(TextDelta(content, self._logprobs_of(logprobs)))
-        for call in calls:
-            function = call.get("function") or {}
-            self._events.emit(ToolCallDelta(call.get("index") or 0, call.get("id"), function.get("name"),
-                                            function.get("arguments") or ""))
+        for piece in pieces:
+            if isinstance(piece, ToolCallDelta):
+                self._events.emit(piece)
 
     def _logprobs_of(self, given: dict[str, Any] | None) -> tuple[TokenLogprob, ...]:
         """A chunk's log probabilities (chat's ``content`` list, or the completions' columns)."""

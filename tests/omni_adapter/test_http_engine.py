@@ -412,6 +412,19 @@ def refusing_sidecar(refusal: str) -> HttpEngine:
 NO_AUTO_TOOLS = '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
 
 
+async def test_a_sidecars_call_to_an_undeclared_function_is_left_out_as_in_process() -> None:
+    made_up = sse(delta(""), delta(calls=[{"index": 0, "id": "call_1", "type": "function", "function": {
+        "name": "capital", "arguments": '{"country": "France"}'}}]), delta(calls=[], finish="tool_calls"), "[DONE]")
+    engine, _ = calling_sidecar(made_up, renders_tools=True)
+    session = engine.open_session(replace(request(), tools=(WEATHER,)))
+    await session.feed(text_chunks(b"Capital of France?", 64))
+    await session.end_input()
+    events = [e async for e in session.events()]
+    await engine.aclose()
+    assert not [e for e in events if isinstance(e, ToolCallDelta)]
+    assert isinstance(events[-1], Finished) and events[-1].finish_reason == "stop", "no call: OpenAI's stop"
+
+
 async def test_a_sidecars_refusal_of_tools_is_an_invalid_request_in_its_words() -> None:
     engine = refusing_sidecar(NO_AUTO_TOOLS)
     _, end = await one_shot(engine, replace(request(), tools=(WEATHER,)), "x")
