@@ -17,6 +17,14 @@ and enough new input arrived. The final request waits for a warm-up already on
 the wire (its blocks are cached only once computed) and cancels one not sent
 yet, so a session whose input arrives all at once (``on_end_only``) never warms.
 
+Function calling is the sidecar's own (``tools``, ``tool_choice``, ``parallel_tool_calls``
+sent as they are; its ``delta.tool_calls`` relayed): ``auto`` needs it started with
+``--enable-auto-tool-choice --tool-call-parser <parser>``, ``required`` and a named function
+do not. As in process, a template that ignores ``tools`` (SmolLM2's) has them told in the
+system prompt (``ToolTemplate`` asks the sidecar's ``/tokenize`` once), and its answer goes
+through the in-process ``CallRelay``: the start of a call that vLLM's streaming parser tells
+as content is held back, calls to undeclared functions are left out.
+
 The sidecar counts prompts for the gateway too (``SidecarCounter``: its ``/tokenize``
 and its ``max_model_len``), so a Realtime history is trimmed to what it will take; a
 server without them (not vLLM) is run as before, uncounted.
@@ -59,9 +67,11 @@ from omni_adapter.port import (
     SamplingOptions,
     TextDelta,
     TokenLogprob,
+    ToolCallDelta,
     Usage,
 )
 from omni_adapter.session_events import SessionEvents, check_servable
+from omni_adapter.tool_calls import CallRelay, calls_tools, conversation
 
 logger = logging.getLogger(__name__)
 
@@ -168,7 +178,9 @@ class HttpEngine:
             structured_outputs=True,  # vLLM's server takes response_format
             raw_prompt=True,  # and serves /v1/completions
             logprobs=True,
+            tools=True,  # vLLM's server calls functions (auto: with its tool-call parser)
         )
+        self._template = ToolTemplate(client, self._served[0])
 
     def open_session(self, request: EngineRequest) -> HttpSession:
         if self._closed:
@@ -177,7 +189,7 @@ class HttpEngine:
         request = replace(request, model=request.model if request.model in self._served else self._served[0],
                           sampling=request.sampling.or_defaults(self._config.sampling_overrides))
         session = HttpSession(self._client, request, self.capabilities.input_modalities,
-                              warmup=self._config.warmup)
+                              warmup=self._config.warmup, template=self._template)
         self._sessions.add(session)
         return session
 
@@ -211,9 +223,14 @@ class HttpSession:
         accepted: frozenset[str],
         *,
         warmup: bool,
+        template: ToolTemplate | None = None,
     ) -> None:
         self._client = client
         self._request = request
+        self._template = template or ToolTemplate(client, request.model)
+        #: The answer's content and calls, as in process (only when it may call).
+        self._calls = CallRelay(request.tools, parallel=request.parallel_tool_calls) \
+            if calls_tools(request.tools, request.tool_choice) else None
         self._accepted = accepted
         self._warmup_enabled = warmup
         self._content = UserContent()
@@ -287,13 +304,18 @@ class HttpSession:
             return
         self._warmed_bytes = size
         self._warmup_on_wire = False
-        body = self._body(self._content.render(), warm=True)
+        content = self._content.render()
         self._warmup = asyncio.get_running_loop().create_task(
-            self._send_warmup(body), name=f"http-warmup-{self._request.request_id}")
+            self._send_warmup(content), name=f"http-warmup-{self._request.request_id}")
         self._warmup.add_done_callback(self._maybe_warm)
 
-    async def _send_warmup(self, body: dict[str, Any]) -> None:
+    async def _send_warmup(self, content: str | list[dict[str, Any]]) -> None:
         """Best effort: a failed warm-up only costs the cache hit."""
+        try:
+            body = await self._body(content, warm=True)
+        except httpx.HTTPError as exc:
+            logger.debug("session %s: warm-up failed: %r", self._request.request_id, exc)
+            return
         self._warmup_on_wire = True
         self.warmups_sent += 1
         try:
@@ -310,9 +332,9 @@ class HttpSession:
     async def _run_answer(self) -> None:
         if self._warmup is not None:
             await asyncio.wait([self._warmup])
-        body = self._body(self._content.render(), warm=False)
         try:
             with _engine_errors():
+                body = await self._body(self._content.render(), warm=False)
                 if self._request.assistant_prefix:
                     self._emitted = await self._tokens_of(self._request.assistant_prefix)
                     if "max_tokens" in body:
@@ -337,6 +359,11 @@ class HttpSession:
             data = line[len("data:"):].strip()
             if data == "[DONE]":
                 finish = _FINISH_REASONS.get(reason or "")
+                if self._calls is not None:
+                    for event in self._calls.events("", (), finished=True):
+                        self._events.emit(event)  # what was held was not a call after all
+                    if finish == "tool_calls" and not self._calls.called:
+                        finish = "stop"  # its only calls were left out
                 if finish is None:
                     self._fail(EngineError(f"generation failed ({reason or 'no finish reason'})"))
                 else:
@@ -383,15 +410,29 @@ class HttpSession:
                 if content:
                     rate = (choice.get("audio_metadata") or {}).get("sample_rate_hz")
                     self._events.emit(AudioDelta(base64.b64decode(content), rate or OPENAI_PCM16_RATE))
-            elif content or not self._answer_started or choice.get("logprobs"):
-                # The first chunk (vLLM's role chunk: no content) says the answer began.
-                self._events.emit(TextDelta(content or "", self._logprobs_of(choice.get("logprobs"))))
+            else:
+                self._on_text(content or "", choice.get("logprobs"), delta.get("tool_calls") or ())
             self._answer_started = True
             if (audio := delta.get("audio")) and audio.get("data"):
                 self._events.emit(AudioDelta(base64.b64decode(audio["data"]), OPENAI_PCM16_RATE,
                                     transcript=audio.get("transcript") or ""))
             reason = choice.get("finish_reason") or reason
         return reason
+
+    def _on_text(self, content: str, logprobs: dict[str, Any] | None, calls: Sequence[dict[str, Any]]) -> None:
+        """The content and the pieces of calls, through the ``CallRelay`` when it may call."""
+        pieces: list[TextDelta | ToolCallDelta] = []
+        if self._calls is not None:
+            pieces = self._calls.events(content, [ToolCallDelta(
+                call.get("index") or 0, call.get("id"), (call.get("function") or {}).get("name"),
+                (call.get("function") or {}).get("arguments") or "") for call in calls], finished=False)
+            content = "".join(piece.text for piece in pieces if isinstance(piece, TextDelta))
+        if content or not self._answer_started or logprobs:
+            # The first chunk (vLLM's role chunk: no content) says the answer began.
+            self._events.emit(TextDelta(content, self._logprobs_of(logprobs)))
+        for piece in pieces:
+            if isinstance(piece, ToolCallDelta):
+                self._events.emit(piece)
 
     def _logprobs_of(self, given: dict[str, Any] | None) -> tuple[TokenLogprob, ...]:
         """A chunk's log probabilities (chat's ``content`` list, or the completions' columns)."""
@@ -409,12 +450,13 @@ class HttpSession:
     def _path(self) -> str:
         return COMPLETIONS_PATH if self._request.raw_prompt else CHAT_PATH
 
-    def _body(self, content: str | list[dict[str, Any]], *, warm: bool) -> dict[str, Any]:
+    async def _body(self, content: str | list[dict[str, Any]], *, warm: bool) -> dict[str, Any]:
         request = self._request
         if request.raw_prompt:
             assert isinstance(content, str)  # feed takes only text for it
             return self._sampled({"model": request.model, "prompt": content + request.assistant_prefix}, warm=warm)
-        return self._sampled(chat_request(request, content), warm=warm)
+        takes_tools = await self._template.takes_tools() if request.tools else True
+        return self._sampled(chat_request(request, content, takes_tools=takes_tools), warm=warm)
 
     def _sampled(self, body: dict[str, Any], *, warm: bool) -> dict[str, Any]:
         """``body`` as a warm-up (prefill only) or as the answer's request."""
@@ -440,15 +482,26 @@ class HttpSession:
         self._events.fail(error)
 
 
-def chat_request(request: EngineRequest, content: str | list[dict[str, Any]]) -> dict[str, Any]:
+def chat_request(request: EngineRequest, content: str | list[dict[str, Any]], *,
+                 takes_tools: bool = True) -> dict[str, Any]:
     """The chat request's prompt (no sampling): the history, the streamed input as whose it is,
-    the answer so far left open. What a session sends, and what the counter has the sidecar count."""
+    the answer so far left open, the functions it may call. What a session sends, and what the
+    counter has the sidecar count. ``takes_tools``: the sidecar's template renders ``tools``
+    (else they are told in the system prompt, as in process: ``conversation``)."""
     # The input is whose it is: the user's words, a function's result, or a system note.
     streamed: dict[str, Any] = {"role": request.input_role, "content": content}
     if request.input_tool_call_id is not None:
         streamed["tool_call_id"] = request.input_tool_call_id
-    messages = [*request.messages, streamed]
+    history = [dict(m) for m in request.messages]
+    if request.tools:
+        history, _ = conversation(request.messages, request.tools, request.tool_choice, takes_tools)
+    messages = [*history, streamed]
     body: dict[str, Any] = {"model": request.model, "messages": messages}
+    if calls_tools(request.tools, request.tool_choice):
+        # vLLM's server: the template's tools, the parser of the answer, the structured output
+        # of required / a named function, at most one call without parallel_tool_calls.
+        body.update(tools=list(request.tools), tool_choice=request.tool_choice or "auto",
+                    parallel_tool_calls=request.parallel_tool_calls)
     if request.chat_template_kwargs:  # the sidecar passes those its template reads
         body["chat_template_kwargs"] = request.chat_template_kwargs
     if not request.add_generation_prompt:
@@ -477,6 +530,7 @@ class SidecarCounter:
         self._served = tuple(served)
         self._max_model_len = max_model_len
         self._own_client = own_client
+        self._template = ToolTemplate(client, self._served[0])
 
     @property
     def max_input_tokens(self) -> int:
@@ -485,8 +539,9 @@ class SidecarCounter:
     async def prompt_tokens(self, request: EngineRequest) -> int:
         model = request.model if request.model in self._served else self._served[0]
         # The prompt before the input, as ``RequestChecks.check_request`` counts it: no answer so far.
-        body = chat_request(replace(request, model=model, assistant_prefix=""), "")
         try:
+            takes_tools = await self._template.takes_tools() if request.tools else True
+            body = chat_request(replace(request, model=model, assistant_prefix=""), "", takes_tools=takes_tools)
             response = await self._client.post(TOKENIZE_PATH, json=body)
         except httpx.HTTPError as exc:
             raise EngineUnavailableError(f"the engine did not count the prompt ({type(exc).__name__})") from exc
@@ -543,6 +598,44 @@ async def _probed_counter(client: httpx.AsyncClient, timeout_sec: float, own_cli
         logger.warning("openai-http engine: it does not count a prompt (%s: %s); %s", TOKENIZE_PATH, exc, cannot)
         return None
     return counter
+
+
+class ToolTemplate:
+    """Whether the sidecar's chat template renders ``tools`` (SmolLM2's ignores them), as the
+    in-process engine's ``takes_tools`` tells it: the sidecar's ``/tokenize`` of one message with
+    and without a tool, asked once, at the first request with tools. A server that cannot count
+    (not vLLM) is taken to render them: the request goes as it is."""
+
+    _PROBE = {"type": "function", "function": {"name": "probe_tool", "description": "probe",
+                                               "parameters": {"type": "object", "properties": {}}}}
+
+    def __init__(self, client: httpx.AsyncClient, model: str) -> None:
+        self._client = client
+        self._model = model
+        self._known: bool | None = None
+        self._lock = asyncio.Lock()
+
+    async def takes_tools(self) -> bool:
+        """The answer (``httpx.HTTPError`` when the sidecar is unreachable: asked again later)."""
+        async with self._lock:
+            if self._known is None:
+                plain = {"model": self._model, "messages": [{"role": "user", "content": "hi"}]}
+                counts = []
+                for body in (plain, {**plain, "tools": [self._PROBE]}):
+                    response = await self._client.post(TOKENIZE_PATH, json=body)
+                    counts.append(_count_in(response))
+                self._known = None in counts or counts[0] != counts[1]
+                logger.info("openai-http engine: its chat template %s tools", "renders" if self._known else
+                            "ignores (they are told in the system prompt)")
+            return self._known
+
+
+def _count_in(response: httpx.Response) -> int | None:
+    try:
+        count = response.json().get("count") if response.status_code == 200 else None
+    except (ValueError, AttributeError):
+        return None
+    return count if isinstance(count, int) else None
 
 
 class UserContent:

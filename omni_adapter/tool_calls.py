@@ -105,16 +105,14 @@ class ToolCallParser:
             self._request = self._parser.adjust_request(request)
         except (ValidationError, ValueError) as exc:
             raise EngineRejectedError(f"invalid tools or tool_choice: {exc}") from exc
-        #: Some call was emitted (the answer's finish reason is then ``tool_calls``).
-        self.called = False
-        self._declared = {t["function"]["name"] for t in tools}
-        #: The model's call index -> the answer's (calls to undeclared functions are left out).
-        self._indices: dict[int, int] = {}
-        self._dropped: set[int] = set()
-        self._parallel = parallel
+        self._relay = CallRelay(tools, parallel=parallel)
         #: A named function: OpenAI's finish reason stays ``stop``.
         self.named = isinstance(tool_choice, Mapping)
-        self._held = _CallStart()
+
+    @property
+    def called(self) -> bool:
+        """Some call was emitted (the answer's finish reason is then ``tool_calls``)."""
+        return self._relay.called
 
     @property
     def structured_outputs(self) -> StructuredOutputsParams | None:
@@ -125,20 +123,40 @@ class ToolCallParser:
         # No reasoning parser: an empty prompt tells it no reasoning is open.
         delta = self._parser.parse_delta(text, list(token_ids), self._request, prompt_token_ids=[],
                                          finished=finished)
-        content = self._held.content(delta.content or "" if delta is not None else "")
+        calls = [ToolCallDelta(call.index, call.id, call.function.name if call.function is not None else None,
+                               (call.function.arguments if call.function is not None else None) or "")
+                 for call in (delta.tool_calls if delta is not None else ())]
+        return self._relay.events(delta.content or "" if delta is not None else "", calls, finished=finished)
+
+
+class CallRelay:
+    """An answer's parsed content and call pieces as the answer's events, vLLM's parser's in
+    process or ``vllm serve``'s: content that may be a call's start held back (``CallStart``),
+    calls to undeclared functions left out, one call only without ``parallel``."""
+
+    def __init__(self, tools: Sequence[Mapping[str, Any]], *, parallel: bool = True) -> None:
+        #: Some call was emitted (the answer's finish reason is then ``tool_calls``).
+        self.called = False
+        self._declared = {t["function"]["name"] for t in tools}
+        #: The model's call index -> the answer's (calls to undeclared functions are left out).
+        self._indices: dict[int, int] = {}
+        self._dropped: set[int] = set()
+        self._parallel = parallel
+        self._held = CallStart()
+
+    def events(self, content: str, calls: Sequence[ToolCallDelta], *,
+               finished: bool) -> list[TextDelta | ToolCallDelta]:
+        content = self._held.content(content)
         events: list[TextDelta | ToolCallDelta] = []
-        for call in delta.tool_calls if delta is not None else ():
-            function = call.function
-            name = function.name if function is not None else None
-            arguments = (function.arguments if function is not None else None) or ""
-            if call.id is None and name is None and not arguments:
+        for call in calls:
+            if call.id is None and call.name is None and not call.arguments:
                 continue
-            index = self._index_of(call.index, name)
+            index = self._index_of(call.index, call.name)
             if index is None:
                 continue
             self.called = True
-            events.append(ToolCallDelta(index, call.id, name, arguments))
-        if delta is not None and delta.tool_calls:
+            events.append(ToolCallDelta(index, call.id, call.name, call.arguments))
+        if calls:
             self._held.drop()  # what was held was a call's start (one left out too)
         if finished:
             content += self._held.release()  # it was not a call after all
@@ -166,14 +184,15 @@ class ToolCallParser:
 CALL_OPENERS = ("<tool_call>", "[TOOL_CALLS]")
 
 
-class _CallStart:
+class CallStart:
     """Content that may be the start of a call, held back until it is known to be or not to be.
 
     vLLM's streaming parsers tell a call's opening tag as content until it is whole (SmolLM2
     writes ``<tool_call>`` in five tokens: ``<``, ``tool``, ``_``, ``call``, ``>``), and the
     ``xlam`` parser the text after a tag that follows words until ``"arguments"`` shows. Its
     non-streaming parse, which ``vllm serve`` uses for a whole answer, leaves both out of the
-    content: so do these answers, streamed or not.
+    content: so do these answers, streamed or not. ``vllm serve`` streams with the same parser,
+    so the ``openai-http`` adapter holds the sidecar's content back with this too (``CallRelay``).
     """
 
     def __init__(self) -> None:

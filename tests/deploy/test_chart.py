@@ -90,6 +90,22 @@ def test_the_sidecar_serves_every_name_the_gateway_is_told() -> None:
     assert settings_env(objs)["OMNI_GATEWAY_SERVED_MODEL_NAME"] == "qwen2.5-omni-3b, gpt-realtime"
 
 
+def test_the_sidecar_parses_function_calls_with_the_gateways_parser() -> None:
+    """tool_choice auto needs vLLM's flags (required and a named function do not); without a
+    parser the sidecar gets neither flag (and refuses auto with a 400)."""
+    objs = k8s.render(render_manifests.load_values(GPU_VALUES))
+    args = k8s.container(deployment(objs), "engine")["args"]
+    at = args.index("--tool-call-parser")
+    assert args[at - 1] == "--enable-auto-tool-choice"
+    assert args[at + 1] == settings_env(objs)["OMNI_GATEWAY_TOOL_CALL_PARSER"] == "hermes", "Qwen2.5's call format"
+    values = render_manifests.load_values(GPU_VALUES)
+    values["engine"]["sidecar"]["toolCallParser"] = ""
+    objs = k8s.render(values)
+    args = k8s.container(deployment(objs), "engine")["args"]
+    assert "--enable-auto-tool-choice" not in args and "--tool-call-parser" not in args
+    assert "OMNI_GATEWAY_TOOL_CALL_PARSER" not in settings_env(objs)
+
+
 def test_gpu_values_render_the_sidecar_stack(gpu_objs: list[k8s.Obj]) -> None:
     kinds = {obj["kind"] for obj in gpu_objs}
     assert {"Ingress", "ServiceMonitor", "HorizontalPodAutoscaler", "PodDisruptionBudget"} <= kinds

@@ -30,6 +30,8 @@ from tests.gateway.client import (
     openai_client,
 )
 from tests.gateway.test_api import assert_error
+from tests.omni_adapter.sessions import MODEL
+from tests.omni_adapter.test_http_engine import NO_AUTO_TOOLS, refusing_sidecar
 
 CHAT = "/v1/chat/completions"
 USER = [{"role": "user", "content": "hello world"}]
@@ -383,6 +385,17 @@ async def test_bad_tool_requests_are_refused(client: httpx.AsyncClient, redis_ur
         # tool_choice none: the tools are not used, so any engine answers.
         response = await other.post(CHAT, json={"messages": USER, "tools": [WEATHER], "tool_choice": "none"})
         assert response.status_code == 200, response.text
+async def test_a_sidecars_refusal_of_tools_is_a_400_in_its_words(redis_url: str) -> None:
+    """``auto`` on a ``vllm serve`` started without ``--enable-auto-tool-choice``: vLLM's 400, its message."""
+    engine = refusing_sidecar(NO_AUTO_TOOLS)
+    async with app_client(make_settings(redis_url=redis_url), engine) as client:
+        answer = await client.post(CHAT, json={"model": MODEL, "messages": USER, "tools": [WEATHER]})
+        error = assert_error(answer, 400, "invalid_request")
+        assert "--enable-auto-tool-choice" in error["message"]
+        stream = await client.post(CHAT, json={"model": MODEL, "messages": USER, "tools": [WEATHER], "stream": True})
+        assert "--enable-auto-tool-choice" in stream.text, stream.text
+
+
 async def test_a_non_streamed_answer_that_waits_too_long_for_room_is_a_503(redis_url: str) -> None:
     """Every engine slot busy: the request is dropped after ``chat_queue_timeout_sec``, not left hanging."""
     settings = make_settings(redis_url=redis_url, max_engine_sessions=1, chat_queue_timeout_sec=0.5,

@@ -42,6 +42,7 @@ from omni_adapter.port import (
     InputChunk,
     SamplingOptions,
     TextDelta,
+    ToolCallDelta,
 )
 from tests.omni_adapter.sessions import MODEL, collect, one_shot, request, text_chunks
 from tests.redis_server import free_port
@@ -321,6 +322,114 @@ async def test_the_requests_template_variables_go_to_the_sidecar() -> None:
         await collect(session.events())
         assert bodies[-1].get("chat_template_kwargs") == (kwargs or None)
     await engine.aclose()
+
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}}}}
+
+
+def calling_sidecar(stream: bytes, *, renders_tools: bool) -> tuple[HttpEngine, list[dict[str, Any]]]:
+    """A sidecar whose chat answers ``stream``, whose template renders tools or not (its
+    ``/tokenize`` counts them or not), and the chat bodies it was sent."""
+    bodies: list[dict[str, Any]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        if request.url.path == "/tokenize":
+            return httpx.Response(200, json={"count": 9 + (7 if renders_tools and "tools" in body else 0)})
+        bodies.append(body)
+        return httpx.Response(200, content=stream, headers={"content-type": "text/event-stream"})
+
+    return scripted_engine(handler), bodies
+
+
+def delta(content: str | None = None, calls: list[dict[str, Any]] | None = None,
+          finish: str | None = None) -> dict[str, Any]:
+    said = {"content": content} if content is not None else {"tool_calls": calls}
+    return {"choices": [{"index": 0, "delta": said, "finish_reason": finish}]}
+
+
+async def test_tools_go_to_the_sidecar_and_its_calls_come_back_without_the_tags_start() -> None:
+    """``tools`` / ``tool_choice`` / ``parallel_tool_calls`` as vLLM's server takes them; its
+    ``delta.tool_calls`` as the port's; the tag's start its streaming parser told as content
+    (as ``vllm serve`` does, seen on the real one) held back; a template that ignores tools (SmolLM2's)
+    has them told in the system prompt and earlier calls as text, as in process."""
+    stream = sse(delta(""), delta("<"), delta("tool"), delta("_"), delta("call"),
+                 delta(calls=[{"index": 0, "id": "call_1", "type": "function", "function": {"name": "get_weather"}}]),
+                 delta(calls=[{"index": 0, "function": {"arguments": '{"city": "Oslo"}'}}]),
+                 delta(calls=[], finish="tool_calls"), "[DONE]")
+    earlier = {"id": "c0", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}}
+    history = ({"role": "user", "content": "And in Rome?"}, {"role": "assistant", "content": None, "tool_calls": [earlier]},
+               {"role": "tool", "tool_call_id": "c0", "content": "sunny"})
+    for renders_tools in (False, True):
+        engine, bodies = calling_sidecar(stream, renders_tools=renders_tools)
+        asked = replace(request(history=history), tools=(WEATHER,), tool_choice="required", parallel_tool_calls=False)
+        _, end = await one_shot(engine, asked, "Weather in Oslo?")
+        assert isinstance(end, Finished) and end.finish_reason == "tool_calls"
+        body = bodies[-1]
+        assert (body["tools"], body["tool_choice"], body["parallel_tool_calls"]) == ([WEATHER], "required", False)
+        if renders_tools:
+            assert body["messages"][:3] == list(history), "the template renders the tools and the calls"
+        else:
+            assert body["messages"][0]["role"] == "system" and "get_weather" in body["messages"][0]["content"]
+            assert body["messages"][2] == {"role": "assistant", "content":
+                                           '<tool_call>[{"name": "get_weather", "arguments": {"city": "Rome"}}]</tool_call>'}
+        await engine.aclose()
+
+    engine, bodies = calling_sidecar(stream, renders_tools=False)
+    session = engine.open_session(replace(request(), tools=(WEATHER,)))
+    await session.feed(text_chunks(b"Weather in Oslo?", 64))
+    await session.end_input()
+    events = [e async for e in session.events()]
+    assert [e for e in events if not isinstance(e, Finished)] == [
+        TextDelta(""), ToolCallDelta(0, "call_1", "get_weather", ""), ToolCallDelta(0, None, None, '{"city": "Oslo"}')]
+    assert bodies[-1]["tool_choice"] == "auto"
+    await engine.aclose()
+
+    # Text that only looked like a call's start is told once the answer ends; none: no tools sent.
+    words = sse(delta("If a"), delta(" <"), delta(" b then <"), delta("tool", finish="stop"), "[DONE]")
+    engine, bodies = calling_sidecar(words, renders_tools=False)
+    text, end = await one_shot(engine, replace(request(), tools=(WEATHER,)), "x")
+    assert text == "If a < b then <tool" and isinstance(end, Finished) and end.finish_reason == "stop"
+    await one_shot(engine, replace(request(), tools=(WEATHER,), tool_choice="none"), "x")
+    assert "tools" not in bodies[-1] and "tool_choice" not in bodies[-1]
+    await engine.aclose()
+
+
+def refusing_sidecar(refusal: str) -> HttpEngine:
+    """A sidecar that refuses every chat request with vLLM's 400 and ``refusal``."""
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/tokenize":
+            return httpx.Response(200, json={"count": 9})
+        return httpx.Response(400, json={"error": {"message": refusal, "type": "BadRequestError", "param": None,
+                                                   "code": 400}})
+
+    return scripted_engine(handler)
+
+
+#: vLLM's refusal of ``auto`` by a sidecar started without its tool flags.
+NO_AUTO_TOOLS = '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
+
+
+async def test_a_sidecars_call_to_an_undeclared_function_is_left_out_as_in_process() -> None:
+    made_up = sse(delta(""), delta(calls=[{"index": 0, "id": "call_1", "type": "function", "function": {
+        "name": "capital", "arguments": '{"country": "France"}'}}]), delta(calls=[], finish="tool_calls"), "[DONE]")
+    engine, _ = calling_sidecar(made_up, renders_tools=True)
+    session = engine.open_session(replace(request(), tools=(WEATHER,)))
+    await session.feed(text_chunks(b"Capital of France?", 64))
+    await session.end_input()
+    events = [e async for e in session.events()]
+    await engine.aclose()
+    assert not [e for e in events if isinstance(e, ToolCallDelta)]
+    assert isinstance(events[-1], Finished) and events[-1].finish_reason == "stop", "no call: OpenAI's stop"
+
+
+async def test_a_sidecars_refusal_of_tools_is_an_invalid_request_in_its_words() -> None:
+    engine = refusing_sidecar(NO_AUTO_TOOLS)
+    _, end = await one_shot(engine, replace(request(), tools=(WEATHER,)), "x")
+    await engine.aclose()
+    assert end == EngineError(NO_AUTO_TOOLS, code="invalid_request", details={"upstream_status": 400})
 
 
 def counting_sidecar(cards: list[dict[str, Any]], tokenize: Callable[[dict[str, Any]], httpx.Response],

@@ -25,6 +25,13 @@ from tests.omni_adapter.sessions import ALIAS, MODEL, one_shot, request, text_ch
 
 pytestmark = pytest.mark.engine
 
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
+                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
+#: A function called earlier in the conversation, and its result.
+CALLED = ({"role": "user", "content": "Weather in Oslo?"},
+          {"role": "assistant", "content": None, "tool_calls": [{"id": "c0", "type": "function", "function": {
+              "name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
+          {"role": "tool", "tool_call_id": "c0", "content": "rain"})
 QUESTION = "What colour is the sky on a clear day? Answer — briefly, it's a test."
 
 
@@ -150,8 +157,10 @@ async def test_the_prompt_counter_counts_as_the_in_process_engine(counter: tuple
                   for n in range(12) for role in ("user", "assistant"))
     counted = []
     for req in (request(history=()), request(), request(history=(*request().messages, *turns)),
-                replace(request(), input_role="system"), replace(request(), model=ALIAS)):
+                replace(request(), input_role="system"), replace(request(), model=ALIAS),
+                replace(request(history=(*request().messages, *CALLED)), tools=(WEATHER,))):
         tokens = await counts.prompt_tokens(req)
         assert tokens == vllm_engine.check_request(replace(req, model=MODEL)) > 0, req
         counted.append(tokens)
     assert counted[2] > counted[1] + 12 * 8, "the history counts"
+    assert counted[5] > counted[1] + 50, "the tools count (told in SmolLM2's system prompt), and the call"

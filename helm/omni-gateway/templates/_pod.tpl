@@ -45,6 +45,11 @@ preStop outlasts the gateway's drain.
     {{- if $s.omni }}
     - --omni
     {{- end }}
+    {{- with $s.toolCallParser }}
+    - --enable-auto-tool-choice
+    - --tool-call-parser
+    - {{ . | quote }}
+    {{- end }}
     {{- range $s.extraArgs }}
     - {{ . | quote }}
     {{- end }}
