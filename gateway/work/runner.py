@@ -339,12 +339,23 @@ class SessionRunner:
                     f"(limit {self._progress_timeout_sec:g} s)")
 
     async def _release(self) -> None:
+        # Shielded: a replica whose engine died releases its sessions while its shutdown cancels
+        # the runners at once, and a release cut off there left the session to wait out its lease.
+        release = asyncio.ensure_future(self._store.release(self.session_id, self.lease))
         try:
-            await self._store.release(self.session_id, self.lease)
-            logger.info("session %s: released to another replica", self.session_id)
-        except errors.StoreUnavailable:
+            await asyncio.shield(release)
+        except asyncio.CancelledError:
+            await asyncio.wait([release])  # the cancel stops this runner once the release is done
+            self._said_released(release)
+            raise
+        self._said_released(release)
+
+    def _said_released(self, release: asyncio.Future[Any]) -> None:
+        if isinstance(release.exception(), errors.StoreUnavailable):
             # The lease lapses on its own; another replica takes over then.
             logger.warning("session %s: could not release, store unavailable", self.session_id)
+        elif release.exception() is None:
+            logger.info("session %s: released to another replica", self.session_id)
 
     async def _retrying(self, call: Callable[[], Awaitable[T]]) -> T:
         """Run a store call, retrying while Redis is unreachable."""
