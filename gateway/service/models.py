@@ -386,6 +386,13 @@ class VllmRequestOptions(StrictModel):
             raise ValueError(why.format(value=value))
         return None
 
+    @field_validator("request_id")
+    @classmethod
+    def _request_id_is_not_kept(cls, value: str | None) -> None:
+        """Dropped once read: it names nothing here, and kept it would make a retry under the same
+        Idempotency-Key with a new ``request_id`` (a client's per-attempt id) look like another request."""
+        return None
+
     @field_validator("include_stop_str_in_output", "skip_special_tokens", "spaces_between_special_tokens",
                      "stop_token_ids", "bad_words")
     @classmethod

@@ -174,6 +174,9 @@ def test_the_new_fields_are_stored_only_when_set_and_needed_by_a_replica() -> No
     asked = CreateSessionRequest(temperature=0.5)  # a retry on the release before digests the same request
     assert not {"stop_token_ids", "request_id", "continue_final_message"} & set(json.loads(
         asked.model_dump_json(exclude=asked.unset_since_digests)))
+    retried = CreateSessionRequest(temperature=0.5, request_id="attempt-2")  # a client's per-attempt id
+    assert retried.model_dump_json(exclude=retried.unset_since_digests) == asked.model_dump_json(
+        exclude=asked.unset_since_digests), "request_id is no part of an Idempotency-Key's digest"
     assert openai_sampling(sampled) == {"stop_token_ids": [2], "include_stop_str_in_output": True,
                                         "skip_special_tokens": False, "spaces_between_special_tokens": False,
                                         "bad_words": ["x"]}
