@@ -39,10 +39,16 @@ def event(type_: str, **fields: Any) -> dict[str, Any]:
     return {"type": type_, "event_id": new_id("event"), **fields}
 
 
+#: The codes Realtime names otherwise: a refused value is OpenAI's ``invalid_value`` there, the code
+#: its clients branch on (the HTTP routes keep the gateway's ``validation_error``).
+_REALTIME_CODES = {"validation_error": "invalid_value"}
+
+
 def error(error: errors.GatewayError, client_event_id: str | None = None) -> dict[str, Any]:
     """OpenAI's error event: the gateway's envelope plus the client event it answers."""
     body = error.envelope()["error"]
-    return event("error", error={"type": body["type"], "code": body["code"], "message": body["message"],
+    code = _REALTIME_CODES.get(body["code"], body["code"])
+    return event("error", error={"type": body["type"], "code": code, "message": body["message"],
                                  "param": body.get("param"), "event_id": client_event_id})
 
 
