@@ -239,10 +239,20 @@ def conversation(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[
 
     A template that takes tools gets both as they are; for one that does not,
     the tools are told in the system prompt and earlier calls become text.
-    With ``tool_choice: none`` the model is not told of any tool.
+    With ``tool_choice: none`` (or no tools) the model is not told of any tool,
+    and such a template does not see earlier calls either, as ``vllm serve``
+    renders them: written out, they are a format the model copies into an answer
+    that may not call (the results after them say what was found).
     """
     calling = calls_tools(tools, tool_choice)
     if takes_tools:
         return [dict(m) for m in messages], [dict(t) for t in tools] if calling else []
-    said = [calls_as_text(m) for m in messages]
-    return (tools_in_prompt(said, tools) if calling else said), []
+    if not calling:
+        return [_without_calls(m) for m in messages], []
+    return tools_in_prompt([calls_as_text(m) for m in messages], tools), []
+
+
+def _without_calls(message: Mapping[str, Any]) -> dict[str, Any]:
+    if not message.get("tool_calls"):
+        return dict(message)
+    return {k: v for k, v in message.items() if k != "tool_calls"} | {"content": message.get("content") or ""}

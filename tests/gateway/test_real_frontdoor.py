@@ -121,6 +121,14 @@ async def test_a_named_function_call_streamed_and_not_then_its_result_answered(c
         *asked, {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
         {"role": "tool", "tool_call_id": call.id, "content": ""}])
     assert empty.choices[0].finish_reason in ("stop", "length") and empty.usage and empty.usage.completion_tokens
+    # An answer that may not call (tool_choice none, or no tools: a framework's reply after a hand-off)
+    # is words, not the earlier call's markup copied from the history (it was, from this history).
+    for may_not_call in ({"tools": [weather], "tool_choice": "none"}, {}):
+        words = await oai.chat.completions.create(model=MODEL, temperature=0, max_tokens=60, **may_not_call, messages=[
+            {"role": "system", "content": "You give the weather."}, *asked,
+            {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+            {"role": "tool", "tool_call_id": call.id, "content": "sunny, 21C in Paris"}])
+        assert "tool_call" not in (words.choices[0].message.content or ""), (may_not_call, words)
 
 
 async def test_required_without_parallel_calls_gives_one_call_and_finishes_with_tool_calls(

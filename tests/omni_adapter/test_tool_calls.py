@@ -200,5 +200,8 @@ def test_a_template_without_tools_is_told_them_and_earlier_calls_become_text() -
     assert "tool_calls" not in messages[2]
     untold, _ = conversation(history, (WEATHER,), "none", takes_tools=False)
     assert untold[0]["role"] == "user", "tool_choice none: the model is not told of tools"
+    assert untold[1] == {"role": "assistant", "content": ""} and untold[2] == history[2], \
+        "nor shown a call's format to copy into an answer that may not call"
+    assert conversation(history, (), None, takes_tools=False)[0] == untold, "no tools: the same"
     native, given = conversation(history, (WEATHER,), "auto", takes_tools=True)
     assert given == [WEATHER] and native == history
