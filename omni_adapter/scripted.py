@@ -97,6 +97,8 @@ class Script:
     answer: Answer = echo
     #: Yield an ``EngineError`` instead of the delta at this index.
     error_after_words: int | None = None
+    #: That error's code (``invalid_request``: the engine refused the request as the client's mistake).
+    error_code: str = "engine_error"
     #: Raise (as an adapter task that dies would) instead of the delta at this index.
     crash_after_words: int | None = None
     #: Never finish on its own (until aborted): for cancel-during-generation tests.
@@ -160,7 +162,7 @@ class ScriptedSession:
         deltas = script.answer(self.request, text)
         for i in range(_resume_at(deltas, self.request.assistant_prefix), len(deltas)):
             if script.error_after_words == i:
-                yield EngineError("scripted failure", code="engine_error")
+                yield EngineError("scripted failure", code=script.error_code)
                 return
             if script.crash_after_words == i:
                 raise ValueError("scripted crash: an unparsable line from the engine")

@@ -371,6 +371,7 @@ class TokenizerChecks:
         sampling = request.sampling
         params = sampling_params(sampling, max_tokens=sampling.max_tokens)  # None: up to the context
         check_schema(sampling.response_format)
+        check_tool_schemas(request.tools, request.tool_choice)
         vocabulary = self._vocabulary
         # vLLM refuses these when the request reaches the engine, after the input.
         for param, tokens in (("logit_bias", [int(token) for token in sampling.logit_bias or ()]),
@@ -1033,22 +1034,36 @@ def check_schema(response_format: Mapping[str, Any] | None) -> None:
     if response_format["type"] != "json_schema":
         _check_grammar(response_format)
         return
+    _check_json_schema(response_format["json_schema"].get("schema") or {}, "response_format")
+
+
+def check_tool_schemas(tools: Sequence[Mapping[str, Any]], tool_choice: str | Mapping[str, Any] | None) -> None:
+    """The parameters of the functions an answer is held to (``required``, a named function),
+    checked as ``response_format``'s schema is: vLLM compiles them into the answer's grammar."""
+    if not tools or not (tool_choice == "required" or isinstance(tool_choice, Mapping)):
+        return
+    named = tool_choice["function"]["name"] if isinstance(tool_choice, Mapping) else None
+    for i, tool in enumerate(tools):
+        function = tool["function"]
+        if named is None or function["name"] == named:
+            _check_json_schema(function.get("parameters") or {}, f"tools.{i}.function.parameters")
+
+
+def _check_json_schema(schema: Mapping[str, Any], param: str) -> None:
     import json
 
     import xgrammar
 
-    schema = response_format["json_schema"].get("schema") or {}
     loop = _ref_loop(schema)
     if loop is not None:  # the compiler takes it, and the engine core fails the request at its first token
-        raise EngineRejectedError(f"response_format's schema admits no value: {loop[:64]!r} refers only to itself",
-                                  param="response_format")
+        raise EngineRejectedError(f"{param}'s schema admits no value: {loop[:64]!r} refers only to itself",
+                                  param=param)
     try:
         xgrammar.Grammar.from_json_schema(json.dumps(schema))
     except RuntimeError as exc:
         # The grammar compiler's reason, without the time and C++ source line it cites.
         reason = re.sub(r"\[\d{1,2}:\d{2}:\d{2}\]\s*|\S+\.(cc|h):\d+:?\s*", "", str(exc)).strip()
-        raise EngineRejectedError(f"response_format's schema cannot be held to: {reason}",
-                                  param="response_format") from exc
+        raise EngineRejectedError(f"{param}'s schema cannot be held to: {reason}", param=param) from exc
 
 
 def _check_grammar(constraint: Mapping[str, Any]) -> None:

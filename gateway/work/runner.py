@@ -548,7 +548,9 @@ class SessionRunner:
                         if await stop_if_dead(self._engine, self._on_engine_dead):
                             raise EngineDied(self.session_id)  # the next holder goes on after it
                         self._metrics.engine_errors.labels(event.code).inc()
-                        await self._fail(errors.GatewayError(event.message), code=event.code)
+                        # By its code's class: an engine's refusal (invalid_request) is the client's error.
+                        await self._fail(errors.from_envelope({"error": {"message": event.message,
+                                                                         "code": event.code}}))
                     return
                 if not batcher.ok:
                     await batcher.close()  # raises what a publish raised

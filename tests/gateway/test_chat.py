@@ -300,6 +300,14 @@ async def test_an_engine_failure_is_the_stored_error(redis_url: str) -> None:
                                                                       stream=True)
         with pytest.raises(openai.APIError, match="scripted failure"):
             _ = [chunk async for chunk in stream]
+    # The engine refusing the request as the client's mistake is a client error, streamed too.
+    refusing = ScriptedEngine(script=Script(error_after_words=1, error_code="invalid_request"))
+    async with app_client(make_settings(redis_url=redis_url), refusing) as client:
+        assert_error(await client.post(CHAT, json={"messages": USER}), 400, "invalid_request")
+        streamed = await client.post(CHAT, json={"messages": USER, "stream": True})
+        [error] = [json.loads(line[6:])["error"] for line in streamed.text.splitlines()
+                   if line.startswith("data: {\"error\"")]
+        assert (error["type"], error["code"]) == ("invalid_request_error", "invalid_request"), error
 
 
 async def test_a_client_that_leaves_a_stream_cancels_its_session(redis_url: str) -> None:

@@ -288,6 +288,14 @@ async def test_what_only_the_engine_can_check_is_refused_with_its_reason(real: h
     error = assert_error(refused, 400, "validation_error")
     assert "minimum greater than maximum" in error["message"] and error["param"] == "response_format"
     assert ".cc" not in error["message"], "no C++ source lines"
+    # A function's parameters the answer is held to (required, named): a 400 before a stream starts
+    # too (a 200, then an error event, sent a framework's client into retries).
+    tools = [{"type": "function", "function": {"name": "pick", "parameters": broken["json_schema"]["schema"]}}]
+    for stream in (False, True):
+        called = await real.post(CHAT, json={**question, "tools": tools, "tool_choice": "required", "stream": stream})
+        error = assert_error(called, 400, "validation_error")
+        assert "minimum greater than maximum" in error["message"], error
+        assert error["param"] == "tools.0.function.parameters", error
     # A $ref to itself: the compiler takes it, then the engine core failed the request (a 500).
     endless = {"type": "json_schema", "json_schema": {"name": "x", "schema": {
         "$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/a"}}}}}
