@@ -102,6 +102,9 @@ class ToolCall(StrictModel):
 class TextPart(StrictModel):
     type: Literal["text"]
     text: str
+    #: OpenAI's hint where a cached prefix ends (LiveKit sends it): vLLM caches prefixes by
+    #: itself, so it is taken and never kept (``exclude``: no digest or stored record changes).
+    prompt_cache_breakpoint: dict[str, Any] | None = Field(None, exclude=True)
 
 
 class RefusalPart(StrictModel):
@@ -211,6 +214,9 @@ def check_message_fields(role: str, content: object, tool_calls: list[ToolCall] 
 
 
 class FunctionDefinition(StrictModel):
+    #: The tool's own ``type`` repeated inside its function, as LiveKit's ``raw_schema`` tools send it
+    #: (vLLM takes it): taken, never kept.
+    type: Literal["function"] | None = Field(None, exclude=True)
     name: str = Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")
     description: str | None = None
     #: A JSON Schema object for the arguments.

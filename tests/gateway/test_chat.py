@@ -373,6 +373,23 @@ async def test_tool_calls_come_back_streamed_and_not_and_their_result_feeds_the_
         assert engine.sessions[-1].request.input_role == "tool" and engine.sessions[-1].input_text == ""
 
 
+async def test_what_frameworks_add_inside_tools_and_parts_is_taken(redis_url: str) -> None:
+    """LiveKit's ``raw_schema`` tools repeat ``type`` inside the function, and its cached prompts mark
+    a text part with ``prompt_cache_breakpoint`` (an SDK field): taken as vLLM takes them, not kept."""
+    engine = ScriptedEngine()
+    async with app_client(make_settings(redis_url=redis_url), engine) as client:
+        raw_schema = {"type": "function", "function": {"type": "function", **WEATHER["function"]}}
+        marked = [{"role": "system", "content": [{"type": "text", "text": "Be brief.",
+                                                  "prompt_cache_breakpoint": {"mode": "explicit"}}]}, *USER]
+        response = await client.post(CHAT, json={"messages": marked, "tools": [raw_schema]})
+        assert response.status_code == 200, response.text
+        request = engine.sessions[0].request
+        assert request.tools == (WEATHER,) and request.messages[0] == {"role": "system", "content": "Be brief."}
+        assert_error(await client.post(CHAT, json={"messages": USER, "tools": [
+            {"type": "function", "function": {**WEATHER["function"], "paramters": {}}}]}), 400, "validation_error",
+            "tools.0.function.paramters")
+
+
 async def test_bad_tool_requests_are_refused(client: httpx.AsyncClient, redis_url: str) -> None:
     named = {"type": "function", "function": {"name": "nope"}}
     cases = [

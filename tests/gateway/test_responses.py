@@ -86,7 +86,8 @@ async def test_a_text_answer_streamed_and_not(sdk: AsyncOpenAI, engine: Scripted
 
 
 async def test_a_function_call_and_its_output_streamed_and_not(sdk: AsyncOpenAI, engine: ScriptedEngine) -> None:
-    asked = [{"role": "user", "content": [{"type": "input_text", "text": "the weather in Paris?"}]}]
+    asked = [{"role": "user", "content": [{"type": "input_text", "text": "the weather in Paris?",
+                                           "prompt_cache_breakpoint": {"mode": "explicit"}}]}]  # (taken)
     response = await sdk.responses.create(model="scripted", input=asked, tools=[WEATHER])
     calls = [item for item in response.output if item.type == "function_call"]
     assert [(c.name, c.arguments) for c in calls] == [("get_weather", '{"city": "Paris"}')]

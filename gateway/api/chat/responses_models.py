@@ -20,6 +20,8 @@ from gateway.service.models import Seed, StrictModel, StructuredOutputs, TopK
 class InputText(StrictModel):
     type: Literal["input_text"]
     text: str
+    #: OpenAI's cache hint (the Agents SDK passes it through): vLLM caches prefixes by itself.
+    prompt_cache_breakpoint: dict[str, Any] | None = Field(None, exclude=True)
 
 
 class OutputText(StrictModel):
