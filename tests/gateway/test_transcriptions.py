@@ -123,6 +123,19 @@ async def test_a_streamed_transcription_tells_the_words_then_the_whole_text(clie
     assert word_error_rate("Turn on the lights. And close the door.", done.text) == 0, done.text
 
 
+@pytest.mark.filterwarnings("ignore:deprecated:DeprecationWarning")  # the SDK's mark; vLLM still serves it
+async def test_a_translation_is_the_english_speechs_transcript(client: httpx.AsyncClient) -> None:
+    """OpenAI's translations (to English), as the SDK asks: the recognizer hears English."""
+    oai = openai_client(client)
+    said = ("q.wav", wav(speech(QUESTION), SPEECH_RATE))
+    translated = await oai.audio.translations.create(model="whisper-1", file=said)
+    assert word_error_rate(QUESTION, translated.text) == 0, translated.text
+    verbose = await oai.audio.translations.create(model="whisper-1", file=said, response_format="verbose_json")
+    assert (verbose.text, verbose.language) == (translated.text, "english") and verbose.duration > 1
+    with pytest.raises(openai.BadRequestError, match="no timings"):
+        await oai.audio.translations.create(model="whisper-1", file=said, response_format="srt")
+
+
 async def test_silence_is_an_empty_text(client: httpx.AsyncClient) -> None:
     heard = await openai_client(client).audio.transcriptions.create(
         model="whisper-1", file=("quiet.wav", wav(bytes(2 * 16_000 * 2), 16_000)))
@@ -140,6 +153,15 @@ async def test_what_it_cannot_do_is_a_clear_error(client: httpx.AsyncClient) -> 
         with pytest.raises(openai.BadRequestError) as refused_timings:
             await oai.audio.transcriptions.create(model="whisper-1", file=good, **timed)  # type: ignore[call-overload]
         assert "no timings" in str(refused_timings.value)
+    plain_form = await client.post("/v1/audio/transcriptions", files={"file": good},
+                                   data={"model": "whisper-1", "timestamp_granularities": "word"})  # curl's spelling
+    assert "no timings" in assert_error(plain_form, 400, "invalid_request", "timestamp_granularities")["message"]
+    diarized = await client.post("/v1/audio/transcriptions", files={"file": good},
+                                 data={"model": "whisper-1", "response_format": "diarized_json"})
+    assert "speakers" in assert_error(diarized, 400, "invalid_request", "response_format")["message"]
+    several = await client.post("/v1/audio/transcriptions", files={"file": good},  # LiveKit's, for gpt-transcribe
+                                data={"model": "gpt-transcribe", "languages[]": ["en", "fr"]})
+    assert "'fr'" in assert_error(several, 400, "invalid_request", "languages")["message"]
     # Headerless pcm16 (what /v1/audio/speech gives for "pcm"): FFmpeg would guess a format for it.
     for data in (b"not audio at all", b"", speech("Hello.")):
         refused = await client.post("/v1/audio/transcriptions", data={"model": "whisper-1"},

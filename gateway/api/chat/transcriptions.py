@@ -1,5 +1,5 @@
-"""``POST /v1/audio/transcriptions``: OpenAI's (and vLLM's) speech-to-text, as a session that
-only hears.
+"""``POST /v1/audio/transcriptions`` and ``/translations``: OpenAI's (and vLLM's) speech-to-text,
+as a session that only hears.
 
 The uploaded file is decoded (any container and codec FFmpeg reads: WAV, MP3, Ogg/Opus,
 WebM, FLAC, M4A) to 16 kHz mono pcm16, in a worker thread, and sent as the input chunks of a
@@ -11,8 +11,8 @@ runs (the same session, limits, queue and errors); ``stream: true`` sends OpenAI
 Voice-agent frameworks (pipecat's and LiveKit's OpenAI STT) name OpenAI's models
 (``whisper-1``, ``gpt-4o-transcribe``): any model name is taken, since this server has one
 recognizer (the engine's). It hears English: another ``language`` is a 400, not a wrong
-transcript. ``prompt`` and ``temperature`` are taken and change nothing (the recognizer
-decodes greedily, without a prompt).
+transcript; a translation (to English) is the English speech's transcript. ``prompt`` and
+``temperature`` are taken and change nothing (the recognizer decodes greedily, without a prompt).
 """
 
 from __future__ import annotations
@@ -56,6 +56,11 @@ WHEN_STOPPED = ("the transcription goes on at another replica: its text is the i
                 "GET /v1/streaming_input/sessions/{id}/result (the id in X-Session-Id), or ask again")
 
 
+#: What the routes answer in; the timed ones are refused with why, as is diarized_json (no speakers).
+ResponseFormat = Literal["json", "text", "verbose_json", "srt", "vtt", "diarized_json"]
+NO_TIMINGS = "the recognizer gives no timings: response_format is json, text or verbose_json (without segments)"
+
+
 @router.post("/audio/transcriptions", response_model=None,
              responses={200: {"description": "json: {text, usage}; text: the text; verbose_json: also task, "
                                              "language, duration (no segments); with stream: true, "
@@ -67,18 +72,48 @@ async def create_transcription(
         file: Annotated[UploadFile, File(description="the audio: wav, mp3, ogg, webm, flac, m4a, ...")],
         model: Annotated[str, Form(description="any name: this server has one recognizer")],
         language: Annotated[str | None, Form(description="ISO-639-1; the recognizer hears en")] = None,
+        languages: Annotated[list[str] | None, Form(alias="languages[]", description="each heard: en")] = None,
         prompt: Annotated[str | None, Form(description="taken; the recognizer takes no prompt")] = None,
-        response_format: Annotated[Literal["json", "text", "verbose_json", "srt", "vtt"], Form()] = "json",
+        response_format: Annotated[ResponseFormat, Form()] = "json",
         temperature: Annotated[float | None, Form(ge=0, le=1, description="taken; decoding is greedy")] = None,
         stream: Annotated[bool, Form()] = False,
         timestamp_granularities: Annotated[list[str] | None, Form(alias="timestamp_granularities[]")] = None,
+        granularities_unbracketed: Annotated[list[str] | None, Form(
+            alias="timestamp_granularities", description="the same, as a plain form field")] = None,
 ) -> JSONResponse | PlainTextResponse | EventStream:
-    if language is not None:
-        check_heard(language, "language")
-    if response_format in ("srt", "vtt") or timestamp_granularities:
-        raise errors.InvalidRequest("the recognizer gives no timings: response_format is json, text or "
-                                    "verbose_json (without segments)",
-                                    param="timestamp_granularities" if timestamp_granularities else "response_format")
+    for said in ([language] if language is not None else []) + (languages or []):
+        check_heard(said, "language" if said == language else "languages")
+    if timestamp_granularities or granularities_unbracketed:
+        raise errors.InvalidRequest(NO_TIMINGS, param="timestamp_granularities")
+    return await _heard(request, identity, chat, file, response_format, "transcribe", stream=stream)
+
+
+@router.post("/audio/translations", response_model=None,
+             responses={200: {"description": "json: {text}; text: the text; verbose_json: also task, language, "
+                                             "duration (no segments)", "content": {"text/plain": {}}},
+                        **ANSWER_ERRORS})
+async def create_translation(
+        request: Request, identity: Identity, chat: Annotated[ChatService, Depends(get_chat)],
+        file: Annotated[UploadFile, File(description="the audio: wav, mp3, ogg, webm, flac, m4a, ...")],
+        model: Annotated[str, Form(description="any name: this server has one recognizer")],
+        prompt: Annotated[str | None, Form(description="taken; the recognizer takes no prompt")] = None,
+        response_format: Annotated[ResponseFormat, Form()] = "json",
+        temperature: Annotated[float | None, Form(ge=0, le=1, description="taken; decoding is greedy")] = None,
+) -> JSONResponse | PlainTextResponse | EventStream:
+    """OpenAI's speech to English text. The recognizer hears English only, so this is the
+    English speech's transcript: speech in another language is not understood."""
+    return await _heard(request, identity, chat, file, response_format, "translate", stream=False)
+
+
+async def _heard(request: Request, identity: Identity, chat: ChatService, file: UploadFile,
+                 response_format: ResponseFormat, task: str, *, stream: bool,
+                 ) -> JSONResponse | PlainTextResponse | EventStream:
+    """The file heard by a session that only hears, answered in ``response_format``."""
+    if response_format in ("srt", "vtt"):
+        raise errors.InvalidRequest(NO_TIMINGS, param="response_format")
+    if response_format == "diarized_json":
+        raise errors.InvalidRequest("the recognizer tells no speakers apart: response_format is json, text or "
+                                    "verbose_json", param="response_format")
     resources = get_resources(request)
     chunks = await asyncio.to_thread(heard_chunks, await file.read(), resources.settings.max_payload_per_session)
     seconds = sum(len(chunk.payload) for chunk in chunks) / 2 / RATE
@@ -97,7 +132,7 @@ async def create_transcription(
     if response_format == "text":
         return PlainTextResponse(text, headers=headers)
     if response_format == "verbose_json":  # LiveKit asks whisper-1 for it, for the language
-        return JSONResponse({"task": "transcribe", "language": "english", "duration": seconds, "text": text,
+        return JSONResponse({"task": task, "language": "english", "duration": seconds, "text": text,
                              "usage": _usage(seconds)}, headers=headers)
     return JSONResponse({"text": text, "usage": _usage(seconds)}, headers=headers)
 
