@@ -14,8 +14,9 @@ import copy
 import json
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
+from gateway.output.audio_file import AudioFileWriter, SpeechFormat
 from gateway.output.frames import DONE, FrameBuilder
 from omni_adapter.audio import OPENAI_PCM16_RATE, StreamResampler, parse_wav, wav_of
 from omni_adapter.port import AudioDelta
@@ -76,13 +77,17 @@ class AudioOutput:
         return completion
 
 
-def as_pcm16(completion: dict[str, Any]) -> dict[str, Any]:
-    """A stored completion's spoken answer (kept as wav) as raw pcm16 at 24 kHz, for a request that
-    asked ``audio.format: pcm16``: OpenAI's ``message.audio.data`` is then the bare samples."""
+def in_format(completion: dict[str, Any], fmt: str) -> dict[str, Any]:
+    """A stored completion's spoken answer (kept as wav) in the format the request asked: bare
+    pcm16 at 24 kHz (OpenAI's ``message.audio.data`` is then the samples), or a file FFmpeg encodes
+    (mp3, flac, opus, aac, as ``/v1/audio/speech`` writes them)."""
     audio = completion["choices"][0]["message"].get("audio")
-    if not audio or not audio.get("data"):
+    if fmt == "wav" or not audio or not audio.get("data"):
         return completion
     pcm, _ = parse_wav(base64.b64decode(audio["data"]))
+    if fmt != "pcm16":
+        writer = AudioFileWriter(cast(SpeechFormat, fmt))
+        pcm = writer.write(pcm) + writer.close()
     answer = copy.deepcopy(completion)
     answer["choices"][0]["message"]["audio"]["data"] = base64.b64encode(pcm).decode()
     return answer

@@ -304,11 +304,16 @@ class StructuredOutputs(StrictModel):
         return {"type": "grammar", "grammar": self.grammar}
 
 
+#: The formats a whole answer's audio comes in (OpenAI's); streamed audio is pcm16 at 24 kHz.
+FILE_AUDIO_FORMATS = ("mp3", "flac", "opus", "aac")
+
+
 class AudioOptions(StrictModel):
     #: Accepted for OpenAI compatibility; the CPU Talker has one voice.
     voice: str | None = None
-    #: Streamed audio is always pcm16 (24 kHz); a whole answer's audio is wav, or bare pcm16 with "pcm16".
-    format: Literal["pcm16", "wav"] | None = None
+    #: Streamed audio is always pcm16 (24 kHz); a whole answer's audio is wav, bare pcm16 with
+    #: "pcm16", or a file of the others (chat completions only: a session's result keeps wav).
+    format: Literal["pcm16", "wav", "mp3", "flac", "opus", "aac"] | None = None
 
 
 class StreamOptions(StrictModel):
@@ -578,6 +583,13 @@ class CreateSessionRequest(GenerationOptions):
     def _tool_input(self) -> CreateSessionRequest:
         if (self.input_role == "tool") != (self.input_tool_call_id is not None):
             raise ValueError("input_role tool goes with input_tool_call_id (and only it)")
+        return self
+
+    @model_validator(mode="after")
+    def _audio_as_sessions_give_it(self) -> CreateSessionRequest:
+        if self.audio is not None and self.audio.format in FILE_AUDIO_FORMATS:
+            raise ValueError(f"a session's audio streams as pcm16 and its result keeps wav, not {self.audio.format} "
+                             "(chat completions give a whole answer's audio in it)")
         return self
 
     @model_validator(mode="after")

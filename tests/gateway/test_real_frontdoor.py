@@ -7,9 +7,11 @@ composed as the embedded default is (``with_talker``).
 from __future__ import annotations
 
 import base64
+import io
 import json
 from collections.abc import AsyncIterator
 
+import av
 import httpx
 import numpy as np
 import openai
@@ -215,3 +217,19 @@ async def test_openai_client_gets_audio_in_a_non_streamed_completion(client: htt
         modalities=["text", "audio"], audio={"voice": "alloy", "format": "pcm16"})
     assert bare.choices[0].message.audio is not None
     assert base64.b64decode(bare.choices[0].message.audio.data) == pcm
+    # The other formats OpenAI gives a whole answer in: files that decode to the same length of speech.
+    for fmt in ("mp3", "flac"):
+        encoded = await openai_client(client).chat.completions.create(
+            model=MODEL, messages=QUESTION, temperature=0, max_tokens=6,
+            modalities=["text", "audio"], audio={"voice": "alloy", "format": fmt})
+        assert encoded.choices[0].message.audio is not None
+        with av.open(io.BytesIO(base64.b64decode(encoded.choices[0].message.audio.data))) as file:
+            assert file.format.name == fmt
+            seconds = sum(frame.samples / frame.sample_rate for frame in file.decode(audio=0))
+        assert abs(seconds - len(pcm) / 2 / OPENAI_PCM16_RATE) < 0.1, (fmt, seconds)
+    refused = await client.post("/v1/chat/completions", json={
+        "model": MODEL, "messages": QUESTION, "modalities": ["text", "audio"], "stream": True,
+        "audio": {"voice": "alloy", "format": "mp3"}})
+    assert "pcm16" in assert_error(refused, 400, "validation_error")["message"]
+    in_session = await client.post(BASE, json={"modalities": ["text", "audio"], "audio": {"format": "opus"}})
+    assert "wav" in assert_error(in_session, 422, "validation_error")["message"]

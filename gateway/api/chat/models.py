@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from gateway.service.models import (
+    FILE_AUDIO_FORMATS,
     ChatMessage,
     GenerationOptions,
     RefusalPart,
@@ -82,6 +83,13 @@ class ChatCompletionRequest(GenerationOptions, OpenAIBookkeeping):
     #: vLLM's: the answer's content starts with the last message's, when that is the assistant's
     #: (with ``continue_final_message``: the whole message, the prefilled start and what continues it).
     echo: bool | None = Field(None, strict=True)
+
+    @model_validator(mode="after")
+    def _streamed_audio_is_pcm16(self) -> ChatCompletionRequest:
+        if self.stream and self.audio is not None and self.audio.format in FILE_AUDIO_FORMATS:
+            raise ValueError(f"streamed audio comes as pcm16 deltas, not {self.audio.format}: ask for pcm16, or for "
+                             f"{self.audio.format} without stream")
+        return self
 
     @field_validator("web_search_options")
     @classmethod

@@ -16,7 +16,7 @@ from sse_starlette import ServerSentEvent
 from gateway import errors
 from gateway.api.chat.models import ChatCompletion, ChatCompletionRequest, ModelCard, ModelList
 from gateway.api.chat.service import ChatService
-from gateway.output.audio import as_pcm16
+from gateway.output.audio import in_format
 from gateway.output.frames import DONE
 from gateway.output.sse import FrameEvent
 from gateway.store.session_hash import SessionRecord
@@ -81,8 +81,9 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request, 
     answer = await completion_unless_client_leaves(request, chat, identity, session_id)
     if answer is None:
         return JSONResponse({}, status_code=CLIENT_LEFT)
-    if body.audio is not None and body.audio.format == "pcm16":
-        answer = await asyncio.to_thread(as_pcm16, answer)  # (minutes of audio: decoded off the loop)
+    if body.audio is not None and body.audio.format not in (None, "wav"):
+        # (minutes of audio: decoded and encoded off the loop)
+        answer = await asyncio.to_thread(in_format, answer, body.audio.format)
     if echoed:
         message = answer["choices"][0]["message"]
         message["content"] = echoed + (message.get("content") or "")

@@ -32,6 +32,7 @@ from gateway.api.chunks import b64decode_in_slices, record_from_json
 from gateway.domain.policies import StartPolicy
 from gateway.domain.states import SessionState
 from gateway.service.models import (
+    FILE_AUDIO_FORMATS,
     ChatMessage,
     ChunkIn,
     CreateSessionRequest,
@@ -77,6 +78,8 @@ class ChatService:
             self._sessions.check_input_modality(chunk, param=f"messages.{len(history)}.content")
         options = body.model_dump(include=set(GenerationOptions.model_fields), by_alias=True)  # json_schema's schema
         options["chat_template_kwargs"] = _template_kwargs(body.chat_template_kwargs, body.reasoning_effort)
+        if body.audio is not None and body.audio.format in FILE_AUDIO_FORMATS:
+            options["audio"]["format"] = None  # the session keeps wav; the door encodes the file
         request = CreateSessionRequest(
             **options, start_policy=StartPolicy.ON_END_ONLY, input_role=last.role, input_tool_call_id=last.tool_call_id,
             messages=[_history_message(m, f"messages.{i}.content") for i, m in enumerate(history)])
