@@ -121,7 +121,8 @@ async def _file_bytes(frames: AsyncGenerator[Any, None], writer: AudioFileWriter
                     if data := await asyncio.to_thread(writer.write, base64.b64decode(audio["data"])):
                         yield data
     if not spoken:  # before any byte: the answer's status says it, not an empty file
-        raise errors.InvalidRequest("the input has nothing the voice can say (no words)", param="input")
+        raise errors.InvalidRequest("the input has nothing the voice can say (no words in English, the "
+                                    "language it speaks)", param="input")
     yield await asyncio.to_thread(writer.close)
 
 
