@@ -210,6 +210,14 @@ class CallNotFound(SessionNotFound):
     code = "call_id_not_found"
 
 
+class NoSuchRoute(GatewayError):
+    """No route at the path (Starlette's 404, and a WebSocket to a path that has none)."""
+
+    status_code = HTTPStatus.NOT_FOUND
+    code = "not_found"
+    type = "invalid_request_error"
+
+
 class ModelNotFound(GatewayError):
     status_code = HTTPStatus.NOT_FOUND
     code = "model_not_found"

@@ -6,11 +6,11 @@ import json
 import logging
 from collections.abc import Mapping
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, WebSocket
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import Send
+from starlette.types import Receive, Scope, Send
 
 from gateway import errors
 from gateway.web.validation import validation_error
@@ -52,7 +52,33 @@ def _envelope(error: errors.GatewayError, request: Request, headers: Mapping[str
                         headers={**(_headers(error) or {}), **(headers or {})})
 
 
+#: A close code of the WebSocket protocol: the endpoint refuses the connection.
+POLICY_VIOLATION = 1008
+
+
+async def refuse_websocket(websocket: WebSocket, error: errors.GatewayError) -> None:
+    """Refused before the upgrade: an HTTP answer with the envelope where the server can
+    send one, else the close that makes the handshake fail (403)."""
+    try:
+        await websocket.send_denial_response(JSONResponse(error.envelope(), status_code=int(error.status_code)))
+    except RuntimeError:
+        await websocket.close(POLICY_VIOLATION, error.message.encode()[:120].decode("utf-8", "ignore"))
+
+
 def install_error_handlers(app: FastAPI) -> None:
+    not_found = app.router.default
+
+    async def no_such_route(scope: Scope, receive: Receive, send: Send) -> None:
+        """A WebSocket to a path that has none is a 404 with the envelope: Starlette's own answer,
+        a close that fails the handshake as a 403, reads as a refused key."""
+        if scope["type"] != "websocket":
+            await not_found(scope, receive, send)
+            return
+        await refuse_websocket(WebSocket(scope, receive, send),
+                               errors.NoSuchRoute(f"no WebSocket is served at {scope['path']}"))
+
+    app.router.default = no_such_route
+
     @app.exception_handler(errors.GatewayError)
     async def gateway_error(request: Request, exc: errors.GatewayError) -> JSONResponse:
         return _envelope(exc, request)

@@ -277,6 +277,18 @@ async def test_a_field_the_protocol_does_not_have_is_refused_and_the_session_sta
         assert conforming(json.loads(await ws.recv()))["type"] == "response.created"
 
 
+async def test_a_websocket_to_a_path_without_one_is_a_404(redis_url: str) -> None:
+    """Not Starlette's 403, which reads as a refused key (a framework's transport on a wrong URL)."""
+    async with live_app(make_settings(redis_url=redis_url), ScriptedEngine()) as url:
+        with pytest.raises(websockets.InvalidStatus) as refused:
+            async with websockets.connect(url.replace("http", "ws") + "/v1/nowhere"):
+                pass
+        assert refused.value.response.status_code == 404
+        assert json.loads(refused.value.response.body)["error"]["code"] == "not_found"
+        async with httpx.AsyncClient(base_url=url) as http:  # plain HTTP is answered as before
+            assert (await http.get("/v1/nowhere")).json()["error"]["code"] == "not_found"
+
+
 async def test_browsers_authenticate_with_the_key_subprotocol(redis_url: str, caplog: pytest.LogCaptureFixture) -> None:
     settings = make_settings(redis_url=redis_url, api_keys="sk-test")
     async with live_app(settings, ScriptedEngine()) as url:

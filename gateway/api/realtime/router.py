@@ -39,7 +39,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
-from fastapi.responses import JSONResponse
 
 from gateway import errors
 from gateway.api.realtime import events as ev
@@ -51,6 +50,7 @@ from gateway.api.realtime.connection import RealtimeConnection
 from gateway.api.realtime.limits import EventBudget
 from gateway.api.realtime.webrtc import CALLS, Call, Calls
 from gateway.settings import Settings
+from gateway.web.error_handlers import refuse_websocket
 from gateway.web.resources import Resources, resolve_caller
 
 logger = logging.getLogger(__name__)
@@ -77,7 +77,7 @@ async def realtime(websocket: WebSocket, model: str | None = None, session_id: s
                                       client_secret_ok=True)
         resources.service.check_enabled()
     except errors.GatewayError as exc:
-        await _refuse(websocket, exc)
+        await refuse_websocket(websocket, exc)
         return
     if call_id is not None:  # the call has its model: one named here is not checked (OpenAI's need none)
         await _attach(websocket, resources, caller.identity, call_id, protocols)
@@ -151,15 +151,6 @@ def close_reason(message: str) -> str:
     return message.encode()[:120].decode("utf-8", "ignore")
 
 
-async def _refuse(websocket: WebSocket, exc: errors.GatewayError) -> None:
-    """Refused before the upgrade: an HTTP answer with the envelope where the server can
-    send one, else the close that makes the handshake fail (403)."""
-    try:
-        await websocket.send_denial_response(JSONResponse(exc.envelope(), status_code=int(exc.status_code)))
-    except RuntimeError:
-        await websocket.close(POLICY_VIOLATION, close_reason(exc.message))
-
-
 async def _attach(websocket: WebSocket, resources: Resources, identity: str, call_id: str,
                   protocols: list[str]) -> None:
     """A backend's socket on the caller's call: held by this process (the one that answered its
@@ -171,7 +162,7 @@ async def _attach(websocket: WebSocket, resources: Resources, identity: str, cal
             call = here if here is not None and here.identity == identity else \
                 await elsewhere.enter_async_context(sideband.attached(resources.store, call_id, identity))
         except errors.GatewayError as exc:
-            await _refuse(websocket, exc)
+            await refuse_websocket(websocket, exc)
             return
         await websocket.accept(subprotocol="realtime" if "realtime" in protocols else None)
         await _control(websocket, call, resources.settings)
