@@ -1,0 +1,197 @@
+"""The Responses API's WebSocket mode (``/v1/responses``): the official SDK's
+``responses.connect()`` and a raw socket, real Redis, the scripted engine.
+
+The real engine and LiveKit's ``openai.responses.LLM`` use it in test_responses_socket_real.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import websockets
+from openai import AsyncOpenAI
+from openai.types.responses.responses_server_event import ResponsesServerEvent
+from pydantic import TypeAdapter
+
+from gateway.api.chat import responses_socket
+from omni_adapter.scripted import Script, ScriptedEngine
+from tests.gateway.client import live_app, make_settings
+from tests.gateway.test_responses import WEATHER, streamed
+
+SERVER_EVENT: TypeAdapter[Any] = TypeAdapter(ResponsesServerEvent)
+KEY = "sk-socket"
+
+
+@pytest.fixture
+def engine() -> ScriptedEngine:
+    return ScriptedEngine(Script(calls=lambda request, text: [("get_weather", '{"city": "Paris"}')]
+                                 if request.tools and "weather" in text else []))
+
+
+@pytest.fixture
+async def url(redis_url: str, engine: ScriptedEngine) -> AsyncIterator[str]:
+    async with live_app(make_settings(redis_url=redis_url), engine) as served:
+        yield served
+
+
+def sdk(url: str, api_key: str = "unused") -> AsyncOpenAI:
+    return AsyncOpenAI(base_url=f"{url}/v1", api_key=api_key, max_retries=0)
+
+
+def ws_url(url: str) -> str:
+    return url.replace("http", "ws") + "/v1/responses"
+
+
+async def until_end(events: AsyncIterator[Any]) -> list[dict[str, Any]]:
+    """A response's events (or one ``error``), each checked against the SDK's model of its type."""
+    got: list[dict[str, Any]] = []
+    async with asyncio.timeout(30):
+        async for event in events:
+            got.append(event.to_dict() if hasattr(event, "to_dict") else json.loads(event))
+            SERVER_EVENT.validate_python(got[-1])
+            if got[-1]["type"] in ("response.completed", "response.incomplete", "response.failed", "error"):
+                return got
+    raise AssertionError(f"the socket closed after {got}")
+
+
+def alike(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The events without what differs between two runs of the same request (ids, times)."""
+    text = json.dumps(events)
+    ids = {e["response"]["id"] for e in events if "response" in e}
+    for response_id in ids:
+        text = text.replace(response_id, "ID")
+    found = json.loads(text)
+    for event in found:
+        if "response" in event:
+            event["response"]["created_at"] = 0
+    return found
+
+
+async def test_two_turns_and_a_function_call_round_trip_with_the_sdk(url: str, engine: ScriptedEngine) -> None:
+    async with sdk(url).responses.connect() as connection:
+        await connection.response.create(model="scripted", input="hello there", store=False, instructions="Be brief.")
+        first = await until_end(connection)
+        assert first[-1]["type"] == "response.completed"
+        answer = first[-1]["response"]
+        assert answer["output"][0]["content"][0]["text"] == "echo: hello there"
+
+        # The second turn sends only its new input: the first one's items come before it.
+        await connection.response.create(model="scripted", input="what is the weather?", tools=[WEATHER],
+                                         tool_choice="required", previous_response_id=answer["id"], store=False)
+        second = await until_end(connection)
+        called = second[-1]["response"]
+        assert called["previous_response_id"] == answer["id"]
+        [call] = [item for item in called["output"] if item["type"] == "function_call"]
+        assert call["name"] == "get_weather"
+        request = engine.sessions[-1].request
+        # (The instructions are not carried over, as OpenAI's are not: each response has its own.)
+        assert [m["role"] for m in request.messages] == ["user", "assistant"]
+        assert request.messages[-1]["content"] == "echo: hello there"
+
+        # Its result goes back as a function_call_output continuing the call's response.
+        await connection.response.create(model="scripted", tools=[WEATHER], previous_response_id=called["id"],
+                                         input=[{"type": "function_call_output", "call_id": call["call_id"],
+                                                 "output": "Sunny"}])
+        third = await until_end(connection)
+        assert third[-1]["type"] == "response.completed"
+        request = engine.sessions[-1].request
+        assert request.input_role == "tool"
+        assert request.messages[-1]["tool_calls"][0]["function"]["name"] == "get_weather"
+        assert [m["role"] for m in request.messages] == ["user", "assistant", "user", "assistant"]
+
+
+async def test_the_events_are_those_of_the_streamed_post(url: str) -> None:
+    asked = {"model": "scripted", "input": "what is the weather?", "tools": [WEATHER], "instructions": "Be brief."}
+    posted = await streamed(sdk(url), **asked)
+    async with websockets.connect(ws_url(url)) as ws:
+        await ws.send(json.dumps({"type": "response.create", **asked}))
+        sent = await until_end(aiter(ws))
+    assert alike(sent) == alike(posted)
+
+
+async def test_what_cannot_be_taken_is_an_error_event_and_the_connection_goes_on(url: str) -> None:
+    async with websockets.connect(ws_url(url)) as ws:
+        async def refused(raw: str) -> dict[str, Any]:
+            await ws.send(raw)
+            [event] = await until_end(aiter(ws))
+            assert event["type"] == "error" and set(event["error"]) == {"type", "code", "message", "param"}
+            return event
+
+        assert (await refused("{not json"))["error"]["code"] == "invalid_json"
+        unknown = await refused(json.dumps({"type": "response.cancel"}))
+        assert unknown["status"] == 400 and unknown["error"]["param"] == "type"
+        hot = await refused(json.dumps({"type": "response.create", "input": "hi", "temperature": 5}))
+        assert hot["status"] == 400 and hot["error"]["param"] == "temperature"
+        behind = await refused(json.dumps({"type": "response.create", "input": "hi", "background": True}))
+        assert behind["error"]["param"] == "background"
+        lane = await refused(json.dumps({"type": "response.create", "input": "hi", "stream_id": "main"}))
+        assert lane["error"]["param"] == "stream_id"
+        missing = await refused(json.dumps({"type": "response.create", "input": "hi",
+                                            "previous_response_id": "resp_nope"}))
+        assert missing["error"] == {"type": "invalid_request_error", "code": "previous_response_not_found",
+                                    "message": "Previous response with id 'resp_nope' not found.",
+                                    "param": "previous_response_id"}
+
+        # ``stream`` is implicit (Codex sends it anyway), and the connection answers after all of that.
+        await ws.send(json.dumps({"type": "response.create", "model": "scripted", "input": "hi", "stream": True}))
+        assert (await until_end(aiter(ws)))[-1]["type"] == "response.completed"
+
+
+async def test_only_the_last_response_is_kept_and_a_failed_continuation_drops_it(url: str) -> None:
+    async with websockets.connect(ws_url(url)) as ws:
+        async def ask(**fields: Any) -> dict[str, Any]:
+            await ws.send(json.dumps({"type": "response.create", "model": "scripted", **fields}))
+            return (await until_end(aiter(ws)))[-1]
+
+        first = (await ask(input="one"))["response"]["id"]
+        second = (await ask(input="two"))["response"]["id"]
+        assert (await ask(input="three", previous_response_id=first))["error"]["code"] == "previous_response_not_found"
+        assert (await ask(input="three", previous_response_id=second))["type"] == "response.completed"
+        third = (await ask(input="four"))["response"]["id"]
+        # A continuation that fails evicts the response it named, as OpenAI's cache does.
+        assert (await ask(input="five", previous_response_id=third, temperature=5))["type"] == "error"
+        assert (await ask(input="five", previous_response_id=third))["error"]["code"] == "previous_response_not_found"
+
+
+async def test_responses_asked_at_once_run_one_after_another(url: str) -> None:
+    async with websockets.connect(ws_url(url)) as ws:
+        for word in ("first", "second", "third"):
+            await ws.send(json.dumps({"type": "response.create", "model": "scripted", "input": word}))
+        for word in ("first", "second", "third"):
+            events = await until_end(aiter(ws))
+            assert events[0]["type"] == "response.created" and events[-1]["type"] == "response.completed"
+            assert events[-1]["response"]["output"][0]["content"][0]["text"] == f"echo: {word}"
+
+
+async def test_post_still_refuses_previous_response_id(url: str) -> None:
+    with pytest.raises(Exception) as refused:
+        await sdk(url).responses.create(model="scripted", input="hi", previous_response_id="resp_x")
+    assert getattr(refused.value, "status_code", None) == 400
+
+
+async def test_the_handshake_authenticates_as_the_http_route_does(redis_url: str) -> None:
+    async with live_app(make_settings(redis_url=redis_url, api_keys=KEY), ScriptedEngine()) as url:
+        with pytest.raises(websockets.InvalidStatus) as refused:
+            async with websockets.connect(ws_url(url)):
+                pass
+        assert refused.value.response.status_code == 401
+        with pytest.raises(websockets.InvalidStatus) as refused:
+            async with websockets.connect(ws_url(url), additional_headers={"Authorization": "Bearer sk-wrong"}):
+                pass
+        assert refused.value.response.status_code == 401
+        async with sdk(url, KEY).responses.connect() as connection:
+            await connection.response.create(model="scripted", input="hi")
+            assert (await until_end(connection))[-1]["type"] == "response.completed"
+
+
+async def test_a_connection_past_openais_hour_is_told_to_open_another(url: str,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(responses_socket, "LIFETIME_SEC", 0)
+    async with websockets.connect(ws_url(url)) as ws:
+        await ws.send(json.dumps({"type": "response.create", "model": "scripted", "input": "hi"}))
+        [event] = await until_end(aiter(ws))
+        assert event["error"]["code"] == "websocket_connection_limit_reached"
