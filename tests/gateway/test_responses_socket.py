@@ -1,7 +1,8 @@
 """The Responses API's WebSocket mode (``/v1/responses``): the official SDK's
 ``responses.connect()`` and a raw socket, real Redis, the scripted engine.
 
-The real engine and LiveKit's ``openai.responses.LLM`` use it in test_responses_socket_real.py.
+The real engine answers it in the last test here; LiveKit's ``openai.responses.LLM`` uses it in
+tests/frameworks/test_livekit.py.
 """
 
 from __future__ import annotations
@@ -18,18 +19,14 @@ from openai.types.responses.responses_server_event import ResponsesServerEvent
 from pydantic import TypeAdapter
 
 from gateway.api.chat import responses_socket
-from omni_adapter.scripted import Script, ScriptedEngine
+from omni_adapter.scripted import ScriptedEngine
 from tests.gateway.client import live_app, make_settings
-from tests.gateway.test_responses import WEATHER, streamed
+from tests.gateway.test_responses import WEATHER, engine, streamed
 
 SERVER_EVENT: TypeAdapter[Any] = TypeAdapter(ResponsesServerEvent)
+__all__ = ["engine"]  # the POST's tests' scripted engine: it calls get_weather when asked the weather
 KEY = "sk-socket"
-
-
-@pytest.fixture
-def engine() -> ScriptedEngine:
-    return ScriptedEngine(Script(calls=lambda request, text: [("get_weather", '{"city": "Paris"}')]
-                                 if request.tools and "weather" in text else []))
+MODEL = "SmolLM2-135M-Instruct"
 
 
 @pytest.fixture
@@ -195,3 +192,29 @@ async def test_a_connection_past_openais_hour_is_told_to_open_another(url: str,
         await ws.send(json.dumps({"type": "response.create", "model": "scripted", "input": "hi"}))
         [event] = await until_end(aiter(ws))
         assert event["error"]["code"] == "websocket_connection_limit_reached"
+
+
+@pytest.mark.engine
+async def test_the_real_engine_over_the_sdk_two_turns_then_a_function_call_round_trip(
+        redis_url: str, vllm_engine: Any) -> None:
+    """SmolLM2 on the CPU: short prompts, few tokens. Each turn sends only its new input."""
+    async with live_app(make_settings(redis_url=redis_url), vllm_engine) as served, \
+            sdk(served).responses.connect() as connection:
+        async def ask(**fields: Any) -> dict[str, Any]:
+            await connection.response.create(model=MODEL, temperature=0, store=False, **fields)
+            end = (await until_end(connection))[-1]
+            assert end["type"] in ("response.completed", "response.incomplete"), end
+            return dict(end["response"])
+
+        first = await ask(input="My name is Ada. Say hi.", max_output_tokens=12)
+        asked = await ask(input="What is the weather in Paris?", previous_response_id=first["id"], tools=[WEATHER],
+                          tool_choice="required", parallel_tool_calls=False, max_output_tokens=40)
+        # The first turn's input and answer came before the question.
+        assert asked["usage"]["input_tokens"] > first["usage"]["input_tokens"] + first["usage"]["output_tokens"]
+        [call] = [item for item in asked["output"] if item["type"] == "function_call"]
+        assert call["name"] == "get_weather" and isinstance(json.loads(call["arguments"])["city"], str)
+        told = await ask(previous_response_id=asked["id"], tools=[WEATHER], max_output_tokens=24, input=[
+            {"type": "function_call_output", "call_id": call["call_id"], "output": "Sunny and 24 degrees"}])
+        assert told["usage"]["input_tokens"] > asked["usage"]["input_tokens"]
+        [message] = [item for item in told["output"] if item["type"] == "message"]
+        assert message["content"][0]["text"].strip()
