@@ -12,6 +12,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
+import httpx
 import pytest
 import websockets
 from openai import AsyncOpenAI
@@ -19,7 +20,7 @@ from openai.types.responses.responses_server_event import ResponsesServerEvent
 from pydantic import TypeAdapter
 
 from gateway.api.chat import responses_socket
-from omni_adapter.scripted import ScriptedEngine
+from omni_adapter.scripted import Script, ScriptedEngine
 from tests.gateway.client import live_app, make_settings
 from tests.gateway.test_responses import WEATHER, engine, streamed
 
@@ -162,6 +163,23 @@ async def test_responses_asked_at_once_run_one_after_another(url: str) -> None:
             events = await until_end(aiter(ws))
             assert events[0]["type"] == "response.created" and events[-1]["type"] == "response.completed"
             assert events[-1]["response"]["output"][0]["content"][0]["text"] == f"echo: {word}"
+
+
+async def test_a_client_that_leaves_mid_response_cancels_its_session(redis_url: str) -> None:
+    engine = ScriptedEngine(script=Script(hang=True))
+    async with live_app(make_settings(redis_url=redis_url), engine) as url, httpx.AsyncClient(base_url=url) as client:
+        async with websockets.connect(ws_url(url)) as ws:
+            await ws.send(json.dumps({"type": "response.create", "input": "hi there"}))
+            sid = json.loads(await ws.recv())["response"]["id"]  # (response.created: the session's id)
+            while json.loads(await ws.recv())["type"] != "response.output_text.delta":
+                pass
+        # The socket is closed here, before the response ended.
+        for _ in range(100):
+            state = (await client.get(f"/v1/streaming_input/sessions/{sid}")).json()["state"]
+            if state == "cancelled":
+                break
+            await asyncio.sleep(0.05)
+        assert state == "cancelled" and engine.sessions[0].aborted
 
 
 async def test_post_still_refuses_previous_response_id(url: str) -> None:
