@@ -21,7 +21,7 @@ from pydantic import TypeAdapter
 
 from gateway.api.chat import responses_socket
 from omni_adapter.scripted import Script, ScriptedEngine
-from tests.gateway.client import live_app, make_settings
+from tests.gateway.client import live_app, make_settings, state_once_cancelled
 from tests.gateway.test_responses import WEATHER, engine, streamed
 
 SERVER_EVENT: TypeAdapter[Any] = TypeAdapter(ResponsesServerEvent)
@@ -174,12 +174,7 @@ async def test_a_client_that_leaves_mid_response_cancels_its_session(redis_url: 
             while json.loads(await ws.recv())["type"] != "response.output_text.delta":
                 pass
         # The socket is closed here, before the response ended.
-        for _ in range(100):
-            state = (await client.get(f"/v1/streaming_input/sessions/{sid}")).json()["state"]
-            if state == "cancelled":
-                break
-            await asyncio.sleep(0.05)
-        assert state == "cancelled" and engine.sessions[0].aborted
+        assert await state_once_cancelled(client, sid) == "cancelled" and engine.sessions[0].aborted
 
 
 async def test_post_still_refuses_previous_response_id(url: str) -> None:
