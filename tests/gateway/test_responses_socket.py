@@ -16,6 +16,7 @@ import httpx
 import pytest
 import websockets
 from openai import AsyncOpenAI
+from openai.types.responses.responses_client_event import ResponseCreate
 from openai.types.responses.responses_server_event import ResponsesServerEvent
 from pydantic import TypeAdapter
 
@@ -153,6 +154,21 @@ async def test_only_the_last_response_is_kept_and_a_failed_continuation_drops_it
         # A continuation that fails evicts the response it named, as OpenAI's cache does.
         assert (await ask(input="five", previous_response_id=third, temperature=5))["type"] == "error"
         assert (await ask(input="five", previous_response_id=third))["error"]["code"] == "previous_response_not_found"
+
+
+async def test_a_warmup_generates_nothing_and_is_continued_from(url: str, engine: ScriptedEngine) -> None:
+    """``generate: false`` (the SDK's documented warmup, Codex's prewarm): a response without output
+    whose input the next response starts from."""
+    async with sdk(url).responses.connect() as connection:
+        # (As the SDK's README has it: its event model, with generate as an extra field.)
+        await connection.send(ResponseCreate(type="response.create", model="scripted", generate=False,
+                                             input=[{"role": "developer", "content": "Be brief."}]))
+        warm = await until_end(connection)
+        assert [e["type"] for e in warm] == ["response.created", "response.in_progress", "response.completed"]
+        assert warm[-1]["response"]["output"] == [] and not engine.sessions, "nothing ran"
+        await connection.response.create(model="scripted", input="hello", previous_response_id=warm[-1]["response"]["id"])
+        assert (await until_end(connection))[-1]["type"] == "response.completed"
+        assert engine.sessions[-1].request.messages == ({"role": "system", "content": "Be brief."},)
 
 
 async def test_responses_asked_at_once_run_one_after_another(url: str) -> None:

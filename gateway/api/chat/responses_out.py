@@ -93,12 +93,19 @@ def response_of(completion: dict[str, Any], shape: ResponseShape) -> dict[str, A
     return shape.response(completion["id"], status, output, completion.get("usage"), error)
 
 
+def warmup_events(shape: ResponseShape, response_id: str) -> list[ServerSentEvent]:
+    """The events of a response that generates nothing (a WebSocket's ``generate: false``, which
+    only prepares what a next response continues from): begun, then completed without output."""
+    stream = _EventStream(shape, response_id)
+    return [*stream.begun(), stream.event("response.completed", response=stream.snapshot("completed"))]
+
+
 async def response_events(frames: AsyncGenerator[ServerSentEvent, None], shape: ResponseShape,
                           response_id: str) -> AsyncGenerator[ServerSentEvent, None]:
     """The session's ``chat.completion.chunk`` frames as Responses stream events."""
     stream = _EventStream(shape, response_id)
-    yield stream.event("response.created", response=stream.snapshot("in_progress"))
-    yield stream.event("response.in_progress", response=stream.snapshot("in_progress"))
+    for event in stream.begun():
+        yield event
     error: dict[str, Any] | None = None
     try:
         # Closed with this generator (a client that left): its end cancels the session at once.
@@ -143,6 +150,10 @@ class _EventStream:
         event = {"type": kind, "sequence_number": self._sequence, **fields}
         self._sequence += 1
         return FrameEvent(data=orjson.dumps(event).decode(), event=kind)
+
+    def begun(self) -> list[ServerSentEvent]:
+        return [self.event("response.created", response=self.snapshot("in_progress")),
+                self.event("response.in_progress", response=self.snapshot("in_progress"))]
 
     def snapshot(self, status: str, error: dict[str, Any] | None = None) -> dict[str, Any]:
         return self._shape.response(self._id, status, self._output, self._usage, error)

@@ -15,6 +15,8 @@ module only carries them and keeps what OpenAI's connection keeps:
   ``previous_response_not_found``. A continuation that fails (an ``error`` event, or
   ``response.failed``) drops the response it named, as OpenAI evicts it. Nothing outlives
   the connection; over HTTP ``previous_response_id`` stays refused.
+- ``generate: false`` (a warmup) answers at once with a response that has no output and
+  keeps its input, for the next response to continue from (``previous_response_id``).
 - An event that cannot be taken (not JSON, an unknown type, a refused field) is an
   ``error`` event with OpenAI's shape (``status`` and ``error``: type, code, message,
   param) and the connection goes on.
@@ -33,6 +35,7 @@ import asyncio
 import contextlib
 import logging
 import time
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,7 +46,7 @@ from pydantic import TypeAdapter, ValidationError
 from gateway import errors
 from gateway.api.chat.responses import start_response
 from gateway.api.chat.responses_models import InputItem, ResponsesRequest
-from gateway.api.chat.responses_out import response_events
+from gateway.api.chat.responses_out import ResponseShape, response_events, warmup_events
 from gateway.api.chat.router import chat_service
 from gateway.web.resources import Resources, authenticate
 from gateway.web.validation import validation_error
@@ -180,6 +183,10 @@ class ResponsesConnection:
 
     async def _respond(self, event: dict[str, Any]) -> None:
         fields = {k: v for k, v in event.items() if k not in ("type", "stream")}  # (stream: implicit; Codex sends it)
+        generate = fields.pop("generate", True)
+        if not isinstance(generate, bool):
+            raise errors.ValidationFailed("generate: a boolean (false: a warmup that generates nothing)",
+                                          param="generate")
         if "stream_id" in fields:
             raise errors.InvalidRequest("named streams (stream_id) are not run here: a connection runs its responses "
                                         "one after another; open another connection to run them side by side",
@@ -197,6 +204,12 @@ class ResponsesConnection:
             history = self.kept.items
         body = body.model_copy(update={"input": [*history, *body.input], "previous_response_id": None,
                                        "model": body.model or self._model})
+        if not generate:  # a warmup: nothing to run, its input kept for the next response to continue
+            response_id = f"resp_{uuid.uuid4().hex}"
+            for frame in warmup_events(ResponseShape.of(body, body.model or self._model, continued), response_id):
+                await self._send_text(str(frame.data))
+            self.kept = Kept(response_id, body.input)
+            return
         settings = self._resources.settings
         if settings.rate_limit_rps > 0:  # each response is a request of the identity's rate, as over HTTP
             await self._resources.store.take_token(self._identity, settings.rate_limit_rps, settings.token_burst)
