@@ -22,8 +22,8 @@ module only carries them and keeps what OpenAI's connection keeps:
   param) and the connection goes on.
 
 Limits: the handshake authenticates as the HTTP route does (an API key in
-``Authorization``, or the browser's ``openai-insecure-api-key.`` subprotocol) and is
-charged one request of the identity's rate; each response is one more. Events share
+``Authorization``; OpenAI documents no browser way for this socket) and is charged one
+request of the identity's rate; each response is one more. Events share
 Realtime's per-connection budget and size cap (``web/websocket.py``); a connection with
 nothing to do for the session timeout is closed; after OpenAI's 60 minutes a
 ``response.create`` is ``websocket_connection_limit_reached``.
