@@ -16,6 +16,7 @@ import httpx
 import pytest
 import websockets
 from openai import AsyncOpenAI
+from openai.lib.responses_websocket import AsyncResponsesWebSocketSession, ResponsesWebSocketLimits
 from openai.types.responses.responses_client_event import ResponseCreate
 from openai.types.responses.responses_server_event import ResponsesServerEvent
 from pydantic import TypeAdapter
@@ -127,8 +128,11 @@ async def test_what_cannot_be_taken_is_an_error_event_and_the_connection_goes_on
         assert hot["status"] == 400 and hot["error"]["param"] == "temperature"
         behind = await refused(json.dumps({"type": "response.create", "input": "hi", "background": True}))
         assert behind["error"]["param"] == "background"
-        lane = await refused(json.dumps({"type": "response.create", "input": "hi", "stream_id": "main"}))
-        assert lane["error"]["param"] == "stream_id"
+        lane = await refused(json.dumps({"type": "response.create", "input": "hi", "stream_id": ""}))
+        assert lane["error"]["code"] == "invalid_stream_id" and "stream_id" not in lane
+        named = await refused(json.dumps({"type": "response.create", "input": "hi", "stream_id": "main",
+                                          "temperature": 5}))
+        assert named["stream_id"] == "main" and named["error"]["param"] == "temperature"
         missing = await refused(json.dumps({"type": "response.create", "input": "hi",
                                             "previous_response_id": "resp_nope"}))
         assert missing["error"] == {"type": "invalid_request_error", "code": "previous_response_not_found",
@@ -191,6 +195,40 @@ async def test_a_client_that_leaves_mid_response_cancels_its_session(redis_url: 
                 pass
         # The socket is closed here, before the response ended.
         assert await state_once_cancelled(client, sid) == "cancelled" and engine.sessions[0].aborted
+
+
+async def test_named_lanes_each_keep_their_last_response_and_fork(
+        url: str, engine: ScriptedEngine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``stream_id`` lanes through the SDK's own lane helper: each lane's events carry its id, a
+    lane continues its own last response, another lane forks it."""
+    limits = ResponsesWebSocketLimits(max_lanes=8, max_events_per_lane=256, max_events=1024,
+                                      max_bytes_per_lane=1 << 24, max_bytes=1 << 25)
+    async with sdk(url).responses.connect() as connection, \
+            AsyncResponsesWebSocketSession(connection, limits=limits) as session:
+        first, second = session.lane("first"), session.lane("second")
+        for lane, word in ((first, "one"), (second, "two")):
+            await lane.send({"type": "response.create", "model": "scripted", "input": word})
+        one, two = await asyncio.gather(first.get_final_response(), second.get_final_response())
+        assert (one.output_text, two.output_text) == ("echo: one", "echo: two")
+
+        await first.send({"type": "response.create", "model": "scripted", "input": "three",
+                          "previous_response_id": one.id})
+        assert (await first.get_final_response()).status == "completed"
+        assert [m["content"] for m in engine.sessions[-1].request.messages] == ["one", "echo: one"]
+        fork = session.lane("fork")
+        await fork.send({"type": "response.create", "model": "scripted", "input": "four",
+                         "previous_response_id": two.id})
+        assert (await fork.get_final_response()).status == "completed"
+        assert [m["content"] for m in engine.sessions[-1].request.messages] == ["two", "echo: two"]
+
+    monkeypatch.setattr(responses_socket, "MAX_LANES", 1)
+    async with websockets.connect(ws_url(url)) as ws:
+        await ws.send(json.dumps({"type": "response.create", "model": "scripted", "input": "a", "stream_id": "a"}))
+        answered = await until_end(aiter(ws))
+        assert {e.get("stream_id") for e in answered} == {"a"}
+        await ws.send(json.dumps({"type": "response.create", "model": "scripted", "input": "b", "stream_id": "b"}))
+        [refused] = await until_end(aiter(ws))
+        assert refused["stream_id"] == "b" and refused["error"]["code"] == "websocket_stream_limit_reached"
 
 
 async def test_post_still_refuses_previous_response_id(url: str) -> None:

@@ -6,14 +6,17 @@ sends, the same JSON, one text message each. A response runs as the POST's does
 (``responses.py``: the same request model, translation, session, checks and events); this
 module only carries them and keeps what OpenAI's connection keeps:
 
-- Responses run one after another, in the order they were asked: a ``response.create``
-  while one runs waits for it (OpenAI's default lane is first in, first out, without
-  overlap). Named lanes (``stream_id``) are not run here: one is refused.
-- The connection's last response is kept in memory, as OpenAI's connection-local cache
-  keeps the latest response of a lane: ``previous_response_id`` naming it puts its input
-  and output items before the new input, with ``store: false`` too; any other id is OpenAI's
-  ``previous_response_not_found``. A continuation that fails (an ``error`` event, or
-  ``response.failed``) drops the response it named, as OpenAI evicts it. Nothing outlives
+- Responses run one after another in the order they were asked, on each lane: a
+  ``response.create`` while one runs on its lane waits for it (OpenAI's lanes are first
+  in, first out, without overlap). A ``stream_id`` names a lane of its own, whose
+  responses run beside the other lanes' (16 at once; 32 named lanes a connection), and
+  whose events and errors carry its ``stream_id``; without one, the default lane's carry none.
+- Each lane's last response is kept in memory, as OpenAI's connection-local cache keeps
+  a lane's latest response: ``previous_response_id`` naming one (another lane's too: a
+  fork) puts its input and output items before the new input, with ``store: false``
+  too; any other id is OpenAI's ``previous_response_not_found``. A continuation that
+  fails (an ``error`` event, or ``response.failed``) drops the response it named from its
+  lane, as OpenAI evicts it (a fork's failure leaves the other lane's). Nothing outlives
   the connection; over HTTP ``previous_response_id`` stays refused.
 - ``generate: false`` (a warmup) answers at once with a response that has no output and
   keeps its input, for the next response to continue from (``previous_response_id``).
@@ -34,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 import uuid
 from dataclasses import dataclass
@@ -57,8 +61,12 @@ router = APIRouter(tags=["openai"])
 
 #: OpenAI's connection lifetime: a ``response.create`` after it is refused (open another).
 LIFETIME_SEC = 60 * 60
-#: ``response.create`` events waiting behind the running one (OpenAI runs 16 at once, then queues).
+#: OpenAI's: named lanes (``stream_id``) a connection takes, the default lane aside; responses
+#: running at once across the lanes (more wait for room).
+MAX_LANES, MAX_RUNNING = 32, 16
+#: ``response.create`` events a lane holds behind its running one.
 MAX_WAITING = 16
+_STREAM_ID = re.compile(r"[A-Za-z0-9_.-]{1,256}")
 #: A response's last event; its ``response`` is the whole answer.
 TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
 _ITEMS: TypeAdapter[list[InputItem]] = TypeAdapter(list[InputItem])
@@ -86,26 +94,45 @@ async def responses_socket(websocket: WebSocket, model: str | None = None) -> No
         logger.info("responses socket: closed for %s", caller.identity)
 
 
-def error_event(exc: errors.GatewayError) -> dict[str, Any]:
+def error_event(exc: errors.GatewayError, stream_id: str | None = None) -> dict[str, Any]:
     """OpenAI's WebSocket ``error`` event: the envelope's fields and the HTTP status (a request
-    OpenAI's doors cannot take is a 400, as the HTTP route answers it)."""
+    OpenAI's doors cannot take is a 400, as the HTTP route answers it); a named lane's names it."""
     body = exc.envelope()["error"]
     status = 400 if exc.status_code == 422 else int(exc.status_code)
-    return {"type": "error", "status": status, "error": {
-        "type": body["type"], "code": body["code"], "message": body["message"], "param": body.get("param")}}
+    return {"type": "error", "status": status, **({"stream_id": stream_id} if stream_id is not None else {}),
+            "error": {"type": body["type"], "code": body["code"], "message": body["message"],
+                      "param": body.get("param")}}
 
 
 @dataclass(frozen=True)
 class Kept:
-    """The connection's last response: its id, and what a continuation of it starts from."""
+    """A lane's last response: its id, and what a continuation of it starts from."""
 
     response_id: str
     #: Its input (with what it continued) and its output, as input items.
     items: list[InputItem]
 
 
+class Lane:
+    """A ``stream_id``'s responses (``None``: the default lane's), first in, first out."""
+
+    def __init__(self, stream_id: str | None) -> None:
+        self.stream_id = stream_id
+        self.waiting: asyncio.Queue[dict[str, Any]] = asyncio.Queue(MAX_WAITING)
+        self.running = False
+        self.kept: Kept | None = None
+
+    @property
+    def busy(self) -> bool:
+        return self.running or not self.waiting.empty()
+
+    def labelled(self, text: str) -> str:
+        """An event's JSON with the lane's ``stream_id``, as OpenAI labels a named lane's events."""
+        return text if self.stream_id is None else f'{{"stream_id":{orjson.dumps(self.stream_id).decode()},{text[1:]}'
+
+
 class ResponsesConnection:
-    """One socket: a reader of client events, and a runner of their responses, in order."""
+    """One socket: a reader of client events, and a runner per lane that answers its events in order."""
 
     def __init__(self, websocket: WebSocket, resources: Resources, identity: str, model: str) -> None:
         self._websocket = websocket
@@ -113,26 +140,40 @@ class ResponsesConnection:
         self._identity = identity
         self._model = model
         self._chat = chat_service(resources)
-        self._waiting: asyncio.Queue[dict[str, Any]] = asyncio.Queue(MAX_WAITING)
-        self._running = False
+        self.lanes: dict[str | None, Lane] = {}
+        self._runners: list[asyncio.Task[None]] = []
+        self._failed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._room = asyncio.Semaphore(MAX_RUNNING)
         self._sending = asyncio.Lock()
         self._opened = time.monotonic()
-        self.kept: Kept | None = None
 
     async def serve(self) -> None:
-        """Until the client leaves (its response, if one runs, is cancelled) or stays idle."""
-        tasks = [asyncio.create_task(self._read(), name="responses socket: client events"),
-                 asyncio.create_task(self._run(), name="responses socket: responses")]
+        """Until the client leaves (its running responses are cancelled) or stays idle."""
+        reader = asyncio.create_task(self._read(), name="responses socket: client events")
         try:
-            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait([reader, self._failed], return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for task in tasks:
+            for task in (reader, *self._runners):
                 task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-        for task in tasks:
-            failure = None if task.cancelled() else task.exception()
+            await asyncio.gather(reader, *self._runners, return_exceptions=True)
+        for failed in (reader, self._failed):
+            failure = None if not failed.done() or failed.cancelled() else failed.exception()
             if failure is not None and not isinstance(failure, WebSocketDisconnect):
                 raise failure  # a bug or the store: the server's error, as on any socket
+
+    def lane(self, stream_id: str | None) -> Lane:
+        """The lane of ``stream_id``, begun (its runner started) on its first event."""
+        lane = self.lanes.get(stream_id)
+        if lane is None:
+            lane = self.lanes[stream_id] = Lane(stream_id)
+            runner = asyncio.create_task(self._run(lane), name=f"responses socket: lane {stream_id}")
+            runner.add_done_callback(self._ended)
+            self._runners.append(runner)
+        return lane
+
+    def _ended(self, runner: asyncio.Task[None]) -> None:
+        if not runner.cancelled() and not self._failed.done():
+            self._failed.set_exception(runner.exception() or RuntimeError("a lane's runner returned"))
 
     async def _read(self) -> None:
         settings = self._resources.settings
@@ -142,30 +183,48 @@ class ResponsesConnection:
                 async with asyncio.timeout(settings.session_timeout_sec):
                     raw = await receive_frame(self._websocket)
             except TimeoutError:
-                if self._running or not self._waiting.empty():
-                    continue  # the client waits for its answer
+                if any(lane.busy for lane in self.lanes.values()):
+                    continue  # the client waits for its answers
                 await self._websocket.close(NORMAL, "idle for longer than the session timeout")
                 return
+            stream_id = None
             try:
                 event = await read_event(raw, settings, budget)
-                self._waiting.put_nowait(event)
-            except errors.GatewayError as exc:
-                await self._send(error_event(exc))
+                stream_id = self._stream_id(event)
+                self.lane(stream_id).waiting.put_nowait(event)
+            except errors.GatewayError as exc:  # (a lane past the limit is named in its error)
+                await self._send(error_event(exc, stream_id or exc.details.get("stream_id")))
             except asyncio.QueueFull:
                 await self._send(error_event(errors.TooManyRequests(
-                    f"{MAX_WAITING} response.create events already wait on this connection; this one is dropped",
-                    retry_after=1)))
+                    f"{MAX_WAITING} response.create events already wait on this lane; this one is dropped",
+                    retry_after=1), stream_id))
 
-    async def _run(self) -> None:
+    def _stream_id(self, event: dict[str, Any]) -> str | None:
+        """The lane a ``response.create`` names (any other event goes to the default lane, in its turn)."""
+        if event.get("type") != "response.create" or "stream_id" not in event:
+            return None
+        stream_id = event["stream_id"]
+        if not isinstance(stream_id, str) or not _STREAM_ID.fullmatch(stream_id):
+            raise errors.InvalidStreamId(
+                "The 'stream_id' field must be a non-empty string with at most 256 characters and may only "
+                "contain letters, numbers, underscores, hyphens, and periods.", param="stream_id")
+        if stream_id not in self.lanes and sum(name is not None for name in self.lanes) >= MAX_LANES:
+            raise errors.StreamLimitReached(
+                f"This WebSocket connection has reached its maximum number of distinct stream IDs ({MAX_LANES}). "
+                "Reuse an existing stream_id or open a new WebSocket connection.", param="stream_id",
+                stream_id=stream_id)
+        return stream_id
+
+    async def _run(self, lane: Lane) -> None:
         while True:
-            event = await self._waiting.get()
-            self._running = True
+            event = await lane.waiting.get()
+            lane.running = True
             try:
-                await self.handle(event)
+                await self.handle(lane, event)
             finally:
-                self._running = False
+                lane.running = False
 
-    async def handle(self, event: dict[str, Any]) -> None:
+    async def handle(self, lane: Lane, event: dict[str, Any]) -> None:
         """One client event, to its end: a response's events, or an ``error`` event."""
         continued = event.get("previous_response_id")
         try:
@@ -176,39 +235,39 @@ class ResponsesConnection:
                 raise errors.ConnectionLimitReached(
                     f"Responses websocket connection limit reached ({LIFETIME_SEC // 60} minutes). Create a new "
                     "websocket connection to continue.")
-            await self._respond(event)
+            async with self._room:
+                await self._respond(lane, event)
         except errors.GatewayError as exc:
-            self._forget(continued)
-            await self._send(error_event(exc))
+            self._forget(lane, continued)
+            await self._send(error_event(exc, lane.stream_id))
 
-    async def _respond(self, event: dict[str, Any]) -> None:
-        fields = {k: v for k, v in event.items() if k not in ("type", "stream")}  # (stream: implicit; Codex sends it)
+    async def _respond(self, lane: Lane, event: dict[str, Any]) -> None:
+        # (stream: implicit, Codex sends it anyway; stream_id: the lane's)
+        fields = {k: v for k, v in event.items() if k not in ("type", "stream", "stream_id")}
         generate = fields.pop("generate", True)
         if not isinstance(generate, bool):
             raise errors.ValidationFailed("generate: a boolean (false: a warmup that generates nothing)",
                                           param="generate")
-        if "stream_id" in fields:
-            raise errors.InvalidRequest("named streams (stream_id) are not run here: a connection runs its responses "
-                                        "one after another; open another connection to run them side by side",
-                                        param="stream_id")
         try:
             body = ResponsesRequest.model_validate({**fields, "stream": True})
         except ValidationError as exc:
             raise validation_error(exc.errors()) from None
         continued = body.previous_response_id
         history: list[InputItem] = []
-        if continued is not None:
-            if self.kept is None or self.kept.response_id != continued:
+        if continued is not None:  # any lane's last response: another lane's is a fork of it
+            kept = next((other.kept for other in self.lanes.values()
+                         if other.kept is not None and other.kept.response_id == continued), None)
+            if kept is None:
                 raise errors.PreviousResponseNotFound(f"Previous response with id '{continued}' not found.",
                                                       param="previous_response_id")
-            history = self.kept.items
+            history = kept.items
         body = body.model_copy(update={"input": [*history, *body.input], "previous_response_id": None,
                                        "model": body.model or self._model})
         if not generate:  # a warmup: nothing to run, its input kept for the next response to continue
             response_id = f"resp_{uuid.uuid4().hex}"
             for frame in warmup_events(ResponseShape.of(body, body.model or self._model, continued), response_id):
-                await self._send_text(str(frame.data))
-            self.kept = Kept(response_id, body.input)
+                await self._send_text(lane.labelled(str(frame.data)))
+            lane.kept = Kept(response_id, body.input)
             return
         settings = self._resources.settings
         if settings.rate_limit_rps > 0:  # each response is a request of the identity's rate, as over HTTP
@@ -220,18 +279,20 @@ class ResponsesConnection:
         async with contextlib.aclosing(response_events(self._chat.stream(self._identity, session_id), shape,
                                                        session_id)) as events:
             async for frame in events:
-                await self._send_text(str(frame.data))
+                await self._send_text(lane.labelled(str(frame.data)))
                 if frame.event in TERMINAL:
                     end = orjson.loads(str(frame.data))["response"]
         if end is None or end["status"] == "failed":  # not a whole answer: nothing to continue from
-            self._forget(continued)
+            self._forget(lane, continued)
             return
-        self.kept = Kept(session_id, [*body.input, *_ITEMS.validate_python(end["output"])])
+        lane.kept = Kept(session_id, [*body.input, *_ITEMS.validate_python(end["output"])])
 
-    def _forget(self, response_id: Any) -> None:
-        """A continuation that failed drops the response it named (OpenAI evicts it)."""
-        if response_id is not None and self.kept is not None and self.kept.response_id == response_id:
-            self.kept = None
+    @staticmethod
+    def _forget(lane: Lane, response_id: Any) -> None:
+        """A continuation that failed drops the response it named from its lane (OpenAI evicts it;
+        a fork from another lane that failed leaves that lane's)."""
+        if response_id is not None and lane.kept is not None and lane.kept.response_id == response_id:
+            lane.kept = None
 
     async def _send(self, event: dict[str, Any]) -> None:
         await self._send_text(orjson.dumps(event).decode())
