@@ -201,7 +201,7 @@ class ResponsesConnection:
 
     def _stream_id(self, event: dict[str, Any]) -> str | None:
         """The lane a ``response.create`` names (any other event goes to the default lane, in its turn)."""
-        if event.get("type") != "response.create" or "stream_id" not in event:
+        if event.get("type") != "response.create" or event.get("stream_id") is None:  # (null: left out)
             return None
         stream_id = event["stream_id"]
         if not isinstance(stream_id, str) or not _STREAM_ID.fullmatch(stream_id):
