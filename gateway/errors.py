@@ -14,6 +14,10 @@ the handler knows HTTP.
     │   │   ├── ItemDeleteNotFound (400 item_delete_invalid_item_id)
     │   │   └── ItemTruncateNotFound (400 item_truncate_invalid_item_id)
     │   ├── NoActiveResponse (400 response_cancel_not_active)
+    │   ├── PreviousResponseNotFound (400 previous_response_not_found)  Responses WebSocket: OpenAI's codes
+    │   ├── ConnectionLimitReached (400 websocket_connection_limit_reached)
+    │   ├── InvalidStreamId (400 invalid_stream_id)
+    │   ├── StreamLimitReached (400 websocket_stream_limit_reached)
     │   └── PromptTooLong (400 context_length_exceeded)  a chat's messages: OpenAI's and vLLM's status
     ├── ValidationFailed (422 validation_error)
     │   ├── InvalidPayload (422 invalid_payload)
@@ -123,6 +127,30 @@ class PromptTooLong(InvalidRequest):
 
 class InvalidJson(InvalidRequest):
     code = "invalid_json"
+
+
+class PreviousResponseNotFound(InvalidRequest):
+    """A Responses WebSocket's ``previous_response_id`` that its connection does not keep."""
+
+    code = "previous_response_not_found"
+
+
+class ConnectionLimitReached(InvalidRequest):
+    """A Responses WebSocket past its lifetime: a new connection goes on."""
+
+    code = "websocket_connection_limit_reached"
+
+
+class InvalidStreamId(InvalidRequest):
+    """A Responses WebSocket lane's name (``stream_id``) that is not one."""
+
+    code = "invalid_stream_id"
+
+
+class StreamLimitReached(InvalidRequest):
+    """A Responses WebSocket's new lane past the lanes a connection takes."""
+
+    code = "websocket_stream_limit_reached"
 
 
 class ItemNotFound(InvalidRequest):

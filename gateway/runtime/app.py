@@ -13,6 +13,7 @@ from starlette.middleware.cors import CORSMiddleware
 
 from gateway.api.chat.completions import router as completions_router
 from gateway.api.chat.responses import router as responses_router
+from gateway.api.chat.responses_socket import router as responses_socket_router
 from gateway.api.chat.router import router as chat_router
 from gateway.api.chat.speech import router as speech_router
 from gateway.api.chat.transcriptions import router as transcriptions_router
@@ -216,6 +217,7 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
     app.include_router(upload_router)
     app.include_router(chat_router)
     app.include_router(responses_router)
+    app.include_router(responses_socket_router)
     app.include_router(completions_router)
     app.include_router(transcriptions_router)
     app.include_router(speech_router)

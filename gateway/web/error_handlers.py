@@ -14,6 +14,7 @@ from starlette.types import Receive, Scope, Send
 
 from gateway import errors
 from gateway.web.validation import validation_error
+from gateway.web.websocket import refuse
 
 logger = logging.getLogger(__name__)
 
@@ -52,19 +53,6 @@ def _envelope(error: errors.GatewayError, request: Request, headers: Mapping[str
                         headers={**(_headers(error) or {}), **(headers or {})})
 
 
-#: A close code of the WebSocket protocol: the endpoint refuses the connection.
-POLICY_VIOLATION = 1008
-
-
-async def refuse_websocket(websocket: WebSocket, error: errors.GatewayError) -> None:
-    """Refused before the upgrade: an HTTP answer with the envelope where the server can
-    send one, else the close that makes the handshake fail (403)."""
-    try:
-        await websocket.send_denial_response(JSONResponse(error.envelope(), status_code=int(error.status_code)))
-    except RuntimeError:
-        await websocket.close(POLICY_VIOLATION, error.message.encode()[:120].decode("utf-8", "ignore"))
-
-
 def install_error_handlers(app: FastAPI) -> None:
     not_found = app.router.default
 
@@ -74,8 +62,7 @@ def install_error_handlers(app: FastAPI) -> None:
         if scope["type"] != "websocket":
             await not_found(scope, receive, send)
             return
-        await refuse_websocket(WebSocket(scope, receive, send),
-                               errors.NoSuchRoute(f"no WebSocket is served at {scope['path']}"))
+        await refuse(WebSocket(scope, receive, send), errors.NoSuchRoute(f"no WebSocket is served at {scope['path']}"))
 
     app.router.default = no_such_route
 

@@ -1,4 +1,5 @@
-"""LiveKit Agents' OpenAI plugin: ``livekit.plugins.openai.realtime.RealtimeModel(base_url=...)``.
+"""LiveKit Agents' OpenAI plugin: ``livekit.plugins.openai.realtime.RealtimeModel(base_url=...)``,
+its STT and TTS, and ``openai.responses.LLM`` on its default WebSocket transport.
 
 An ``AgentSession`` needs a LiveKit room (a LiveKit server, which does not run
 here), so this drives the session class the plugin gives every agent
@@ -141,3 +142,33 @@ async def test_its_openai_tts_speaks_a_sentence(gateway: Gateway) -> None:
         await tts.aclose()
     said = b"".join(bytes(frame.data) for frame in frames)
     assert word_error_rate(sentence, recognize(said, frames[0].sample_rate)) <= 0.15
+
+
+async def test_its_responses_llm_over_its_default_websocket_two_turns(gateway: Gateway) -> None:
+    """LiveKit's ``openai.responses.LLM`` (a pipeline agent's LLM), its default transport a
+    WebSocket on ``/v1/responses``: the second turn continues the first by its
+    ``previous_response_id`` on the same socket, sending only the new items."""
+    async with utils.http_context.open():
+        model = openai.responses.LLM(model=gateway.model, base_url=f"{gateway.url}/v1/responses", api_key="unused",
+                                     temperature=0, max_output_tokens=48)
+        try:
+            context = llm.ChatContext()
+            context.add_message(role="system", content="Answer in a few words.")
+            said = []
+            for question in ("Say hello.", "Say goodbye."):
+                context.add_message(role="user", content=question)
+                async with model.chat(chat_ctx=context) as stream:
+                    text = "".join([chunk.delta.content async for chunk in stream
+                                    if chunk.delta is not None and chunk.delta.content])
+                assert text.strip()
+                said.append(text)
+                context.add_message(role="assistant", content=text)
+            first, second = gateway.engine.requests[-2:]
+            # The second turn starts from the first one's items, kept by the connection (its input and
+            # its answer); then what LiveKit sent: every item after the context it last sent, its own
+            # copy of the answer too.
+            answer = {"role": "assistant", "content": said[0]}
+            assert second.messages == (*first.messages, {"role": "user", "content": "Say hello."}, answer, answer)
+            assert model._prev_resp_id, "it continued by the previous response's id"
+        finally:
+            await model.aclose()

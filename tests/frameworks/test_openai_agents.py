@@ -187,3 +187,45 @@ async def test_a_text_agent_calls_its_tool_through_the_responses_api(gateway: Ga
                                    "What is the capital of France?", run_config=RunConfig(tracing_disabled=True))
     kinds = {event.type async for event in streamed.stream_events()}
     assert "raw_response_event" in kinds and isinstance(streamed.final_output, str) and streamed.final_output
+
+
+async def test_a_text_agent_over_the_responses_websocket_chains_its_turns(gateway: Gateway) -> None:
+    """The SDK's WebSocket transport (``OpenAIResponsesWSModel``, what
+    ``set_default_openai_responses_transport("websocket")`` picks) with response chaining: the
+    turn after the tool call sends only the call's output, continuing the first response by its
+    ``previous_response_id`` on the same socket."""
+    from agents import Agent, ModelSettings, OpenAIResponsesWSModel, RunConfig, Runner
+    from openai import AsyncOpenAI
+
+    @function_tool
+    def get_weather(city: str) -> str:
+        """The weather in a city."""
+        return f"It is sunny and 21 degrees in {city}."
+
+    client = AsyncOpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0)
+    model = OpenAIResponsesWSModel(gateway.model, client)
+    sent: list[dict[str, Any]] = []
+    send = model._iter_websocket_response_events
+
+    def watched(create_kwargs: dict[str, Any]) -> Any:  # (what it sends, read on the way)
+        sent.append(create_kwargs)
+        return send(create_kwargs)
+
+    model._iter_websocket_response_events = watched  # type: ignore[method-assign]
+    agent = Agent(name="weather", instructions="Answer with the tool's result in one sentence.",
+                  tools=[get_weather], model=model,
+                  model_settings=ModelSettings(tool_choice="required", parallel_tool_calls=False, max_tokens=48,
+                                               temperature=0))
+    try:
+        result = await Runner.run(agent, "What is the weather in Paris?", max_turns=3, auto_previous_response_id=True,
+                                  run_config=RunConfig(tracing_disabled=True))
+    finally:
+        await model.close()
+    assert isinstance(result.final_output, str) and result.final_output.strip()
+    assert len(sent) == 2 and sent[1]["previous_response_id"] == result.raw_responses[0].response_id
+    assert [item["type"] for item in sent[1]["input"]] == ["function_call_output"]
+    first, last = gateway.engine.requests[-2:]
+    # The first turn's question and call came from the connection: the SDK sent only the output.
+    assert last.input_role == "tool"
+    assert [m["role"] for m in last.messages] == [*(m["role"] for m in first.messages), "user", "assistant"]
+    assert last.messages[-1]["tool_calls"][0]["function"]["name"] == "get_weather"

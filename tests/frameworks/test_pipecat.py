@@ -1,4 +1,4 @@
-"""pipecat's ``OpenAIRealtimeLLMService`` pointed at our URL, in a pipeline with pipecat's own
+"""pipecat's ``OpenAIRealtimeLLMService`` (and its STT, TTS and ``OpenAIResponsesLLMService``) pointed at our URL, in a pipeline with pipecat's own
 test transports (``pipecat.tests.utils.QueuedFrameProcessor`` at both ends, as its
 ``run_test`` builds it): a spoken turn in as microphone frames, audio frames out.
 
@@ -20,7 +20,9 @@ from pipecat.frames.frames import (
     Frame,
     InputAudioRawFrame,
     InterimTranscriptionFrame,
+    LLMContextFrame,
     LLMFullResponseEndFrame,
+    LLMTextFrame,
     TranscriptionFrame,
     TTSAudioRawFrame,
     TTSSpeakFrame,
@@ -30,8 +32,10 @@ from pipecat.frames.frames import (
 )
 from pipecat.pipeline.pipeline import Pipeline
 from pipecat.pipeline.worker import PipelineWorker
+from pipecat.processors.aggregators.llm_context import LLMContext
 from pipecat.processors.frame_processor import FrameDirection
 from pipecat.services.openai.realtime.llm import OpenAIRealtimeLLMService
+from pipecat.services.openai.responses.llm import OpenAIResponsesLLMService
 from pipecat.services.openai.stt import OpenAIRealtimeSTTService, OpenAISTTService
 from pipecat.services.openai.tts import OpenAITTSService
 from pipecat.tests.utils import QueuedFrameProcessor
@@ -161,3 +165,45 @@ async def test_its_openai_tts_service_speaks_a_sentence(gateway: Gateway) -> Non
     audio = [f for f in received if isinstance(f, TTSAudioRawFrame)]
     said = b"".join(f.audio for f in audio)
     assert word_error_rate(sentence, recognize(said, audio[0].sample_rate)) <= 0.15
+
+
+async def test_its_responses_llm_service_over_its_websocket_continues_by_previous_response_id(
+        gateway: Gateway) -> None:
+    """``OpenAIResponsesLLMService`` (pipecat's Responses LLM; its transport a WebSocket on
+    ``/v1/responses``): two turns of a context; the second sends only the new message with the
+    first response's id, which the connection kept."""
+    llm = OpenAIResponsesLLMService(
+        api_key="unused", ws_url=gateway.url.replace("http", "ws") + "/v1/responses",
+        settings=OpenAIResponsesLLMService.Settings(model=gateway.model, system_instruction="Answer in a few words.",
+                                                    temperature=0, max_completion_tokens=48))
+    sent: list[dict[str, Any]] = []
+    send = llm._ws_send
+
+    async def watched(message: dict[str, Any]) -> None:  # (what it sends, read on the way)
+        sent.append(message)
+        await send(message)
+
+    llm._ws_send = watched  # type: ignore[method-assign]
+    context = LLMContext()
+    said: list[str] = []
+    received: list[Frame] = []
+    async with running(llm) as (worker, down, up):
+        for question in ("Say hello.", "Say goodbye."):
+            context.add_message({"role": "user", "content": question})
+            await worker.queue_frame(LLMContextFrame(context))
+            turn: list[Frame] = []
+            async with asyncio.timeout(120):
+                while not any(isinstance(f, LLMFullResponseEndFrame) for f in turn):
+                    turn.append(await down.get())
+            said.append("".join(f.text for f in turn if isinstance(f, LLMTextFrame)))
+            assert said[-1].strip()
+            context.add_message({"role": "assistant", "content": said[-1]})
+            received += turn
+    failures = [f for f in [*received, *drain(up)] if isinstance(f, ErrorFrame)]
+    assert failures == [], failures
+    assert "previous_response_id" not in sent[0]
+    assert sent[1]["input"] == [{"role": "user", "content": "Say goodbye."}] and sent[1]["previous_response_id"]
+    first, second = gateway.engine.requests[-2:]
+    # The second turn starts from the first's items, kept by the connection.
+    assert second.messages == (*first.messages, {"role": "user", "content": "Say hello."},
+                               {"role": "assistant", "content": said[0]})

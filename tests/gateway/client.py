@@ -138,3 +138,14 @@ def content_of(events: list[SseEvent]) -> str:
             for choice in event.json()["choices"]:
                 text.append(choice["delta"].get("content") or "")
     return "".join(text)
+
+
+async def state_once_cancelled(client: httpx.AsyncClient, session_id: str, within_sec: float = 5.0) -> str:
+    """The session's state once it is ``cancelled``, or whatever it is after ``within_sec``
+    (a client that left: its session is cancelled soon after, not at once)."""
+    deadline = time.monotonic() + within_sec
+    while True:
+        state = str((await client.get(f"{BASE}/{session_id}")).json()["state"])
+        if state == "cancelled" or time.monotonic() > deadline:
+            return state
+        await asyncio.sleep(0.05)

@@ -28,6 +28,7 @@ from tests.gateway.client import (
     live_server,
     make_settings,
     openai_client,
+    state_once_cancelled,
 )
 from tests.gateway.test_api import assert_error
 from tests.omni_adapter.sessions import MODEL
@@ -320,13 +321,7 @@ async def test_a_client_that_leaves_a_stream_cancels_its_session(redis_url: str)
                 while "echo:" not in await anext(lines):
                     pass
             # The connection is closed here, before [DONE].
-            for _ in range(100):
-                state = (await client.get(f"{BASE}/{sid}")).json()["state"]
-                if state == "cancelled":
-                    break
-                await asyncio.sleep(0.05)
-            assert state == "cancelled"
-            assert engine.sessions[0].aborted
+            assert await state_once_cancelled(client, sid) == "cancelled" and engine.sessions[0].aborted
 
 
 WEATHER = {"type": "function", "function": {

@@ -8,7 +8,6 @@ test_real_frontdoor.py and tests/frameworks/test_openai_agents.py.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -28,7 +27,7 @@ from gateway.api.chat.responses_out import ResponseShape, response_events
 from gateway.output.frames import DONE, FrameBuilder
 from omni_adapter.port import ToolCallDelta, Usage
 from omni_adapter.scripted import Script, ScriptedEngine
-from tests.gateway.client import live_app, make_settings
+from tests.gateway.client import live_app, make_settings, state_once_cancelled
 
 STREAM_EVENT: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
 WEATHER = {"type": "function", "name": "get_weather", "description": "The weather in a city",
@@ -206,9 +205,4 @@ async def test_a_client_that_leaves_a_streamed_response_cancels_its_session(redi
             while "response.output_text.delta" not in await anext(lines):
                 pass
         # The connection is closed here, before the response ended.
-        for _ in range(100):
-            state = (await client.get(f"/v1/streaming_input/sessions/{sid}")).json()["state"]
-            if state == "cancelled":
-                break
-            await asyncio.sleep(0.05)
-        assert state == "cancelled" and engine.sessions[0].aborted
+        assert await state_once_cancelled(client, sid) == "cancelled" and engine.sessions[0].aborted

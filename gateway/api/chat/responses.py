@@ -62,9 +62,8 @@ async def create_response(body: ResponsesRequest, request: Request, identity: Id
                           chat: Annotated[ChatService, Depends(get_chat)],
                           idempotency_key: IdempotencyKey = None) -> JSONResponse | EventStream:
     resources = get_resources(request)
-    shape = ResponseShape.of(body, body.model or resources.engine.capabilities.model_names[0])
-    with named_as("input", CHAT_NAMES):
-        session_id = await chat.start(identity, chat_request(body), idempotency_key)
+    session_id, shape = await start_response(chat, identity, body, resources.engine.capabilities.model_names[0],
+                                             idempotency_key)
     headers = {"X-Session-Id": session_id}
     if body.stream:
         return EventStream(response_events(chat.stream(identity, session_id), shape, session_id),
@@ -75,6 +74,20 @@ async def create_response(body: ResponsesRequest, request: Request, identity: Id
     if completion is None:
         return JSONResponse({}, status_code=CLIENT_LEFT)
     return JSONResponse(response_of(completion, shape), headers=headers)
+
+
+async def start_response(chat: ChatService, identity: str, body: ResponsesRequest, served: str,
+                         idempotency_key: str | None = None, previous_response_id: str | None = None,
+                         ) -> tuple[str, ResponseShape]:
+    """The session that answers ``body`` (any transport's), and the shape of its response.
+
+    ``served``: the model a request that names none gets; ``previous_response_id``: the response
+    ``body`` continues, whose items the transport has put at the start of its input (a
+    WebSocket keeps its last response; HTTP keeps none)."""
+    shape = ResponseShape.of(body, body.model or served, previous_response_id)
+    with named_as("input", CHAT_NAMES):
+        session_id = await chat.start(identity, chat_request(body), idempotency_key)
+    return session_id, shape
 
 
 #: Chat's names of the fields this door names otherwise (in an error's param and message).

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,7 +42,8 @@ class ResponseShape:
     fields: dict[str, Any]
 
     @staticmethod
-    def of(body: ResponsesRequest, model: str) -> ResponseShape:
+    def of(body: ResponsesRequest, model: str, previous_response_id: str | None = None) -> ResponseShape:
+        """``previous_response_id``: the response this one continues (a WebSocket's; HTTP has none)."""
         text_format = body.text.format if body.text is not None and body.text.format is not None else None
         choice = body.tool_choice
         return ResponseShape(model, int(time.time()), {
@@ -50,7 +51,7 @@ class ResponseShape:
             "max_output_tokens": body.max_output_tokens,
             "metadata": body.metadata or {},
             "parallel_tool_calls": body.parallel_tool_calls is not False,
-            "previous_response_id": None,
+            "previous_response_id": previous_response_id,
             "reasoning": {"effort": (body.reasoning or {}).get("effort"), "summary": None},
             "service_tier": "default",
             "store": False,  # nothing is kept to retrieve later
@@ -92,12 +93,19 @@ def response_of(completion: dict[str, Any], shape: ResponseShape) -> dict[str, A
     return shape.response(completion["id"], status, output, completion.get("usage"), error)
 
 
+def warmup_events(shape: ResponseShape, response_id: str) -> list[ServerSentEvent]:
+    """The events of a response that generates nothing (a WebSocket's ``generate: false``, which
+    only prepares what a next response continues from): begun, then completed without output."""
+    stream = _EventStream(shape, response_id)
+    return [*stream.begun(), stream.event("response.completed", response=stream.snapshot("completed"))]
+
+
 async def response_events(frames: AsyncGenerator[ServerSentEvent, None], shape: ResponseShape,
-                          response_id: str) -> AsyncIterator[ServerSentEvent]:
+                          response_id: str) -> AsyncGenerator[ServerSentEvent, None]:
     """The session's ``chat.completion.chunk`` frames as Responses stream events."""
     stream = _EventStream(shape, response_id)
-    yield stream.event("response.created", response=stream.snapshot("in_progress"))
-    yield stream.event("response.in_progress", response=stream.snapshot("in_progress"))
+    for event in stream.begun():
+        yield event
     error: dict[str, Any] | None = None
     try:
         # Closed with this generator (a client that left): its end cancels the session at once.
@@ -142,6 +150,10 @@ class _EventStream:
         event = {"type": kind, "sequence_number": self._sequence, **fields}
         self._sequence += 1
         return FrameEvent(data=orjson.dumps(event).decode(), event=kind)
+
+    def begun(self) -> list[ServerSentEvent]:
+        return [self.event("response.created", response=self.snapshot("in_progress")),
+                self.event("response.in_progress", response=self.snapshot("in_progress"))]
 
     def snapshot(self, status: str, error: dict[str, Any] | None = None) -> dict[str, Any]:
         return self._shape.response(self._id, status, self._output, self._usage, error)

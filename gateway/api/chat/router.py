@@ -31,7 +31,11 @@ Identity = Annotated[str, Depends(get_identity)]
 
 
 async def get_chat(request: Request) -> ChatService:
-    resources = get_resources(request)
+    return chat_service(get_resources(request))
+
+
+def chat_service(resources: Resources) -> ChatService:
+    """The chat use cases on what the lifespan opened (any transport's)."""
     return ChatService(resources.service, resources.settings.max_chunk_bytes, resources.draining)
 
 

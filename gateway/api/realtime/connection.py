@@ -78,7 +78,6 @@ from gateway.api.realtime.config import (
     tool_choice_fits,
 )
 from gateway.api.realtime.conversation import ROOT, Conversation, item_text, public, without_oldest
-from gateway.api.realtime.limits import EventBudget
 from gateway.api.realtime.resume import (
     EVERYTHING,
     START,
@@ -99,6 +98,7 @@ from gateway.service.sessions import SessionService
 from gateway.settings import Settings
 from gateway.store.records import event_id_key
 from gateway.store.redis_store import SessionStore
+from gateway.web.websocket import EventBudget
 
 logger = logging.getLogger(__name__)
 

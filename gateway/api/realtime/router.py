@@ -8,7 +8,7 @@ the connection is then its minter's and starts from its session configuration.
 The identity's rate limit is charged once per connection here and once per
 turn (``connection.py``), never per event: a voice client sends 50 audio
 frames a second. Each connection has its own event budget instead
-(``limits.py``); an event over it, over the size cap, or one that meets a
+(``web/websocket.py``); an event over it, over the size cap, or one that meets a
 store error gets an ``error`` event and the connection goes on. A
 connection with no message for the session timeout is closed with 1000.
 
@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -47,37 +46,35 @@ from gateway.api.realtime.audio_formats import Transcoder
 from gateway.api.realtime.client_secrets import session_config
 from gateway.api.realtime.config import RealtimeConfig
 from gateway.api.realtime.connection import RealtimeConnection
-from gateway.api.realtime.limits import EventBudget
 from gateway.api.realtime.webrtc import CALLS, Call, Calls
 from gateway.settings import Settings
-from gateway.web.error_handlers import refuse_websocket
 from gateway.web.resources import Resources, resolve_caller
+from gateway.web.websocket import (
+    NORMAL,
+    POLICY_VIOLATION,
+    EventBudget,
+    close_reason,
+    handshake,
+    read_event,
+    receive_frame,
+    refuse,
+)
 
 logger = logging.getLogger(__name__)
 router = APIRouter(tags=["realtime"])
-
-#: The browser's way to send a key: a WebSocket subprotocol (OpenAI's name).
-KEY_PROTOCOL = "openai-insecure-api-key."
-#: WebSocket close codes (RFC 6455).
-POLICY_VIOLATION, TRY_AGAIN_LATER, NORMAL = 1008, 1013, 1000
-
 
 @router.websocket("/v1/realtime")
 async def realtime(websocket: WebSocket, model: str | None = None, session_id: str | None = None,
                    last_event_id: str | None = None, call_id: str | None = None,
                    intent: str | None = None) -> None:
     resources: Resources = websocket.state.resources
-    protocols = [p.strip() for p in websocket.headers.get("sec-websocket-protocol", "").split(",") if p.strip()]
-    headers = dict(websocket.headers.items())
-    key = next((p[len(KEY_PROTOCOL):] for p in protocols if p.startswith(KEY_PROTOCOL)), None)
-    if key and "authorization" not in headers:
-        headers["authorization"] = f"Bearer {key}"
+    protocols, headers = handshake(websocket)
     try:
         caller = await resolve_caller(resources, headers, websocket.client.host if websocket.client else None,
                                       client_secret_ok=True)
         resources.service.check_enabled()
     except errors.GatewayError as exc:
-        await refuse_websocket(websocket, exc)
+        await refuse(websocket, exc)
         return
     if call_id is not None:  # the call has its model: one named here is not checked (OpenAI's need none)
         await _attach(websocket, resources, caller.identity, call_id, protocols)
@@ -141,14 +138,9 @@ def new_connection(resources: Resources, identity: str, config: RealtimeConfig,
                    send: Callable[[dict[str, Any]], Awaitable[None]]) -> tuple[RealtimeConnection, EventBudget]:
     """A Realtime connection over any transport, with its own event budget."""
     settings = resources.settings
-    budget = EventBudget(settings.realtime_events_per_sec, max(1, int(2 * settings.realtime_events_per_sec)))
+    budget = EventBudget.of(settings)
     return RealtimeConnection(send, resources.service, resources.store, identity, config, resources.metrics,
                               settings, budget), budget
-
-
-def close_reason(message: str) -> str:
-    """``message`` cut to fit a close frame (123 bytes of UTF-8, not characters)."""
-    return message.encode()[:120].decode("utf-8", "ignore")
 
 
 async def _attach(websocket: WebSocket, resources: Resources, identity: str, call_id: str,
@@ -162,7 +154,7 @@ async def _attach(websocket: WebSocket, resources: Resources, identity: str, cal
             call = here if here is not None and here.identity == identity else \
                 await elsewhere.enter_async_context(sideband.attached(resources.store, call_id, identity))
         except errors.GatewayError as exc:
-            await refuse_websocket(websocket, exc)
+            await refuse(websocket, exc)
             return
         await websocket.accept(subprotocol="realtime" if "realtime" in protocols else None)
         await _control(websocket, call, resources.settings)
@@ -178,7 +170,7 @@ async def _control(websocket: WebSocket, call: Call | sideband.Attachment, setti
             await websocket.send_text(ev.encoded(event))
 
     async def read() -> None:
-        budget = EventBudget(settings.realtime_events_per_sec, max(1, int(2 * settings.realtime_events_per_sec)))
+        budget = EventBudget.of(settings)
         while True:
             async with asyncio.timeout(settings.session_timeout_sec):
                 raw = await receive_frame(websocket)
@@ -202,15 +194,6 @@ async def _control(websocket: WebSocket, call: Call | sideband.Attachment, setti
         await websocket.close(NORMAL, "the call ended" if call.ended else "idle for longer than the session timeout")
 
 
-#: Events from this size on (a long stretch of audio) are parsed in a worker thread.
-OFF_LOOP_CHARS = 256 * 1024
-
-
-async def parse_event(raw: str | bytes) -> Any:
-    """The event's JSON; a big one parsed off the event loop, where every other session waits."""
-    return json.loads(raw) if len(raw) < OFF_LOOP_CHARS else await asyncio.to_thread(json.loads, raw)
-
-
 async def _serve(websocket: WebSocket, connection: RealtimeConnection,
                  send: Callable[[dict[str, Any]], Awaitable[None]], settings: Settings, budget: EventBudget,
                  audio: Transcoder) -> None:
@@ -227,36 +210,13 @@ async def _serve(websocket: WebSocket, connection: RealtimeConnection,
         await receive_event(raw, handle, send, settings, budget)
 
 
-async def receive_frame(websocket: WebSocket) -> str | bytes:
-    """The next frame's text, or its bytes: some clients send their JSON events in binary frames
-    (Starlette's ``receive_text`` fails on those with a ``KeyError`` and drops the socket)."""
-    message = await websocket.receive()
-    if message["type"] == "websocket.disconnect":
-        raise WebSocketDisconnect(message.get("code", 1000), message.get("reason"))
-    text = message.get("text")
-    return text if text is not None else message.get("bytes") or b""
-
-
 async def receive_event(raw: str | bytes, handle: Callable[[dict[str, Any]], Awaitable[None]],
                         send: Callable[[dict[str, Any]], Awaitable[None]], settings: Settings,
                         budget: EventBudget) -> None:
-    """One client event as text (or UTF-8 bytes), from any transport: over budget, too big or not JSON
-    is an ``error`` event."""
-    if not budget.take():
-        await send(ev.error(errors.TooManyRequests(
-            f"more than {settings.realtime_events_per_sec:g} events a second on this connection; "
-            "this event is dropped", retry_after=1)))
-        return
-    if len(raw) > settings.realtime_max_event_bytes:
-        await send(ev.error(errors.RequestTooLarge(
-            f"an event may be at most {settings.realtime_max_event_bytes} bytes")))
-        return
+    """One client event, from any transport: one that cannot be read is an ``error`` event."""
     try:
-        message = await parse_event(raw)
-    except (ValueError, RecursionError):
-        await send(ev.error(errors.InvalidJson("the event is not valid JSON (or nested too deeply)")))
-        return
-    if not isinstance(message, dict):
-        await send(ev.error(errors.InvalidRequest("an event is a JSON object with a type", param="type")))
+        message = await read_event(raw, settings, budget)
+    except errors.GatewayError as exc:
+        await send(ev.error(exc))
         return
     await handle(message)
