@@ -34,6 +34,9 @@ class Capabilities:
     transcription: bool = False
     #: True when a session's answer may be its input, spoken (``EngineRequest.speak_input``).
     speech: bool = False
+    #: True when the voice speaks faster or slower when asked (``EngineRequest.speech_speed``);
+    #: an engine whose Talker has one pace (vLLM-Omni's) refuses another speed than 1.
+    speech_speed: bool = False
     #: True when a session's input may be the whole prompt, as vLLM's ``/v1/completions`` takes it
     #: (``EngineRequest.raw_prompt``).
     raw_prompt: bool = False
@@ -161,6 +164,10 @@ class EngineRequest:
     #: left open and the answer continues it (a prefilled start of the assistant's answer).
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    #: How fast the answer's audio is spoken, as a multiple of the voice's own pace (OpenAI's
+    #: ``speed``, 0.25 to 4); a Talker keeps it within what it says well
+    #: (``Capabilities.speech_speed``).
+    speech_speed: float = 1.0
 
 
 @dataclass(frozen=True)

@@ -552,7 +552,8 @@ RAW_PROMPT_MAX_TOKENS = 16
 #: Fields added after idempotency digests were first taken: left out of a request's digest when
 #: unset, so a retry that lands on a replica of the release before (a rolling deploy) matches.
 _ADDED_SINCE_DIGESTS = ("logprobs", "top_logprobs", "structured_outputs", *VllmRequestOptions.model_fields,
-                        "add_generation_prompt", "continue_final_message", "chat_template", "mm_processor_kwargs")
+                        "add_generation_prompt", "continue_final_message", "chat_template", "mm_processor_kwargs",
+                        "speed")
 
 
 class CreateSessionRequest(GenerationOptions):
@@ -573,6 +574,9 @@ class CreateSessionRequest(GenerationOptions):
         False, strict=True, description="the text input is the whole prompt, as vLLM's /v1/completions takes it: "
         "no chat template, the model's special tokens in it are its own; no messages, tools or "
         "chat_template_kwargs; max_tokens 16 unless set, as vLLM's completions")
+    speed: float | None = Field(
+        None, ge=0.25, le=4.0, description="how fast the audio answer is spoken, as a multiple of the voice's own "
+        "pace (OpenAI's speech speed); with audio output; the voice keeps it within what it says well (README)")
 
     @property
     def unset_since_digests(self) -> set[str]:
@@ -598,6 +602,12 @@ class CreateSessionRequest(GenerationOptions):
                                  or self.format_constraint() is not None):
             raise ValueError('speak_input says the input as it is: modalities ["text", "audio"], and no '
                              "messages, tools or response_format")
+        return self
+
+    @model_validator(mode="after")
+    def _spoken_speed(self) -> CreateSessionRequest:
+        if self.speed is not None and "audio" not in self.modalities:
+            raise ValueError('speed is how fast the answer is spoken: it goes with modalities ["text", "audio"]')
         return self
 
     @field_validator("raw_prompt")

@@ -199,6 +199,9 @@ class SessionService:
         if body.speak_input and not self._capabilities.speech:
             raise errors.UnsupportedModality("the engine cannot speak its input: speak_input needs a Talker stage",
                                              param="speak_input")
+        if body.speed not in (None, 1.0) and not self._capabilities.speech_speed:
+            raise errors.ValidationFailed("the engine's voice speaks at one speed (its Talker takes none): speed "
+                                          "is 1 here", param="speed")
         if body.raw_prompt and not self._capabilities.raw_prompt:
             raise errors.ValidationFailed("the engine takes chat messages only, not a raw prompt", param="raw_prompt")
         if body.logprobs and not self._capabilities.logprobs:
@@ -399,7 +402,7 @@ class SessionService:
             input_role=body.input_role, input_tool_call_id=body.input_tool_call_id,
             chat_template_kwargs=body.chat_template_kwargs or {}, speak_input=body.speak_input,
             raw_prompt=body.raw_prompt, add_generation_prompt=body.generation_prompt,
-            continue_final_message=bool(body.continue_final_message))
+            continue_final_message=bool(body.continue_final_message), speech_speed=body.speed or 1.0)
         timeout_ms = int(s.session_timeout_sec * 1000)
         return NewSession(
             policy=policy, model=model, identity=identity, request=request,

@@ -69,7 +69,7 @@ _LISTS = frozenset({"stop", "stop_token_ids", "bad_words"})
 #: it wrongly. A later release that adds such a feature adds its name here.
 KNOWN_NEEDS = frozenset({"hearing", "speak_input", "chat_template_kwargs", "raw_prompt", "logprobs",
                          "structured_outputs", *_NEEDED_SAMPLING, "add_generation_prompt",
-                         "continue_final_message"})
+                         "continue_final_message", "speech_speed"})
 #: The grammars of vLLM's ``structured_outputs`` beyond OpenAI's JSON (``response_format``'s kinds).
 VLLM_GRAMMARS = frozenset({"regex", "choice", "grammar"})
 
@@ -93,6 +93,8 @@ class StoredRequest:
     raw_prompt: bool = False
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    #: How fast the audio answer is spoken (``EngineRequest.speech_speed``).
+    speech_speed: float = 1.0
     #: The ``needs`` it was stored with (a newer release's may hold names this one does not know).
     stored_needs: tuple[str, ...] = field(default=(), compare=False)
 
@@ -105,7 +107,7 @@ class StoredRequest:
                 "structured_outputs": (self.sampling.response_format or {}).get("type") in VLLM_GRAMMARS,
                 **{name: getattr(self.sampling, name) is not None for name in _NEEDED_SAMPLING},
                 "add_generation_prompt": not self.add_generation_prompt,
-                "continue_final_message": self.continue_final_message}
+                "continue_final_message": self.continue_final_message, "speech_speed": self.speech_speed != 1.0}
         return tuple(name for name, on in used.items() if on)
 
     def to_json(self) -> str:
@@ -134,6 +136,8 @@ class StoredRequest:
             stored["continue_final_message"] = True
         if logprobs is not None:
             stored["logprobs"] = logprobs
+        if self.speech_speed != 1.0:
+            stored["speech_speed"] = self.speech_speed
         if self.needs:
             stored["needs"] = list(self.needs)
         return json.dumps(stored)
@@ -153,6 +157,7 @@ class StoredRequest:
                    speak_input=stored.get("speak_input", False), raw_prompt=stored.get("raw_prompt", False),
                    add_generation_prompt=stored.get("add_generation_prompt", True),
                    continue_final_message=stored.get("continue_final_message", False),
+                   speech_speed=stored.get("speech_speed", 1.0),
                    stored_needs=tuple(stored.get("needs") or ()))
 
     def engine_request(self, request_id: str, model: str, assistant_prefix: str = "") -> EngineRequest:
@@ -167,7 +172,7 @@ class StoredRequest:
                              input_tool_call_id=self.input_tool_call_id,
                              chat_template_kwargs=self.chat_template_kwargs, speak_input=self.speak_input,
                              raw_prompt=self.raw_prompt, add_generation_prompt=self.add_generation_prompt,
-                             continue_final_message=self.continue_final_message)
+                             continue_final_message=self.continue_final_message, speech_speed=self.speech_speed)
 
 
 @dataclass(frozen=True)

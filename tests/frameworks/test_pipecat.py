@@ -152,19 +152,26 @@ async def test_its_realtime_stt_service_transcribes_each_utterance_as_it_is_spok
 
 async def test_its_openai_tts_service_speaks_a_sentence(gateway: Gateway) -> None:
     """pipecat's ``OpenAITTSService`` (a cascaded pipeline's text to speech) reads
-    ``/v1/audio/speech`` as 24 kHz pcm while it streams, naming OpenAI's model and voice."""
+    ``/v1/audio/speech`` as 24 kHz pcm while it streams, naming OpenAI's model and voice; a tuned
+    ``speed`` speaks slower."""
     sentence = "Your table is booked for seven tonight."
-    received: list[Frame] = []
-    async with running(OpenAITTSService(api_key="unused", base_url=f"{gateway.url}/v1")) as (worker, down, up):
-        await worker.queue_frame(TTSSpeakFrame(sentence))
-        async with asyncio.timeout(60):
-            while not any(isinstance(f, TTSStoppedFrame) for f in received):
-                received.append(await down.get())
-    failures = [f for f in [*received, *drain(up)] if isinstance(f, ErrorFrame)]
-    assert failures == [], failures
-    audio = [f for f in received if isinstance(f, TTSAudioRawFrame)]
-    said = b"".join(f.audio for f in audio)
-    assert word_error_rate(sentence, recognize(said, audio[0].sample_rate)) <= 0.15
+    length = {}
+    for speed in (None, 0.75):
+        received: list[Frame] = []
+        settings = OpenAITTSService.Settings(speed=speed) if speed else None
+        service = OpenAITTSService(api_key="unused", base_url=f"{gateway.url}/v1", settings=settings)
+        async with running(service) as (worker, down, up):
+            await worker.queue_frame(TTSSpeakFrame(sentence))
+            async with asyncio.timeout(60):
+                while not any(isinstance(f, TTSStoppedFrame) for f in received):
+                    received.append(await down.get())
+        failures = [f for f in [*received, *drain(up)] if isinstance(f, ErrorFrame)]
+        assert failures == [], failures
+        audio = [f for f in received if isinstance(f, TTSAudioRawFrame)]
+        said = b"".join(f.audio for f in audio)
+        assert word_error_rate(sentence, recognize(said, audio[0].sample_rate)) <= 0.15, speed
+        length[speed] = len(said) / audio[0].sample_rate
+    assert length[0.75] > 1.2 * length[None], length
 
 
 async def test_its_responses_llm_service_over_its_websocket_continues_by_previous_response_id(

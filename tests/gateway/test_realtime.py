@@ -238,7 +238,9 @@ async def test_a_field_the_protocol_does_not_have_is_refused_and_the_session_sta
             ({"instrucions": "Be brief."}, "session.instrucions"),
             ({"audio": {"input": {"turn_detection": {"type": "server_vad", "silence_ms": 200}}}},
              "session.audio.input.turn_detection.silence_ms"),
-            ({"audio": {"output": {"speed": 1.25}}}, "session.audio.output.speed"),
+            ({"audio": {"output": {"speed": 1.25}}}, "session.audio.output.speed"),  # this engine has no Talker
+            ({"audio": {"output": {"speed": 1.6}}}, "session.audio.output.speed"),  # OpenAI's Realtime: to 1.5
+            ({"audio": {"output": {"speed": True}}}, "session.audio.output.speed"),
             ({"audio": {"input": {"noise_reduction": {"type": "bogus"}}}}, "session.audio.input.noise_reduction"),
             ({"audio": {"input": {"turn_detection": {"type": "semantic_vad", "eagerness": "bogus"}}}},
              "session.audio.input.turn_detection.eagerness"),
@@ -510,6 +512,44 @@ async def test_utterances_to_an_engine_that_hears_audio_itself_are_items_of_one_
     assert len({e["item_id"] for e in events if e["type"] == "input_audio_buffer.committed"}) == 2
     assert events[-1]["response"]["status"] == "completed"
     assert len(engine.sessions) == 1
+
+
+async def test_the_sessions_speed_speaks_the_next_answers_faster(redis_url: str) -> None:
+    """``audio.output.speed`` (OpenAI's 0.25 to 1.5, between turns): the Talker's own pace (hibari),
+    shown in ``session.updated``; a response cannot set its own (OpenAI's protocol has no such field)."""
+    from omni_adapter.talker import with_talker
+    from tests.voice import recognize
+
+    said = "The museum opens early in the morning."
+    engine = with_talker(ScriptedEngine(Script(answer=lambda *_: [said])))
+    async with live_app(make_settings(redis_url=redis_url), engine) as url, \
+            sdk(url).realtime.connect(model="scripted") as connection:
+        await until(connection, "session.created")
+        spoken: dict[float, bytes] = {}
+        for speed in (1.0, 1.25):
+            await connection.session.update(session={"type": "realtime", "audio": {
+                "input": {"turn_detection": None}, "output": {"speed": speed}}})
+            updated = await until(connection, "session.updated")
+            assert updated[-1]["session"]["audio"]["output"]["speed"] == speed
+            events = await text_turn(connection, "When does the museum open?")
+            spoken[speed] = b"".join(base64.b64decode(e["delta"]) for e in events
+                                     if e["type"] == "response.output_audio.delta")
+            assert word_error_rate(said, recognize(spoken[speed], SPEECH_RATE)) == 0, speed
+        assert len(spoken[1.25]) < 0.93 * len(spoken[1.0]), (len(spoken[1.25]), len(spoken[1.0]))
+        await connection.send({"type": "response.create",
+                               "response": {"audio": {"output": {"speed": 1.5}}}})
+        refused = await until(connection, "error")
+        assert refused[-1]["error"]["param"] == "response.audio.output.speed", refused[-1]
+        assert refused[-1]["error"]["code"] == "unknown_parameter"
+
+
+def test_a_reconnect_keeps_the_speed_and_a_replica_without_it_reads_a_session_at_one() -> None:
+    from gateway.api.realtime.config import RealtimeConfig
+
+    config = RealtimeConfig(model="m", can_speak=True, can_change_speed=True)
+    assert "speed" not in config.saved(), "a replica of the release before restores it"
+    config.update({"audio": {"output": {"speed": 0.75}}})
+    assert RealtimeConfig.restored(config.saved(), can_transcribe=False, can_change_speed=True) == config
 
 
 @pytest.mark.engine

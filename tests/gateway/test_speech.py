@@ -13,6 +13,7 @@ import base64
 import io
 import json
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import av
 import httpx
@@ -20,9 +21,12 @@ import numpy as np
 import pytest
 from openai import AsyncOpenAI
 
+from gateway.service.models import CreateSessionRequest
+from gateway.store.session_hash import StoredRequest
 from omni_adapter.audio import OPENAI_PCM16_RATE, parse_wav
 from omni_adapter.listener import with_listener
-from omni_adapter.scripted import Script, ScriptedEngine
+from omni_adapter.port import SamplingOptions
+from omni_adapter.scripted import Script, ScriptedEngine, text_capabilities
 from omni_adapter.talker import with_talker
 from tests.gateway.client import app_client, live_app, make_settings, openai_client
 from tests.gateway.test_api import assert_error
@@ -90,7 +94,8 @@ async def test_the_file_in_server_sent_events(client: httpx.AsyncClient) -> None
 
 async def test_what_it_cannot_do_is_a_clear_error(client: httpx.AsyncClient, redis_url: str) -> None:
     speak = {"model": "tts-1", "voice": "alloy", "input": "Hello."}
-    for fields, status, param in (({"speed": 2.0}, 400, "speed"), ({"input": ""}, 400, "input"), ({"input": "a" * 4097}, 400, "input"),
+    for fields, status, param in (({"speed": 4.5}, 400, "speed"), ({"speed": 0.2}, 400, "speed"),
+                                  ({"input": ""}, 400, "input"), ({"input": "a" * 4097}, 400, "input"),
                                   ({"response_format": "ogg"}, 400, "response_format")):
         refused = await client.post("/v1/audio/speech", json={**speak, **fields})
         assert refused.status_code == status and refused.json()["error"]["param"] == param, refused.text
@@ -140,3 +145,64 @@ async def test_speech_that_waits_too_long_for_room_is_a_503_and_frees_its_sessio
             queued = await client.post("/v1/audio/speech", json={"model": "tts-1", "voice": "alloy", "input": "Hi."})
         assert_error(queued, 503, "capacity_exhausted")
         assert (await client.post("/v1/streaming_input/sessions", json={"model": "scripted"})).status_code == 201
+
+
+async def test_speed_speaks_faster_or_slower_and_is_still_heard(client: httpx.AsyncClient) -> None:
+    """OpenAI's ``speed`` (pipecat's and LiveKit's TTS settings): hibari's own pace, kept within
+    what it says well (0.5 to 1.3: a faster speed is said at 1.3, a slower at 0.5)."""
+    oai = openai_client(client)
+    length: dict[float, int] = {}
+    for speed in (1.0, 1.5, 0.5, 4.0, 0.25):
+        speech = await oai.audio.speech.create(model="tts-1", voice="alloy", input=TEXT, response_format="pcm",
+                                               speed=speed)
+        length[speed] = len(speech.content)
+        if speed in (1.0, 1.5, 0.5):
+            assert word_error_rate(TEXT, recognize(speech.content, OPENAI_PCM16_RATE)) == 0, speed
+    assert length[1.5] < 0.9 * length[1.0] and length[0.5] > 1.8 * length[1.0], length
+    assert length[4.0] == length[1.5] and length[0.25] == length[0.5], "beyond the voice's range: the nearest"
+
+
+async def test_a_voice_of_one_pace_refuses_another_speed(redis_url: str) -> None:
+    """An engine that speaks itself at one pace (vLLM-Omni's Talker, a vLLM-Omni sidecar) says so,
+    never speaks at 1 as if asked: a 400 from the speech door, a 422 from the sessions API."""
+    one_pace = ScriptedEngine(capabilities=replace(text_capabilities(), output_modalities=frozenset({"text", "audio"}),
+                                                   speech=True))
+    async with app_client(make_settings(redis_url=redis_url), one_pace) as client:
+        refused = await client.post("/v1/audio/speech", json={"model": "tts-1", "voice": "alloy", "input": "Hi.",
+                                                              "speed": 1.25})
+        assert "one speed" in assert_error(refused, 400, "validation_error", param="speed")["message"]
+        session = {"model": "scripted", "modalities": ["text", "audio"], "speak_input": True}
+        assert_error(await client.post("/v1/streaming_input/sessions", json={**session, "speed": 0.5}),
+                     422, "validation_error", param="speed")
+        for speed in (None, 1):
+            made = await client.post("/v1/streaming_input/sessions", json={**session, "speed": speed})
+            assert made.status_code == 201, made.text
+
+
+async def test_the_speed_travels_with_the_session(client: httpx.AsyncClient, thinker: ScriptedEngine) -> None:
+    """The sessions API's ``speed``: stored with the session (a new holder speaks at it too); only
+    with audio output."""
+    created = await client.post("/v1/streaming_input/sessions", json={
+        "model": "scripted", "modalities": ["text", "audio"], "speak_input": True, "speed": 1.25,
+        "first_chunk": {"sequence_id": 0, "text": TEXT, "end_of_input": True}})
+    assert created.status_code == 201, created.text
+    base = f"/v1/streaming_input/sessions/{created.json()['session_id']}"
+    result = (await client.get(f"{base}/result", params={"wait": 30})).json()
+    pcm, rate = parse_wav(base64.b64decode(result["completion"]["choices"][0]["message"]["audio"]["data"]))
+    assert word_error_rate(TEXT, recognize(pcm, rate)) == 0
+    refused = await client.post("/v1/streaming_input/sessions", json={"model": "scripted", "speed": 1.25})
+    assert_error(refused, 422, "validation_error")
+    assert thinker.sessions == []
+
+
+def test_the_speed_is_stored_only_when_set_and_needed_by_a_replica() -> None:
+    """A replica of the release before reads every session at speed 1 and refuses one at another
+    speed (it would speak it at 1); a retry there digests a request without ``speed`` the same."""
+    plain = StoredRequest(messages=(), modalities=("text", "audio"), sampling=SamplingOptions(), speak_input=True)
+    assert "speech_speed" not in json.loads(plain.to_json())
+    fast = replace(plain, speech_speed=1.25)
+    assert json.loads(fast.to_json())["needs"] == ["speak_input", "speech_speed"]
+    assert StoredRequest.from_json(fast.to_json()) == fast
+    assert StoredRequest.from_json(fast.to_json()).engine_request("r", "m").speech_speed == 1.25
+    asked = CreateSessionRequest(modalities=["text", "audio"], speak_input=True)
+    assert "speed" not in json.loads(asked.model_dump_json(exclude=asked.unset_since_digests))

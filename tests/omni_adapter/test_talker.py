@@ -82,6 +82,16 @@ def test_run_on_text_is_cut_at_a_space_near_the_limit() -> None:
 # --- espeak-ng -----------------------------------------------------------------
 
 
+async def test_espeak_speaks_faster_or_slower_within_its_own_range() -> None:
+    """``-s`` is 175 words a minute times the speed, kept within 80..450 (espeak-ng's own)."""
+    talker = EspeakTalker.find()
+    assert talker is not None
+    assert [talker.words_per_minute(s) for s in (0.25, 0.5, 1.0, 1.5, 2.0, 4.0)] == [80, 88, 175, 262, 350, 450]
+    text = "Please set a timer for ten minutes."
+    normal, fast = await talker.speak(text), await talker.speak(text, 2.0)
+    assert 0.4 < len(fast) / len(normal) < 0.6
+
+
 async def test_espeak_speaks_a_phrase_as_pcm16_at_its_own_rate() -> None:
     talker = EspeakTalker.find()
     assert talker is not None, "espeak-ng is not installed (scripts/setup.sh installs it)"
@@ -116,15 +126,17 @@ class FakeTalker:
     fail_on: str | None = None
     sample_rate: int = 16_000
     spoken: list[str] = field(default_factory=list)
+    speeds: list[float] = field(default_factory=list)
 
     def close(self) -> None:
         return None
 
-    async def speak(self, text: str) -> bytes:
+    async def speak(self, text: str, speed: float = 1.0) -> bytes:
         await asyncio.sleep(self.delay_sec)
         if text == self.fail_on:
             raise RuntimeError("no voice")
         self.spoken.append(text)
+        self.speeds.append(speed)
         return np.full(len(text) * 160, len(text), dtype="<i2").tobytes()
 
 
@@ -220,6 +232,37 @@ def test_the_talking_engine_adds_audio_output_and_asks_the_thinker_for_text() ->
     assert plain is thinker.sessions[-1]
 
 
+
+
+async def test_the_talking_engine_speaks_at_the_requests_speed_and_the_thinker_never_sees_it() -> None:
+    thinker = ScriptedEngine(Script(answer=lambda *_: ["One. ", "Two three."]))
+    talker = FakeTalker()
+    engine = TalkingEngine(thinker, talker)
+    assert engine.capabilities.speech_speed and not thinker.capabilities.speech_speed
+    request = EngineRequest("r1", "scripted", (), SamplingOptions(), output_modalities=("text", "audio"),
+                            speech_speed=1.25)
+    session = engine.open_session(request)
+    assert isinstance(session, TalkingSession)
+    assert thinker.sessions[-1].request.speech_speed == 1.0, "the Thinker writes text: speed is the Talker's"
+    await collect(session)
+    said = engine.open_session(replace(request, request_id="r2", speak_input=True, speech_speed=0.5))
+    assert isinstance(said, TalkingSession)
+    await said.feed([InputChunk(0, "text", b"Hello there.")])
+    await collect(said)
+    assert talker.spoken == ["One.", "Two three.", "Hello there."]
+    assert talker.speeds == [1.25, 1.25, 0.5]
+
+
+def test_hibari_speaks_faster_or_slower_within_what_it_says_well() -> None:
+    """hibari's own speed, kept within 0.5..1.3 (beyond it drops consonants or words; the docstring
+    of ``HibariTalker.SPEEDS`` has the measurements)."""
+    talker = HibariTalker.load()
+    assert talker is not None
+    text = "Please set a timer for ten minutes."
+    length = {speed: len(talker.voice(text, speed)) for speed in (0.25, 0.5, 1.0, 1.3, 1.5, 4.0)}
+    assert 1.9 < length[0.5] / length[1.0] < 2.1 and 0.8 < length[1.3] / length[1.0] < 0.9
+    assert length[0.25] == length[0.5] and length[4.0] == length[1.5] == length[1.3], "beyond: the nearest"
+    talker.close()
 
 
 def test_silence_before_a_phrase_is_cut_to_a_short_lead_in() -> None:

@@ -8,7 +8,10 @@ session runs (limits, queue, errors, a client that leaves cancels it).
 
 Voice-agent frameworks (pipecat's ``OpenAITTSService``, LiveKit's ``openai.TTS``) name OpenAI's
 models and voices: any model name and voice are taken, since this server has one voice (the
-Talker's). ``instructions`` are taken and change nothing; another ``speed`` than 1 is a 400.
+Talker's). ``instructions`` are taken and change nothing. ``speed`` (0.25 to 4) is the voice's own:
+hibari speaks from 0.5 to 1.3 times its pace and a speed beyond is said at the nearest (faster, it
+drops consonants; slower, the recognizer loses words); an engine whose voice has one pace refuses
+another speed than 1 (a 400).
 """
 
 from __future__ import annotations
@@ -54,7 +57,8 @@ class SpeechRequest(StrictModel):
     voice: str | dict[str, Any] = Field(description="any voice (a name, or {id}): this server has one")
     instructions: str | None = Field(None, description="taken; the voice takes no instructions")
     response_format: SpeechFormat = "mp3"
-    speed: float = Field(1.0, ge=0.25, le=4.0, description="1 only")
+    speed: float = Field(1.0, ge=0.25, le=4.0, description="a multiple of the voice's pace; hibari's from 0.5 to "
+                         "1.3, a speed beyond said at the nearest")
     stream_format: Literal["audio", "sse"] = Field(
         "audio", description="audio: the file's bytes; sse: speech.audio.delta events carrying them, then "
         "speech.audio.done")
@@ -67,12 +71,11 @@ class SpeechRequest(StrictModel):
 async def create_speech(body: SpeechRequest, request: Request, identity: Identity,
                         chat: Annotated[ChatService, Depends(get_chat)]
                         ) -> StreamingResponse | EventStream | JSONResponse:
-    if body.speed != 1.0:
-        raise errors.InvalidRequest("the voice speaks at one speed: speed is 1", param="speed")
     resources = get_resources(request)
     writer = AudioFileWriter(body.response_format)
     session = CreateSessionRequest(model=resources.engine.capabilities.model_names[0], modalities=["text", "audio"],
-                                   speak_input=True, start_policy=StartPolicy.ON_END_ONLY)
+                                   speak_input=True, start_policy=StartPolicy.ON_END_ONLY,
+                                   speed=None if body.speed == 1.0 else body.speed)
     with named_as("input"):
         session_id = await chat.open(identity, session, chat.text_input(body.input))
     audio = _file_bytes(chat.stream(identity, session_id), writer)

@@ -62,7 +62,7 @@ def session_config(resources: Resources, model: str | None, *, transcribing: boo
         raise errors.ModelNotFound(f"model {model!r} is not served here (served: {', '.join(served)})",
                                    param="model")
     config = RealtimeConfig(model=model or served[0], can_speak="audio" in capabilities.output_modalities,
-                            can_transcribe=capabilities.transcription)
+                            can_transcribe=capabilities.transcription, can_change_speed=capabilities.speech_speed)
     if transcribing:
         config.update({"type": TRANSCRIPTION})
     return config

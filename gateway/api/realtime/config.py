@@ -9,8 +9,11 @@ A field OpenAI's GA protocol does not have is refused as its server refuses it
 (``unknown_parameter``, naming it): a typo or a beta name (``turn_detection`` at the
 top) would otherwise be a setting silently lost. Of the fields it has, those this
 service does not implement are checked and take no effect (tracing, noise reduction,
-reasoning, ``include``), a stored ``prompt`` and a ``speed`` but 1 are refused, and the
-``session.updated`` reply shows what is in effect. Tools are Realtime's flat
+reasoning, ``include``), a stored ``prompt`` is refused, and the ``session.updated`` reply
+shows what is in effect. ``audio.output.speed`` (OpenAI's 0.25 to 1.5) is the Talker's: hibari
+speaks from 0.5 to 1.3 times its pace, a speed beyond at the nearest, and ``session.updated`` shows
+the speed asked; an engine whose voice has one pace (vLLM-Omni's) refuses any but 1. As in
+OpenAI's protocol a response cannot set its own speed, and a change applies from the next answer. Tools are Realtime's flat
 function shape here and the chat shape (``{"type", "function": {...}}``) on
 the way to the engine.
 """
@@ -43,6 +46,8 @@ AUTO_RETENTION_RATIO = 0.75
 _TOOLS: TypeAdapter[list[Tool]] = TypeAdapter(list[Tool])
 #: OpenAI's session types.
 REALTIME, TRANSCRIPTION = "realtime", "transcription"
+#: ``audio.output.speed``'s range in OpenAI's Realtime (its speech endpoint's goes to 4).
+SPEEDS = (0.25, 1.5)
 #: OpenAI's streaming recognizers that find no turn ends: a session naming one has no server VAD
 #: unless it asks (the client commits each stretch, as LiveKit does for them).
 UNENDPOINTED_MODELS = ("gpt-realtime-whisper", "gpt-live-transcribe")
@@ -177,6 +182,10 @@ class RealtimeConfig:
     session_type: str = REALTIME
     #: Whether the engine hears without answering (a Listener stage): this replica's, never saved.
     can_transcribe: bool = False
+    #: How fast answers are spoken (``audio.output.speed``), and whether the engine's voice can
+    #: change its pace (``Capabilities.speech_speed``: this replica's, never saved).
+    speed: float = 1.0
+    can_change_speed: bool = False
 
     def __post_init__(self) -> None:
         if not self.can_speak:
@@ -190,18 +199,20 @@ class RealtimeConfig:
         """What ``restored`` takes. What later releases added only when not its default: a replica
         of the release before (a rolling deploy) still restores every session that does not set it."""
         saved = asdict(self)
-        del saved["can_transcribe"]
+        del saved["can_transcribe"], saved["can_change_speed"]
         for added, default in (("input_audio_format", PCM), ("output_audio_format", PCM),
-                               ("session_type", REALTIME)):
+                               ("session_type", REALTIME), ("speed", 1.0)):
             if saved[added] == default:
                 del saved[added]
         return saved
 
     @classmethod
-    def restored(cls, saved: dict[str, Any], can_transcribe: bool) -> RealtimeConfig:
-        """The settings as ``saved`` kept them (for a reconnect), on a replica that can or cannot transcribe."""
+    def restored(cls, saved: dict[str, Any], can_transcribe: bool, can_change_speed: bool = False) -> RealtimeConfig:
+        """The settings as ``saved`` kept them (for a reconnect), on a replica that can or cannot
+        transcribe, or change the voice's speed."""
         vad = saved.pop("server_vad", None)
-        return cls(**saved, server_vad=ServerVad(**vad) if vad else None, can_transcribe=can_transcribe)
+        return cls(**saved, server_vad=ServerVad(**vad) if vad else None, can_transcribe=can_transcribe,
+                   can_change_speed=can_change_speed)
 
     @property
     def session_modalities(self) -> list[str]:
@@ -242,7 +253,8 @@ class RealtimeConfig:
             "audio": {
                 "input": {"format": format_object(self.input_audio_format), "transcription": self.transcription,
                           "noise_reduction": None, "turn_detection": turn_detection},
-                "output": {"format": format_object(self.output_audio_format), "voice": self.voice, "speed": 1.0},
+                "output": {"format": format_object(self.output_audio_format), "voice": self.voice,
+                           "speed": self.speed},
             },
         }
 
@@ -308,6 +320,16 @@ class RealtimeConfig:
                 raise errors.ValidationFailed("audio is an object", param="session.audio")
             self._update_audio(audio)
 
+    def _checked_speed(self, speed: Any) -> float:
+        where = "session.audio.output.speed"
+        low, high = SPEEDS
+        if not isinstance(speed, int | float) or isinstance(speed, bool) or not low <= speed <= high:
+            raise errors.ValidationFailed(f"speed is a number from {low} to {high}", param=where)
+        if speed != 1 and not self.can_change_speed:
+            raise errors.ValidationFailed("this engine's voice speaks at one speed (its Talker takes none): speed "
+                                          "is 1 here", param=where)
+        return float(speed)
+
     def _update_beta_formats(self, session: dict[str, Any]) -> None:
         for side in ("input", "output"):  # the beta protocol's names: "pcm16", "g711_ulaw", "g711_alaw"
             beta = f"{side}_audio_format"
@@ -345,9 +367,8 @@ class RealtimeConfig:
             if isinstance(given, dict):
                 known_fields(given, _AUDIO_FIELDS[f"audio.input.{name}"], f"session.audio.input.{name}")
         _check_noise_reduction((audio.get("input") or {}).get("noise_reduction"))
-        speed = (audio.get("output") or {}).get("speed")
-        if speed is not None and (isinstance(speed, bool) or speed != 1):
-            raise errors.ValidationFailed("the voice speaks at one speed: speed is 1", param="session.audio.output.speed")
+        if (audio.get("output") or {}).get("speed") is not None:
+            self.speed = self._checked_speed(audio["output"]["speed"])
         for side in ("input", "output"):
             fmt = (audio.get(side) or {}).get("format")
             if fmt is None:

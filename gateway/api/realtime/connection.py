@@ -162,6 +162,8 @@ class Params:
     #: False: at most one function call in the answer.
     parallel_tool_calls: bool = True
     metadata: tuple[tuple[str, str], ...] = ()
+    #: How fast its audio is spoken: the session's (a response cannot set it, as in OpenAI's protocol).
+    speed: float = 1.0
 
     def tools_list(self) -> list[dict[str, Any]]:
         return [json.loads(t) for t in self.tools]
@@ -336,7 +338,8 @@ class RealtimeConnection:
                 told[0] > place.number if place.number is not None else not place.reached(told[1], told[2])
                 or (told[1], told[2]) == (place.run, place.position))]
         indices = state.get("run_index") or {}
-        self.config = RealtimeConfig.restored(state["config"], self.config.can_transcribe)
+        self.config = RealtimeConfig.restored(state["config"], self.config.can_transcribe,
+                                              self.config.can_change_speed)
         self.conversation = Conversation(state["items"])
         self._version = state["version"]
         saved = state["turn"]
@@ -832,12 +835,12 @@ class RealtimeConnection:
         return Params(instructions, tuple(modalities), limit, c.temperature,
                       tuple(json.dumps(t, sort_keys=True) for t in tools),
                       choice if isinstance(choice, str) else json.dumps(choice, sort_keys=True),
-                      parallel is not False, tuple(sorted(metadata.items())))
+                      parallel is not False, tuple(sorted(metadata.items())), c.speed)
 
     def _basis(self, params: Params) -> tuple[Any, ...]:
         """What makes two answers' sessions alike (metadata is the response's own)."""
         return (params.instructions, params.modalities, params.max_output_tokens, params.temperature,
-                params.tools, params.tool_choice, params.parallel_tool_calls, self._version)
+                params.tools, params.tool_choice, params.parallel_tool_calls, params.speed, self._version)
 
     def _input_items(self, given: Any) -> list[dict[str, Any]]:
         """``response.input``: items, or references to the conversation's."""
@@ -925,8 +928,10 @@ class RealtimeConnection:
                                streaming: bool) -> CreateSessionRequest:
         messages = await self._history(history_items, params, trim=trim)
         tools = params.tools_list()
+        spoken = "audio" in params.modalities
         return CreateSessionRequest(
-            messages=messages, modalities=["text", "audio"] if "audio" in params.modalities else ["text"],
+            messages=messages, modalities=["text", "audio"] if spoken else ["text"],
+            speed=params.speed if spoken and params.speed != 1 else None,
             max_tokens=params.max_output_tokens, temperature=params.temperature,
             stream_options=StreamOptions(include_usage=True),
             start_policy=None if streaming else StartPolicy.ON_END_ONLY,
