@@ -34,7 +34,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from omni_adapter.audio import OPENAI_PCM16_RATE, parse_wav, pcm16_from_waveform
+from omni_adapter.audio import OPENAI_PCM16_RATE, parse_wav, pcm16_from_waveform, retimed
 from omni_adapter.port import (
     AudioDelta,
     Engine,
@@ -147,7 +147,8 @@ class TalkerError(Exception):
 class EspeakTalker:
     """``espeak-ng`` in a subprocess per phrase: 22050 Hz pcm16 (the gateway resamples it).
 
-    A speed scales its words a minute (``-s``, 175 at 1), within ``WORDS_PER_MINUTE``."""
+    A speed scales its words a minute (``-s``, 175 at 1), within ``WORDS_PER_MINUTE``; the
+    rest of a speed beyond is FFmpeg's ``atempo`` on what it said (``retimed``)."""
 
     sample_rate = 22_050
     #: Its own range: no slower than 80 words a minute (it raises a lower ``-s`` to it), and 450 at
@@ -193,7 +194,8 @@ class EspeakTalker:
             raise TalkerError(f"espeak-ng wrote no usable wav: {exc}") from exc
         if rate != self.sample_rate:
             raise TalkerError(f"espeak-ng wrote {rate} Hz audio, not {self.sample_rate}")
-        return pcm
+        beyond = self._words_per_minute * speed / self.words_per_minute(speed)  # the rest of the speed
+        return pcm if abs(beyond - 1) < 0.01 else await asyncio.to_thread(retimed, pcm, rate, beyond)
 
     def close(self) -> None:
         return None
@@ -227,12 +229,13 @@ class HibariTalker:
     sample_rate = OPENAI_PCM16_RATE
     #: The voice inside the wheel; the others would be downloaded from a hub.
     VOICE = "heart"
-    #: The speeds it says well; a speed asked beyond them is spoken at the nearest. Measured on
-    #: tests/wer.py's 24 sentences through the recognizer (duration against speed 1; word errors):
-    #: 0.5: 2.0x, 1%; 1.3: 0.85x, 0%; from 1.35 hibari's phoneme lengths round down a step (0.69x)
-    #: and short consonants go ("please" heard "lee"; 10-20% of words lost up to 1.5, 26% at 2);
-    #: above 2 it gets little faster (0.44x at 4). Below 0.5 words start to go unheard (0.25: 28%).
-    SPEEDS = (0.5, 1.3)
+    #: The speeds it says right by itself; beyond them FFmpeg's ``atempo`` does the rest. Measured on
+    #: tests/wer.py's sentences through the recognizer (length against speed 1; words misheard):
+    #: hibari slows exactly (0.5: 2.0x, 1%) but speeds up less than asked (1.25: 0.87x, 1.3: 0.85x)
+    #: and from 1.35 drops short consonants ("please" heard "lee"; 10-20% of words up to 1.5, 26% at
+    #: 2); below 0.5 words go unheard (0.25: 28%). atempo on its speed 1: 1.25 is 0.79x (0%), 1.5
+    #: 0.66x (2%), 2 0.50x (13%).
+    SPEEDS = (0.5, 1.0)
 
     def __init__(self, tts: Any) -> None:
         if tts.sample_rate != self.sample_rate:
@@ -264,7 +267,12 @@ class HibariTalker:
             raise TalkerError(f"hibari could not speak {text[:40]!r}: {exc}") from exc
 
     def _synthesize(self, text: str, speed: float = 1.0) -> bytes:
-        return pcm16_from_waveform(without_lead_in(self.voice(text, speed), self.sample_rate))
+        """At ``speed``: hibari's own pace within ``SPEEDS``, and FFmpeg's ``atempo`` (pitch kept) for
+        the rest of a speed beyond them (1.5 is hibari at 1, 1.5x as fast; 0.25 hibari at 0.5, halved)."""
+        low, high = self.SPEEDS
+        own = min(high, max(low, speed))
+        pcm = pcm16_from_waveform(without_lead_in(self.voice(text, own), self.sample_rate))
+        return retimed(pcm, self.sample_rate, speed / own)
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)

@@ -148,18 +148,20 @@ async def test_speech_that_waits_too_long_for_room_is_a_503_and_frees_its_sessio
 
 
 async def test_speed_speaks_faster_or_slower_and_is_still_heard(client: httpx.AsyncClient) -> None:
-    """OpenAI's ``speed`` (pipecat's and LiveKit's TTS settings): hibari's own pace, kept within
-    what it says well (0.5 to 1.3: a faster speed is said at 1.3, a slower at 0.5)."""
+    """OpenAI's ``speed`` (pipecat's and LiveKit's TTS settings): hibari's own pace where it says
+    it right (0.5 to 1), and FFmpeg's atempo for the rest of a speed beyond."""
     oai = openai_client(client)
     length: dict[float, int] = {}
-    for speed in (1.0, 1.5, 0.5, 4.0, 0.25):
+    for speed in (1.0, 1.25, 1.5, 0.5, 4.0, 0.25):
         speech = await oai.audio.speech.create(model="tts-1", voice="alloy", input=TEXT, response_format="pcm",
                                                speed=speed)
         length[speed] = len(speech.content)
-        if speed in (1.0, 1.5, 0.5):
-            assert word_error_rate(TEXT, recognize(speech.content, OPENAI_PCM16_RATE)) == 0, speed
-    assert length[1.5] < 0.9 * length[1.0] and length[0.5] > 1.8 * length[1.0], length
-    assert length[4.0] == length[1.5] and length[0.25] == length[0.5], "beyond the voice's range: the nearest"
+        if speed in (1.0, 1.25, 0.5, 1.5):
+            # (at 1.5 the recognizer may miss a short word: "The" lasts 60 ms)
+            errors = word_error_rate(TEXT, recognize(speech.content, OPENAI_PCM16_RATE))
+            assert errors <= (1 / 7 if speed == 1.5 else 0), (speed, errors)
+    for speed in (1.25, 1.5, 0.5, 4.0, 0.25):  # the length asked, within 6 % (each phrase's pause too)
+        assert abs(length[speed] / length[1.0] * speed - 1) < 0.06, (speed, length)
 
 
 async def test_a_voice_of_one_pace_refuses_another_speed(redis_url: str) -> None:

@@ -10,9 +10,8 @@ A field OpenAI's GA protocol does not have is refused as its server refuses it
 top) would otherwise be a setting silently lost. Of the fields it has, those this
 service does not implement are checked and take no effect (tracing, noise reduction,
 reasoning, ``include``), a stored ``prompt`` is refused, and the ``session.updated`` reply
-shows what is in effect. ``audio.output.speed`` (OpenAI's 0.25 to 1.5) is the Talker's: hibari
-speaks from 0.5 to 1.3 times its pace, a speed beyond at the nearest, and ``session.updated`` shows
-the speed asked; an engine whose voice has one pace (vLLM-Omni's) refuses any but 1. As in
+shows what is in effect. ``audio.output.speed`` (OpenAI's 0.25 to 1.5) is the Talker's (its own
+pace, then FFmpeg's ``atempo`` beyond what it says right), and ``session.updated`` shows it; an engine whose voice has one pace (vLLM-Omni's) refuses any but 1. As in
 OpenAI's protocol a response cannot set its own speed, and a change applies from the next answer. Tools are Realtime's flat
 function shape here and the chat shape (``{"type", "function": {...}}``) on
 the way to the engine.
