@@ -102,10 +102,13 @@ _SAMPLING = {"top_k", "seed", "stop", "presence_penalty", "frequency_penalty", "
 
 def chat_request(body: ResponsesRequest) -> ChatCompletionRequest:
     """The chat completion request that makes ``body``'s answer."""
-    if body.previous_response_id is not None or body.conversation is not None:
+    if body.previous_response_id is not None:
         raise errors.InvalidRequest(
-            "responses are not kept here to continue from: send the conversation so far in input",
-            param="previous_response_id" if body.previous_response_id is not None else "conversation")
+            "responses are not kept here to continue from: send the conversation so far in input (a WebSocket "
+            "on /v1/responses keeps its last response to continue)", param="previous_response_id")
+    if body.conversation is not None:
+        raise errors.InvalidRequest("conversations are not kept here: send the conversation so far in input",
+                                    param="conversation")
     items = body.input
     if not items:
         raise errors.EmptyInput("input has no items", param="input")
