@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     SerializerFunctionWrapHandler,
@@ -21,6 +22,22 @@ from pydantic import (
 from gateway.domain.policies import MinLengthKind, StartPolicy
 from gateway.domain.states import SessionState
 from gateway.errors import ErrorDetail
+
+#: The most messages (or Responses items) a request's conversation holds. Each is work on the
+#: event loop before any check (validating, dumping, rendering: ~10 µs), and no model's context
+#: takes a conversation of more (a message costs its template's tokens too).
+MAX_MESSAGES = 10_000
+
+
+def _at_most_max_messages(value: Any) -> Any:
+    """Counted before the items are validated (pydantic's ``max_length`` counts after)."""
+    if isinstance(value, list) and len(value) > MAX_MESSAGES:
+        raise ValueError(f"a conversation here holds at most {MAX_MESSAGES:,} messages, not {len(value):,}")
+    return value
+
+
+#: A conversation's list, bounded (``MAX_MESSAGES``).
+BoundedConversation = BeforeValidator(_at_most_max_messages)
 
 #: What a pcm16 chunk's ``sample_rate`` may say: telephony's 8 kHz to studio audio's 192 kHz.
 MIN_SAMPLE_RATE, MAX_SAMPLE_RATE = 8_000, 192_000
@@ -557,7 +574,7 @@ _ADDED_SINCE_DIGESTS = ("logprobs", "top_logprobs", "structured_outputs", *VllmR
 
 
 class CreateSessionRequest(GenerationOptions):
-    messages: list[ChatMessage] = Field(
+    messages: Annotated[list[ChatMessage], BoundedConversation] = Field(
         default_factory=list, description="system prompt / history placed before the streamed input")
     input_role: Literal["user", "tool", "system", "assistant"] = Field(
         "user", description="whose words the streamed input is: the user's, a function's result (tool), a "

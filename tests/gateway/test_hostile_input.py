@@ -26,6 +26,7 @@ from websockets.sync.client import connect
 
 from gateway.api.upload.lines import MAX_BLANK_LINES
 from gateway.settings import Settings
+from omni_adapter.port import Engine
 from omni_adapter.scripted import ScriptedEngine
 from tests.gateway.client import BASE, live_app, make_settings
 from tests.loop_lag import assert_loop_keeps_up
@@ -152,3 +153,27 @@ async def test_realtime_frames(served: str) -> None:
 
     await server_keeps_up(hostile_frames)
     await server_keeps_up(oversized_frame)
+
+
+@pytest.mark.engine
+async def test_a_history_of_many_short_messages(redis_url: str, vllm_engine: Engine) -> None:
+    """5,000 one-letter messages are refused as longer than the context, and the loop stays free
+    meanwhile: the template's rendering was split back into messages with one alternation of every
+    message's key, quadratic, which held the interpreter for 4 s at 5,000 (a replica's /health went
+    unanswered for minutes at 200,000). More than 10,000 are refused before they are read."""
+    def many(count: int) -> dict[str, object]:
+        return {"model": "SmolLM2-135M-Instruct", "messages": [{"role": "user", "content": "a"}] * count}
+
+    async with live_app(make_settings(redis_url=redis_url), vllm_engine) as url:
+        answers: list[httpx.Response] = []
+
+        def ask() -> None:
+            answers.append(httpx.post(url + "/v1/chat/completions", json=many(5_000), timeout=60))
+
+        await server_keeps_up(ask)
+        assert answers[-1].status_code == 400 and answers[-1].json()["error"]["code"] == "context_length_exceeded"
+        async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+            for path, body in (("/v1/chat/completions", many(10_001)), (BASE, many(10_001)),
+                               ("/v1/responses", {"input": many(10_001)["messages"]})):
+                refused = (await client.post(path, json=body)).json()["error"]
+                assert "at most 10,000" in refused["message"], (path, refused)

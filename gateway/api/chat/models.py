@@ -8,6 +8,7 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 
 from gateway.service.models import (
     FILE_AUDIO_FORMATS,
+    BoundedConversation,
     ChatMessage,
     GenerationOptions,
     RefusalPart,
@@ -67,7 +68,7 @@ class ChatCompletionRequest(GenerationOptions, OpenAIBookkeeping):
     """OpenAI's chat completion request; the last message (the user's, or a
     function's result) is the input."""
 
-    messages: list[ChatCompletionMessage] = Field(min_length=1)
+    messages: Annotated[list[ChatCompletionMessage], BoundedConversation] = Field(min_length=1)
     stream: bool = Field(False, strict=True)
     #: One answer per request: a session is one answer (several are several requests).
     n: int = Field(1, strict=True)

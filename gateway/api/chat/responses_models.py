@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Discriminator, Field, Tag, field_validator
 
 from gateway.api.chat.models import OpenAIBookkeeping
-from gateway.service.models import Seed, StrictModel, StructuredOutputs, TopK
+from gateway.service.models import BoundedConversation, Seed, StrictModel, StructuredOutputs, TopK
 
 
 class InputText(StrictModel):
@@ -175,7 +175,8 @@ LOGPROBS_INCLUDED = "message.output_text.logprobs"
 class ResponsesRequest(OpenAIBookkeeping):
     model: str | None = None
     #: A string is one user message. (Read as a list, so that a bad item's error names the item.)
-    input: list[InputItem] = Field(description="the conversation so far: items, or a string (one user message)")
+    input: Annotated[list[InputItem], BoundedConversation] = Field(
+        description="the conversation so far: items, or a string (one user message)")
     instructions: str | None = None
     tools: list[FunctionTool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedFunctionChoice | None = None
