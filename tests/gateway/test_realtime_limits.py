@@ -153,3 +153,23 @@ async def test_json_events_in_binary_frames_are_taken_and_other_bytes_get_an_err
         assert [e["error"]["code"] for e in await received(ws)] == ["invalid_json"]
         await ws.send(json.dumps({"type": "input_audio_buffer.clear"}).encode())
         assert [e["type"] for e in await received(ws)] == ["input_audio_buffer.cleared"]
+
+
+async def test_an_event_type_or_item_role_that_is_a_list_or_object_gets_an_error_event(redis_url: str) -> None:
+    """JSON gives any value anywhere: one that is not a string where a name is expected is the
+    client's error, said on the socket, which stays (it was a ``TypeError`` that closed it)."""
+    async with live_app(make_settings(redis_url=redis_url), hearing()) as url, \
+            websockets.connect(url.replace("http", "ws") + "/v1/realtime") as ws:
+        await received(ws)
+        await ws.send(json.dumps(NO_VAD))
+        await received(ws)
+        for kind in (["input_audio_buffer.append"], {"a": 1}):
+            await ws.send(json.dumps({"type": kind}))
+            errors = [e["error"] for e in await received(ws)]
+            assert [(e["code"], e["param"]) for e in errors] == [("invalid_request", "type")]
+        await ws.send(json.dumps({"type": "conversation.item.create", "item": {
+            "type": "message", "role": ["user"], "content": [{"type": "input_text", "text": "x"}]}}))
+        errors = [e["error"] for e in await received(ws)]
+        assert [(e["code"], e["param"]) for e in errors] == [("invalid_value", "item.role")]
+        await ws.send(json.dumps({"type": "input_audio_buffer.clear"}))
+        assert [e["type"] for e in await received(ws)] == ["input_audio_buffer.cleared"]

@@ -468,7 +468,7 @@ class RealtimeConnection:
             if self._pending:  # the client goes on: what it missed comes first
                 await self._send_missed(EVERYTHING)
             kind = message.get("type")
-            if kind in USER_INPUT and self._holds(kind, message):
+            if isinstance(kind, str) and kind in USER_INPUT and self._holds(kind, message):
                 await self._hold(message)
                 return
             await self._dispatch(message)
@@ -1413,6 +1413,8 @@ def _item_for_conversation(item: dict[str, Any], where: str = "item") -> dict[st
                                           param=where)
         return {**base, "type": kind, "call_id": item["call_id"], "output": item["output"]}
     role = item.get("role")
+    if kind == "message" and not (isinstance(role, str) and role in _PARTS):
+        raise errors.ValidationFailed("a message's role is user, system or assistant", param=f"{where}.role")
     if kind != "message" or role not in _PARTS:
         raise errors.ValidationFailed("items are messages (user, system, assistant), function_call or "
                                       "function_call_output", param=f"{where}.type")
