@@ -10,12 +10,16 @@ import asyncio
 import base64
 import itertools
 import json
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
+import pytest
 import websockets
 
 from omni_adapter.port import Capabilities
-from omni_adapter.scripted import ScriptedEngine
+from omni_adapter.scripted import Script, ScriptedEngine
 from tests.gateway.client import live_app, make_settings
 from tests.gateway.test_realtime import TEXT_ONLY
 from tests.redis_server import redis_process
@@ -173,3 +177,45 @@ async def test_an_event_type_or_item_role_that_is_a_list_or_object_gets_an_error
         assert [(e["code"], e["param"]) for e in errors] == [("invalid_value", "item.role")]
         await ws.send(json.dumps({"type": "input_audio_buffer.clear"}))
         assert [e["type"] for e in await received(ws)] == ["input_audio_buffer.cleared"]
+
+
+@contextmanager
+def server_errors(caplog: pytest.LogCaptureFixture) -> Iterator[list[logging.LogRecord]]:
+    """The ERROR records the gateway and uvicorn (its "Exception in ASGI application") log meanwhile."""
+    loggers = [logging.getLogger(name) for name in ("gateway", "uvicorn.error")]
+    for logger in loggers:
+        logger.addHandler(caplog.handler)
+    found: list[logging.LogRecord] = []
+    try:
+        yield found
+    finally:
+        for logger in loggers:
+            logger.removeHandler(caplog.handler)
+        found += [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+async def test_a_client_that_leaves_while_it_is_told_something_is_a_quiet_close(
+        redis_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A client gone while its events are sent (an answer streaming, replies to events it sent
+    before it left) is a normal end of the connection, not a server error."""
+    engine = ScriptedEngine(Script(word_delay_sec=0.02))
+    words = " ".join(f"w{i}" for i in range(200))
+    with server_errors(caplog) as found:
+        async with live_app(make_settings(redis_url=redis_url), engine) as url:
+            for leave_after in ("response.output_text.delta", None):
+                ws = await websockets.connect(url.replace("http", "ws") + "/v1/realtime")
+                await received(ws)
+                await ws.send(json.dumps(NO_VAD))
+                await received(ws)
+                await ws.send(json.dumps({"type": "conversation.item.create", "item": {
+                    "type": "message", "role": "user", "content": [{"type": "input_text", "text": words}]}}))
+                await ws.send(json.dumps({"type": "response.create"}))
+                if leave_after is not None:  # mid-answer
+                    while json.loads(await ws.recv())["type"] != leave_after:
+                        pass
+                else:  # with its events still to answer
+                    for _ in range(50):
+                        await ws.send(json.dumps({"type": "input_audio_buffer.clear"}))
+                ws.transport.abort()
+                await asyncio.sleep(0.5)
+    assert [r.getMessage() for r in found] == []

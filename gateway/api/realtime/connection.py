@@ -60,6 +60,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import orjson
+from fastapi import WebSocketDisconnect
 from sse_starlette import ServerSentEvent
 
 from gateway import errors
@@ -488,6 +489,8 @@ class RealtimeConnection:
             await handler(self, message)
         except errors.GatewayError as exc:
             await self._refused(exc, client_event_id)
+        except WebSocketDisconnect:
+            raise  # the client left while it was told something: the socket's loop ends
         except Exception:
             # A bug must not take the connection (and its open turn) down with it.
             logger.exception("realtime %s: handling %s failed", self.id, kind)
@@ -1250,6 +1253,8 @@ class RealtimeConnection:
                     _FRAME.reset(token)
         except asyncio.CancelledError:
             raise
+        except WebSocketDisconnect:  # the client left: the socket's loop closes the connection
+            logger.info("realtime %s: the client left while session %s was told", self.id, run.session_id)
         except Exception:
             logger.exception("realtime %s: following session %s failed", self.id, run.session_id)
             if self._hearing.get(str(run.audio_item_id)) is run:
