@@ -219,3 +219,38 @@ async def test_a_client_that_leaves_while_it_is_told_something_is_a_quiet_close(
                 ws.transport.abort()
                 await asyncio.sleep(0.5)
     assert [r.getMessage() for r in found] == []
+
+
+async def test_settings_and_item_ids_out_of_openais_bounds_get_error_events(redis_url: str) -> None:
+    """``max_output_tokens`` is 1-4096 or "inf", a transcription model is named by a string, and a
+    client's item id is a string of 1-32 characters, as OpenAI checks them; the socket stays."""
+    def update(session: dict[str, Any]) -> str:
+        return json.dumps({"type": "session.update", "session": {"type": "realtime", **session}})
+
+    def item(item_id: Any) -> str:
+        return json.dumps({"type": "conversation.item.create", "item": {
+            "id": item_id, "type": "message", "role": "system", "content": [{"type": "input_text", "text": "x"}]}})
+
+    async with live_app(make_settings(redis_url=redis_url), hearing()) as url, \
+            websockets.connect(url.replace("http", "ws") + "/v1/realtime") as ws:
+        await received(ws)
+        await ws.send(json.dumps(NO_VAD))
+        await received(ws)
+        refused = [(update({"max_output_tokens": 10**4000}), "session.max_output_tokens"),
+                   (update({"max_output_tokens": 4097}), "session.max_output_tokens"),
+                   (update({"audio": {"input": {"transcription": {"model": ["x"]}}}}),
+                    "session.audio.input.transcription.model"),
+                   *((item(bad), "item.id") for bad in (["a"], {"a": 1}, "", 5))]
+        for event, param in refused:
+            await ws.send(event)
+            errors = [e["error"] for e in await received(ws)]
+            assert [(e["code"], e["param"]) for e in errors] == [("invalid_value", param)], event[:80]
+        await ws.send(item("x" * 2000))
+        [error] = [e["error"] for e in await received(ws)]
+        assert (error["code"], error["param"]) == ("string_above_max_length", "item.id")
+        assert "maximum length 32, but got a string with length 2000" in error["message"]
+        await ws.send(update({"max_output_tokens": 4096}))
+        [updated] = await received(ws)
+        assert updated["session"]["max_output_tokens"] == 4096
+        await ws.send(item("i" * 32))
+        assert [e["item"]["id"] for e in await received(ws)] == ["i" * 32] * 2

@@ -119,6 +119,8 @@ MAX_HELD_CHARS = 4 * 1024 * 1024
 #: recognizer's.
 ANSWERING = frozenset({"response.create", "response.cancel", "conversation.item.create",
                        "conversation.item.delete", "conversation.item.truncate"})
+#: The longest id a client may give its item (OpenAI's bound).
+MAX_ITEM_ID_CHARS = 32
 #: The least audio a commit takes (OpenAI's ``input_audio_buffer_commit_empty`` below it).
 MIN_COMMIT_MS = 100
 #: How long a new turn waits for the words of a turn whose answer was cancelled (barge-in).
@@ -1396,6 +1398,20 @@ def _item_id(message: dict[str, Any]) -> str:
     return item_id
 
 
+def _client_item_id(given: Any, param: str) -> str:
+    """The id a client gives its item, checked as OpenAI checks it; one left out is made here."""
+    if given is None:
+        return ev.new_id("item")
+    if not isinstance(given, str) or not given:
+        raise errors.ValidationFailed("an item's id is a non-empty string (or left out: the server makes one)",
+                                      param=param)
+    if len(given) > MAX_ITEM_ID_CHARS:
+        raise errors.StringAboveMaxLength(f"Invalid '{param}': string too long. Expected a string with maximum "
+                                          f"length {MAX_ITEM_ID_CHARS}, but got a string with length "
+                                          f"{len(given)} instead.", param=param)
+    return given
+
+
 #: The content parts a message item of each role may carry.
 _PARTS = {"user": ("input_text", "input_audio"), "system": ("input_text",),
           "assistant": ("output_text", "text", "output_audio", "audio")}
@@ -1404,7 +1420,7 @@ _PARTS = {"user": ("input_text", "input_audio"), "system": ("input_text",),
 def _item_for_conversation(item: dict[str, Any], where: str = "item") -> dict[str, Any]:
     """A client's item, checked, as the conversation keeps it (audio bytes left out)."""
     kind = item.get("type", "message")
-    item_id = item.get("id") if isinstance(item.get("id"), str) else ev.new_id("item")
+    item_id = _client_item_id(item.get("id"), f"{where}.id")
     base = {"id": item_id, "object": "realtime.item", "status": "completed"}
     if kind == "function_call":
         if not isinstance(item.get("name"), str) or not isinstance(item.get("arguments", ""), str):
