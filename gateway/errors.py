@@ -25,6 +25,7 @@ the handler knows HTTP.
     │   ├── UnsupportedModality (422 unsupported_modality)
     │   ├── EmptyInput (422 empty_input)
     │   │   └── EmptyAudioBuffer (422 input_audio_buffer_commit_empty)
+    │   ├── StringAboveMaxLength (422 string_above_max_length)  OpenAI's code
     │   └── IdempotencyKeyReused (422 idempotency_key_reused)  the key came with another request
     ├── Unauthorized (401 missing_credentials)
     │   └── InvalidApiKey (401 invalid_api_key)
@@ -197,6 +198,12 @@ class EmptyInput(ValidationFailed):
 
 class EmptyAudioBuffer(EmptyInput):
     code = "input_audio_buffer_commit_empty"
+
+
+class StringAboveMaxLength(ValidationFailed):
+    code = "string_above_max_length"
+
+
 class IdempotencyKeyReused(ValidationFailed):
     code = "idempotency_key_reused"
 

@@ -132,6 +132,14 @@ def _record(seq: int, modality: Modality, data: bytes, fmt: str | None, mime: st
     return ChunkRecord(seq, modality, data, fmt, mime, rate, end, audio_ms)
 
 
+def check_file_rate(rate: int, source: str, param: str) -> None:
+    """An audio file's own sample rate, as a chunk's is bounded: a rate of 1 Hz would be resampled
+    16,000-fold (and a 2 KB file at 4 Hz would be heard, and billed, as 250 s)."""
+    if not MIN_SAMPLE_RATE <= rate <= MAX_SAMPLE_RATE:
+        raise errors.InvalidPayload(f"{source} gives a sample rate of {rate} Hz; {MIN_SAMPLE_RATE} to "
+                                    f"{MAX_SAMPLE_RATE} are taken", param=param)
+
+
 def _audio_ms(data: bytes, is_wav: bool, rate: int | None) -> int:
     """Duration of an audio chunk (a WAV file, or pcm16), for ``min_length: {"audio_ms": N}``."""
     if is_wav:
@@ -140,9 +148,7 @@ def _audio_ms(data: bytes, is_wav: bool, rate: int | None) -> int:
                 frames, rate, width = wav.getnframes(), wav.getframerate(), wav.getsampwidth()
         except (wave.Error, EOFError, ValueError) as exc:
             raise errors.InvalidPayload("audio payload is not a valid WAV file", param="payload") from exc
-        if not MIN_SAMPLE_RATE <= rate <= MAX_SAMPLE_RATE:  # (a rate of 1 Hz would be resampled 16,000-fold)
-            raise errors.InvalidPayload(f"the WAV header gives a sample rate of {rate} Hz; {MIN_SAMPLE_RATE} to "
-                                        f"{MAX_SAMPLE_RATE} are taken", param="payload")
+        check_file_rate(rate, "the WAV header", "payload")
         if width != 2:
             raise errors.InvalidPayload(f"WAV audio must be 16-bit PCM, not {8 * width}-bit", param="payload")
         return int(frames * 1000 / rate)

@@ -34,6 +34,8 @@ logger = logging.getLogger(__name__)
 #: Redis stream ids: "<ms>-<seq>", each part an unsigned 64-bit number.
 EVENT_ID = re.compile(r"^[0-9]{1,20}-[0-9]{1,20}$")
 _MAX_ID_PART = 2**64 - 1
+#: Before the stream's first frame: where a reader without a ``Last-Event-ID`` starts.
+BEFORE_FIRST = "0-0"
 #: A wait for frames lasts this long before checking the session still exists.
 READ_BLOCK_MS = 5_000
 
@@ -67,11 +69,16 @@ class FrameEvent(ServerSentEvent):  # type: ignore[misc]  # sse_starlette is unt
 def parse_last_event_id(value: str | None) -> str:
     """The stream id to read after; 400 for anything Redis would refuse mid-stream."""
     if value is None or value == "":
-        return "0-0"
+        return BEFORE_FIRST
     if not EVENT_ID.match(value) or any(int(part) > _MAX_ID_PART for part in value.split("-")):
-        raise errors.InvalidRequest("Last-Event-ID must be an id received from this stream",
-                                    param="Last-Event-ID")
+        raise not_an_event_id()
     return value
+
+
+def not_an_event_id() -> errors.InvalidRequest:
+    """A ``Last-Event-ID`` this stream never sent: not an id, or one past its last frame (a stream
+    that waited for it would end, when the session does, with nothing: an empty answer to an SDK)."""
+    return errors.InvalidRequest("Last-Event-ID must be an id received from this stream", param="Last-Event-ID")
 
 
 def _ended(state: SessionState | None) -> bool:
@@ -105,8 +112,9 @@ async def session_events(store: SessionStore, session_id: str, after: str) -> As
                     after = frame.id
                     if frame.last:
                         return
-                if ended:
-                    return
+                if ended:  # a terminal session without a final frame after ``after``: said, never a silent end
+                    raise errors.SessionClosed("the session ended, and its stream has no final frame after "
+                                               "Last-Event-ID")
     except errors.StoreUnavailable:
         yield FrameEvent(data=_store_gone(session_id).envelope_json(), event="error")
     except errors.GatewayError as exc:

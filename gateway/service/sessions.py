@@ -30,7 +30,7 @@ from gateway.domain.identities import owner_check
 from gateway.domain.policies import StartThresholds
 from gateway.domain.states import SessionState
 from gateway.metrics import Metrics
-from gateway.output.sse import session_events
+from gateway.output.sse import BEFORE_FIRST, not_an_event_id, session_events
 from gateway.service.models import ChatMessage, CreateSessionRequest
 from gateway.service.token_marks import START, TokenMark, advance, count_update
 from gateway.settings import Settings
@@ -341,6 +341,9 @@ class SessionService:
         final = await self._store.last_frame(session_id)
         if final is not None and final.last and event_id_key(after) >= event_id_key(final.id):
             return None
+        if after != BEFORE_FIRST and (final is None or event_id_key(after) > event_id_key(final.id)):
+            # Past a live stream's last frame: none of its frames would be sent, not even the final one.
+            raise not_an_event_id()
         return session_events(self._store, session_id, after)
 
     async def cancel(self, identity: str, session_id: str) -> None:

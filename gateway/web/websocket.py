@@ -1,5 +1,5 @@
 """What every WebSocket door shares: the handshake's credentials and refusal, a frame's text,
-a client event read within the connection's budget, and that budget.
+a send to a socket that may have closed, a client event read within the connection's budget, and that budget.
 
 A door (Realtime's ``/v1/realtime``, the Responses API's ``/v1/responses``) turns the events
 into its own calls and a refused event into its own ``error`` event; the rules of reading
@@ -96,6 +96,16 @@ async def refuse(websocket: WebSocket, exc: errors.GatewayError) -> None:
         await websocket.send_denial_response(JSONResponse(exc.envelope(), status_code=int(exc.status_code)))
     except RuntimeError:
         await websocket.close(POLICY_VIOLATION, close_reason(exc.message))
+
+
+async def send_text(websocket: WebSocket, text: str) -> None:
+    """Send ``text``; a socket the client closed meanwhile is a ``WebSocketDisconnect``, as a
+    receive says it (Starlette raises ``RuntimeError`` or the server's ``OSError`` on a send), so a
+    door ends its connection the one way it does when the client leaves."""
+    try:
+        await websocket.send_text(text)
+    except (RuntimeError, OSError) as exc:
+        raise WebSocketDisconnect(1006) from exc
 
 
 async def receive_frame(websocket: WebSocket) -> str | bytes:

@@ -16,10 +16,12 @@ from dataclasses import replace
 
 import httpx
 import pytest
+import redis.asyncio as redis
 
 from gateway import errors
 from gateway.service.models import ChatMessage
 from gateway.settings import Settings
+from gateway.store.keys import session_keys
 from omni_adapter.scripted import Script, ScriptedEngine, text_capabilities
 from tests.gateway.client import BASE, app_client, content_of, make_settings, parse_sse
 
@@ -132,6 +134,28 @@ async def test_a_terminal_stream_without_a_final_frame_ends(client: httpx.AsyncC
     async with asyncio.timeout(2):
         after_error = await client.get(f"{BASE}/{sid}/events", headers={"Last-Event-ID": events[-1].id})
     assert after_error.status_code == 204
+
+
+async def test_a_last_event_id_past_a_live_streams_last_frame_is_400(client: httpx.AsyncClient, redis_url: str,
+                                                                      engine: ScriptedEngine) -> None:
+    # Such a stream sent nothing, then ended with the session without its final frame: an SDK took
+    # that for a complete, empty answer.
+    engine.script = Script(hang=True)
+    sid = await create(client, start_policy="on_end_only")
+    async with asyncio.timeout(2):  # (it was a stream that waited for the session's end)
+        before_any = await client.get(f"{BASE}/{sid}/events", headers={"Last-Event-ID": "99999999999999-0"})
+    assert_error(before_any, 400, "invalid_request", "Last-Event-ID")
+    await append(client, sid, 0, "a b c", end_of_input=True)
+    async with redis.from_url(redis_url) as store:
+        for _ in range(50):
+            if entries := await store.xrevrange(session_keys(sid).output, count=1):
+                break
+            await asyncio.sleep(0.05)
+    ms, seq = entries[0][0].decode().split("-")
+    async with asyncio.timeout(2):
+        past = await client.get(f"{BASE}/{sid}/events", headers={"Last-Event-ID": f"{int(ms) + 60_000}-{seq}"})
+    assert_error(past, 400, "invalid_request", "Last-Event-ID")
+    assert (await client.delete(f"{BASE}/{sid}")).status_code == 204
 
 
 @pytest.mark.parametrize("last_event_id", ["99999999999999999999-0", "1-99999999999999999999",

@@ -10,12 +10,16 @@ import asyncio
 import base64
 import itertools
 import json
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
+import pytest
 import websockets
 
 from omni_adapter.port import Capabilities
-from omni_adapter.scripted import ScriptedEngine
+from omni_adapter.scripted import Script, ScriptedEngine
 from tests.gateway.client import live_app, make_settings
 from tests.gateway.test_realtime import TEXT_ONLY
 from tests.redis_server import redis_process
@@ -153,3 +157,100 @@ async def test_json_events_in_binary_frames_are_taken_and_other_bytes_get_an_err
         assert [e["error"]["code"] for e in await received(ws)] == ["invalid_json"]
         await ws.send(json.dumps({"type": "input_audio_buffer.clear"}).encode())
         assert [e["type"] for e in await received(ws)] == ["input_audio_buffer.cleared"]
+
+
+async def test_an_event_type_or_item_role_that_is_a_list_or_object_gets_an_error_event(redis_url: str) -> None:
+    """JSON gives any value anywhere: one that is not a string where a name is expected is the
+    client's error, said on the socket, which stays (it was a ``TypeError`` that closed it)."""
+    async with live_app(make_settings(redis_url=redis_url), hearing()) as url, \
+            websockets.connect(url.replace("http", "ws") + "/v1/realtime") as ws:
+        await received(ws)
+        await ws.send(json.dumps(NO_VAD))
+        await received(ws)
+        for kind in (["input_audio_buffer.append"], {"a": 1}):
+            await ws.send(json.dumps({"type": kind}))
+            errors = [e["error"] for e in await received(ws)]
+            assert [(e["code"], e["param"]) for e in errors] == [("invalid_request", "type")]
+        await ws.send(json.dumps({"type": "conversation.item.create", "item": {
+            "type": "message", "role": ["user"], "content": [{"type": "input_text", "text": "x"}]}}))
+        errors = [e["error"] for e in await received(ws)]
+        assert [(e["code"], e["param"]) for e in errors] == [("invalid_value", "item.role")]
+        await ws.send(json.dumps({"type": "input_audio_buffer.clear"}))
+        assert [e["type"] for e in await received(ws)] == ["input_audio_buffer.cleared"]
+
+
+@contextmanager
+def server_errors(caplog: pytest.LogCaptureFixture) -> Iterator[list[logging.LogRecord]]:
+    """The ERROR records the gateway and uvicorn (its "Exception in ASGI application") log meanwhile."""
+    loggers = [logging.getLogger(name) for name in ("gateway", "uvicorn.error")]
+    for logger in loggers:
+        logger.addHandler(caplog.handler)
+    found: list[logging.LogRecord] = []
+    try:
+        yield found
+    finally:
+        for logger in loggers:
+            logger.removeHandler(caplog.handler)
+        found += [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+async def test_a_client_that_leaves_while_it_is_told_something_is_a_quiet_close(
+        redis_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A client gone while its events are sent (an answer streaming, replies to events it sent
+    before it left) is a normal end of the connection, not a server error."""
+    engine = ScriptedEngine(Script(word_delay_sec=0.02))
+    words = " ".join(f"w{i}" for i in range(200))
+    with server_errors(caplog) as found:
+        async with live_app(make_settings(redis_url=redis_url), engine) as url:
+            for leave_after in ("response.output_text.delta", None):
+                ws = await websockets.connect(url.replace("http", "ws") + "/v1/realtime")
+                await received(ws)
+                await ws.send(json.dumps(NO_VAD))
+                await received(ws)
+                await ws.send(json.dumps({"type": "conversation.item.create", "item": {
+                    "type": "message", "role": "user", "content": [{"type": "input_text", "text": words}]}}))
+                await ws.send(json.dumps({"type": "response.create"}))
+                if leave_after is not None:  # mid-answer
+                    while json.loads(await ws.recv())["type"] != leave_after:
+                        pass
+                else:  # with its events still to answer
+                    for _ in range(50):
+                        await ws.send(json.dumps({"type": "input_audio_buffer.clear"}))
+                ws.transport.abort()
+                await asyncio.sleep(0.5)
+    assert [r.getMessage() for r in found] == []
+
+
+async def test_settings_and_item_ids_out_of_openais_bounds_get_error_events(redis_url: str) -> None:
+    """``max_output_tokens`` is 1-4096 or "inf", a transcription model is named by a string, and a
+    client's item id is a string of 1-32 characters, as OpenAI checks them; the socket stays."""
+    def update(session: dict[str, Any]) -> str:
+        return json.dumps({"type": "session.update", "session": {"type": "realtime", **session}})
+
+    def item(item_id: Any) -> str:
+        return json.dumps({"type": "conversation.item.create", "item": {
+            "id": item_id, "type": "message", "role": "system", "content": [{"type": "input_text", "text": "x"}]}})
+
+    async with live_app(make_settings(redis_url=redis_url), hearing()) as url, \
+            websockets.connect(url.replace("http", "ws") + "/v1/realtime") as ws:
+        await received(ws)
+        await ws.send(json.dumps(NO_VAD))
+        await received(ws)
+        refused = [(update({"max_output_tokens": 10**4000}), "session.max_output_tokens"),
+                   (update({"max_output_tokens": 4097}), "session.max_output_tokens"),
+                   (update({"audio": {"input": {"transcription": {"model": ["x"]}}}}),
+                    "session.audio.input.transcription.model"),
+                   *((item(bad), "item.id") for bad in (["a"], {"a": 1}, "", 5))]
+        for event, param in refused:
+            await ws.send(event)
+            errors = [e["error"] for e in await received(ws)]
+            assert [(e["code"], e["param"]) for e in errors] == [("invalid_value", param)], event[:80]
+        await ws.send(item("x" * 2000))
+        [error] = [e["error"] for e in await received(ws)]
+        assert (error["code"], error["param"]) == ("string_above_max_length", "item.id")
+        assert "maximum length 32, but got a string with length 2000" in error["message"]
+        await ws.send(update({"max_output_tokens": 4096}))
+        [updated] = await received(ws)
+        assert updated["session"]["max_output_tokens"] == 4096
+        await ws.send(item("i" * 32))
+        assert [e["item"]["id"] for e in await received(ws)] == ["i" * 32] * 2

@@ -174,6 +174,19 @@ async def test_what_it_cannot_do_is_a_clear_error(client: httpx.AsyncClient) -> 
     assert "transcriptions" in assert_error(answerless, 400, "validation_error", param="modalities")["message"]
 
 
+async def test_a_file_at_an_absurd_sample_rate_is_refused_not_billed_for_its_stretch(
+        client: httpx.AsyncClient) -> None:
+    # 2 KB at 4 Hz was heard, and billed, as 250 s; the rates the sessions take (8-192 kHz) are taken.
+    for rate in (4, 400_000):
+        refused = await client.post("/v1/audio/transcriptions", data={"model": "whisper-1"},
+                                    files={"file": ("slow.wav", wav(bytes(2_000), rate))})
+        error = assert_error(refused, 400, "invalid_payload", param="file")
+        assert f"{rate} Hz" in error["message"]
+    heard = await client.post("/v1/audio/transcriptions", data={"model": "whisper-1"},
+                              files={"file": ("quiet.wav", wav(bytes(2 * 8_000), 8_000))})
+    assert heard.status_code == 200 and heard.json()["usage"] == {"type": "duration", "seconds": 1}
+
+
 async def test_audio_longer_than_a_session_takes_is_a_413_before_it_is_all_decoded(redis_url: str) -> None:
     settings = make_settings(redis_url=redis_url, max_payload_per_session=2 * 16_000 * 2)  # 2 s at 16 kHz
     async with app_client(settings, with_listener(ScriptedEngine())) as small:

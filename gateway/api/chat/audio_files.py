@@ -8,6 +8,7 @@ import io
 from typing import Any
 
 from gateway import errors
+from gateway.api.chunks import check_file_rate
 
 #: The recognizer's rate: a file is decoded straight to it.
 RATE = 16_000
@@ -41,6 +42,7 @@ def decoded(data: bytes, max_bytes: int, param: str = "file") -> bytes:
             to_16k = _Resampler()
             for packet in container.demux(container.streams.audio[0]):
                 for frame in _frames(packet):
+                    check_file_rate(frame.sample_rate, "the file", param)
                     pcm += to_16k(frame)
                 if len(pcm) > max_bytes:
                     raise errors.PayloadTooLarge(

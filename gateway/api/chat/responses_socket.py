@@ -54,7 +54,15 @@ from gateway.api.chat.responses_out import ResponseShape, response_events, warmu
 from gateway.api.chat.router import chat_service
 from gateway.web.resources import Resources, authenticate
 from gateway.web.validation import validation_error
-from gateway.web.websocket import NORMAL, EventBudget, handshake, read_event, receive_frame, refuse
+from gateway.web.websocket import (
+    NORMAL,
+    EventBudget,
+    handshake,
+    read_event,
+    receive_frame,
+    refuse,
+    send_text,
+)
 
 logger = logging.getLogger(__name__)
 router = APIRouter(tags=["openai"])
@@ -299,7 +307,4 @@ class ResponsesConnection:
 
     async def _send_text(self, text: str) -> None:
         async with self._sending:
-            try:
-                await self._websocket.send_text(text)
-            except (RuntimeError, OSError) as exc:  # closed meanwhile: the client left
-                raise WebSocketDisconnect(1006) from exc
+            await send_text(self._websocket, text)

@@ -39,6 +39,8 @@ from gateway.service.models import NamedToolChoice, Tool
 #: History room kept for the new input and for an answer with no ``max_output_tokens``.
 INPUT_RESERVE_TOKENS = 512
 ANSWER_RESERVE_TOKENS = 512
+#: The most an answer's ``max_output_tokens`` may name (OpenAI's bound; ``"inf"`` for no limit).
+MAX_OUTPUT_TOKENS = 4096
 #: ``truncation: auto`` drops down to this share of the budget at once, so the
 #: history's start stays put (and in the prefix cache) for many turns after.
 AUTO_RETENTION_RATIO = 0.75
@@ -389,6 +391,9 @@ class RealtimeConfig:
                                               param="session.audio.input.transcription")
             # The model named is not loaded: the engine's own recognizer hears the audio, in its languages.
             if transcription is not None:
+                if not isinstance(transcription.get("model", ""), str):
+                    raise errors.ValidationFailed("a transcription model is named by a string",
+                                                  param="session.audio.input.transcription.model")
                 _check_languages(transcription)
             self.transcription = transcription
         if "turn_detection" in inputs:
@@ -455,12 +460,13 @@ _MAX_MS = {"idle_timeout_ms": 1_800_000}
 
 
 def output_token_limit(limit: Any, param: str) -> int | None:
-    """``max_output_tokens``: a positive integer, or ``"inf"`` (``None``: no limit)."""
+    """``max_output_tokens``: an integer from 1 to OpenAI's 4096, or ``"inf"`` (``None``: no limit)."""
     if limit == "inf" or limit is None:
         return None
-    if isinstance(limit, int) and not isinstance(limit, bool) and limit >= 1:
+    if isinstance(limit, int) and not isinstance(limit, bool) and 1 <= limit <= MAX_OUTPUT_TOKENS:
         return limit
-    raise errors.ValidationFailed('max_output_tokens is a positive integer or "inf"', param=param)
+    raise errors.ValidationFailed(f'max_output_tokens is an integer from 1 to {MAX_OUTPUT_TOKENS}, or "inf"',
+                                  param=param)
 
 
 def chat_tools(tools: Any, param: str) -> list[dict[str, Any]]:

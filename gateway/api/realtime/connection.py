@@ -60,6 +60,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import orjson
+from fastapi import WebSocketDisconnect
 from sse_starlette import ServerSentEvent
 
 from gateway import errors
@@ -118,6 +119,8 @@ MAX_HELD_CHARS = 4 * 1024 * 1024
 #: recognizer's.
 ANSWERING = frozenset({"response.create", "response.cancel", "conversation.item.create",
                        "conversation.item.delete", "conversation.item.truncate"})
+#: The longest id a client may give its item (OpenAI's bound).
+MAX_ITEM_ID_CHARS = 32
 #: The least audio a commit takes (OpenAI's ``input_audio_buffer_commit_empty`` below it).
 MIN_COMMIT_MS = 100
 #: How long a new turn waits for the words of a turn whose answer was cancelled (barge-in).
@@ -468,7 +471,7 @@ class RealtimeConnection:
             if self._pending:  # the client goes on: what it missed comes first
                 await self._send_missed(EVERYTHING)
             kind = message.get("type")
-            if kind in USER_INPUT and self._holds(kind, message):
+            if isinstance(kind, str) and kind in USER_INPUT and self._holds(kind, message):
                 await self._hold(message)
                 return
             await self._dispatch(message)
@@ -488,6 +491,8 @@ class RealtimeConnection:
             await handler(self, message)
         except errors.GatewayError as exc:
             await self._refused(exc, client_event_id)
+        except WebSocketDisconnect:
+            raise  # the client left while it was told something: the socket's loop ends
         except Exception:
             # A bug must not take the connection (and its open turn) down with it.
             logger.exception("realtime %s: handling %s failed", self.id, kind)
@@ -1250,6 +1255,8 @@ class RealtimeConnection:
                     _FRAME.reset(token)
         except asyncio.CancelledError:
             raise
+        except WebSocketDisconnect:  # the client left: the socket's loop closes the connection
+            logger.info("realtime %s: the client left while session %s was told", self.id, run.session_id)
         except Exception:
             logger.exception("realtime %s: following session %s failed", self.id, run.session_id)
             if self._hearing.get(str(run.audio_item_id)) is run:
@@ -1391,6 +1398,20 @@ def _item_id(message: dict[str, Any]) -> str:
     return item_id
 
 
+def _client_item_id(given: Any, param: str) -> str:
+    """The id a client gives its item, checked as OpenAI checks it; one left out is made here."""
+    if given is None:
+        return ev.new_id("item")
+    if not isinstance(given, str) or not given:
+        raise errors.ValidationFailed("an item's id is a non-empty string (or left out: the server makes one)",
+                                      param=param)
+    if len(given) > MAX_ITEM_ID_CHARS:
+        raise errors.StringAboveMaxLength(f"Invalid '{param}': string too long. Expected a string with maximum "
+                                          f"length {MAX_ITEM_ID_CHARS}, but got a string with length "
+                                          f"{len(given)} instead.", param=param)
+    return given
+
+
 #: The content parts a message item of each role may carry.
 _PARTS = {"user": ("input_text", "input_audio"), "system": ("input_text",),
           "assistant": ("output_text", "text", "output_audio", "audio")}
@@ -1399,7 +1420,7 @@ _PARTS = {"user": ("input_text", "input_audio"), "system": ("input_text",),
 def _item_for_conversation(item: dict[str, Any], where: str = "item") -> dict[str, Any]:
     """A client's item, checked, as the conversation keeps it (audio bytes left out)."""
     kind = item.get("type", "message")
-    item_id = item.get("id") if isinstance(item.get("id"), str) else ev.new_id("item")
+    item_id = _client_item_id(item.get("id"), f"{where}.id")
     base = {"id": item_id, "object": "realtime.item", "status": "completed"}
     if kind == "function_call":
         if not isinstance(item.get("name"), str) or not isinstance(item.get("arguments", ""), str):
@@ -1413,6 +1434,8 @@ def _item_for_conversation(item: dict[str, Any], where: str = "item") -> dict[st
                                           param=where)
         return {**base, "type": kind, "call_id": item["call_id"], "output": item["output"]}
     role = item.get("role")
+    if kind == "message" and not (isinstance(role, str) and role in _PARTS):
+        raise errors.ValidationFailed("a message's role is user, system or assistant", param=f"{where}.role")
     if kind != "message" or role not in _PARTS:
         raise errors.ValidationFailed("items are messages (user, system, assistant), function_call or "
                                       "function_call_output", param=f"{where}.type")

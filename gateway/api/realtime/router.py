@@ -58,6 +58,7 @@ from gateway.web.websocket import (
     read_event,
     receive_frame,
     refuse,
+    send_text,
 )
 
 logger = logging.getLogger(__name__)
@@ -88,8 +89,9 @@ async def realtime(websocket: WebSocket, model: str | None = None, session_id: s
     except errors.GatewayError as exc:
         # Said in an event, as OpenAI does, then closed: a refused handshake reaches a
         # framework's log as "HTTP 404" at best, without the names that are served.
-        await websocket.send_text(ev.encoded(ev.error(exc)))
-        await websocket.close(POLICY_VIOLATION, close_reason(exc.message))
+        with contextlib.suppress(WebSocketDisconnect):  # the client left already
+            await send_text(websocket, ev.encoded(ev.error(exc)))
+            await websocket.close(POLICY_VIOLATION, close_reason(exc.message))
         return
     identity, settings, metrics = caller.identity, resources.settings, resources.metrics
     lock = asyncio.Lock()
@@ -99,7 +101,7 @@ async def realtime(websocket: WebSocket, model: str | None = None, session_id: s
         for out in audio.server_events(event, connection.config.output_audio_format):
             metrics.realtime_event("out", out["type"])
             async with lock:
-                await websocket.send_text(ev.encoded(out))
+                await send_text(websocket, ev.encoded(out))
 
     connection, budget = new_connection(resources, identity, config, send)
     metrics.connections.inc()
@@ -167,7 +169,7 @@ async def _control(websocket: WebSocket, call: Call | sideband.Attachment, setti
 
     async def send(event: dict[str, Any]) -> None:
         async with lock:
-            await websocket.send_text(ev.encoded(event))
+            await send_text(websocket, ev.encoded(event))
 
     async def read() -> None:
         budget = EventBudget.of(settings)

@@ -6,6 +6,8 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
+from fastapi import WebSocketDisconnect
+
 logger = logging.getLogger(__name__)
 
 
@@ -18,6 +20,8 @@ def spawn(tasks: set[asyncio.Task[None]], work: Awaitable[None], name: str,
             await work
         except asyncio.CancelledError:
             raise
+        except WebSocketDisconnect:  # the client left while told something: its socket's loop ends the rest
+            logger.info("%s: the client left", name)
         except Exception:
             logger.exception("%s failed", name)
             if on_failure is not None:
