@@ -10,6 +10,7 @@ stay as long as before. Real Redis: TTLs are what is tested.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator, Iterator
 
@@ -172,3 +173,33 @@ async def test_input_past_the_deadline_is_refused_with_no_tender_running(redis_u
                      await client.put(f"{BASE}/{sid}/chunks/0", json={"sequence_id": 0, "text": "again"})):
             assert late.status_code == 410, late.text
             assert late.json()["error"]["code"] == "session_expired"
+
+
+async def test_the_runner_stops_quietly_when_the_chunks_went_with_the_sessions_end(
+    client: httpx.AsyncClient, engine: ScriptedEngine, admin: redis.Redis, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A cancel between the runner's read of the input and its read of the chunks: they are gone.
+    That is the session's end, not a failure to feed it."""
+    caplog.set_level(logging.INFO, logger="gateway.work.runner")
+    sid = await create(client)
+    assert (await append(client, sid, 0, "hello ")).status_code == 202
+    await state_is(client, sid, "streaming")
+    deadline = time.monotonic() + 10
+    while not (engine.sessions and engine.sessions[0].fed):
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.02)
+    # What a cancel leaves, but for its abort mark, which the runner has not read yet.
+    pipe = admin.pipeline()
+    pipe.hset(key(sid, "meta"), mapping={"state": "cancelled", "owner": "", "lease_until": 0})
+    pipe.delete(key(sid, "chunks"))
+    pipe.xadd(key(sid, "in"), {"s": 1})
+    pipe.execute()
+    while "ended before its input was fed" not in caplog.text:
+        assert time.monotonic() < deadline, caplog.text
+        await asyncio.sleep(0.02)
+    admin.xadd(key(sid, "in"), {"abort": "cancelled"})
+    while not engine.sessions[0].aborted:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.02)
+    assert "feeding input failed" not in caplog.text
+    assert [c.sequence_id for c in engine.sessions[0].fed] == [0]
