@@ -787,7 +787,8 @@ class SessionStore:
         async with self._call():
             blobs: Any = await self._redis.hmget(session_keys(session_id).chunks, [str(s) for s in sequence_ids])
         if any(blob is None for blob in blobs):
-            # Keys expire only after the session ends, so this is a lost session.
+            # A session's chunks go when it ends (lua/lib.lua refresh_ttl), and a live
+            # one's only after its deadline: an ended session, or a lost one.
             raise errors.SessionNotFound(f"chunks of session {session_id!r} are gone")
         return [ChunkRecord.from_blob(seq, blob) for seq, blob in zip(sequence_ids, blobs, strict=True)]
 

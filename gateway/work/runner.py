@@ -59,7 +59,7 @@ from gateway.output.frames import (
     unspoken_end,
 )
 from gateway.store.connection import retry_delay
-from gateway.store.records import Frame, Lease, Renewal
+from gateway.store.records import ChunkRecord, Frame, Lease, Renewal
 from gateway.store.redis_store import InputEvent, SessionStore
 from gateway.store.session_hash import SessionRecord
 from gateway.store.stream_reader import Subscription
@@ -439,9 +439,13 @@ class SessionRunner:
 
     async def _apply(self, session: EngineSession, events: list[InputEvent], timing: _Timing) -> None:
         pending = [e.sequence_id for e in events if e.kind == "chunk"]
-        if pending:
+        # An aborted session's input is not fed: its chunks went when it ended (lua/lib.lua refresh_ttl).
+        if pending and events[-1].kind != "abort":
             self.last_input_at = time.monotonic()
-            records = await self._retrying(lambda: self._store.load_chunks(self.session_id, pending))
+            records = await self._load_chunks(pending)
+            if records is None:
+                logger.info("session %s: ended before its input was fed", self.session_id)
+                return  # its abort mark comes next (or, its keys gone, the heartbeat stops the work)
             await session.feed([
                 InputChunk(r.sequence_id, r.modality, r.payload, r.format, r.mime_type, r.sample_rate)
                 for r in records
@@ -455,6 +459,16 @@ class SessionRunner:
             elif event.kind == "abort":
                 logger.info("session %s: engine work aborted (%s)", self.session_id, event.value)
                 await session.abort()
+
+    async def _load_chunks(self, pending: list[int]) -> list[ChunkRecord] | None:
+        """The chunks to feed; ``None`` when the session ended since its input was read."""
+        try:
+            return await self._retrying(lambda: self._store.load_chunks(self.session_id, pending))
+        except errors.SessionNotFound:
+            state = await self._retrying(lambda: self._store.state(self.session_id))
+            if state is not None and not state.is_terminal:
+                raise  # a live session that lost its input: fail it (``_feed``)
+            return None
 
     # --- output --------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""Helpers of the client tests: the fault plan, fast retries, chunks read back from Redis,
+"""Helpers of the client tests: the fault plan, fast retries, chunk digests read back from Redis,
 the ``omni-gateway`` command in a subprocess."""
 
 from __future__ import annotations
@@ -45,11 +45,18 @@ class Faults:
         return "pass"
 
 
-def stored_chunks(settings: Settings, session_id: str) -> dict[int, ChunkRecord]:
+def stored_digests(settings: Settings, session_id: str) -> dict[int, str]:
+    """The content digest of each chunk the session took, by sequence id. Its chunks themselves
+    are gone once it ended (lua/lib.lua refresh_ttl); their digests stay as long as its result."""
     assert settings.redis_url is not None
     with redis.Redis.from_url(settings.redis_url) as client:
-        raw = client.hgetall(session_keys(session_id).chunks)
-    return {int(seq): ChunkRecord.from_blob(int(seq), blob) for seq, blob in raw.items()}
+        raw = client.hgetall(session_keys(session_id).digests)
+    return {int(seq): record.decode().split(":", 1)[0] for seq, record in raw.items() if seq.isdigit()}
+
+
+def text_digests(texts: list[str]) -> dict[int, str]:
+    """What ``stored_digests`` reads after ``texts`` were sent as text chunks 0, 1, ..."""
+    return {seq: ChunkRecord(seq, "text", text.encode()).content_digest for seq, text in enumerate(texts)}
 
 
 def omni_gateway(*args: str, url: str | None = None, stdin: str | None = None, timeout: float = 120,

@@ -24,7 +24,7 @@ from omni_adapter.scripted import Script, ScriptedEngine
 from omni_adapter.talker import with_talker
 from omni_client import read_wav, wav_bytes
 from tests.client.conftest import LiveGateway
-from tests.client.helpers import ROOT, omni_gateway, stored_chunks
+from tests.client.helpers import ROOT, omni_gateway, stored_digests
 from tests.gateway.client import live_server
 from tests.redis_server import free_port
 from tests.voice import SPEECH_RATE, recognize, speech
@@ -120,7 +120,7 @@ def test_a_wav_streams_in_realtime_and_the_spoken_answer_is_saved(voice_gateway:
     assert time.monotonic() - started >= duration  # sent as it was spoken
     session_id = re.search(r"^session (\S+)$", done.stderr, re.M)
     assert session_id is not None, done.stderr
-    assert len(stored_chunks(voice_gateway.settings, session_id[1])) == math.ceil(duration / 0.2)
+    assert len(stored_digests(voice_gateway.settings, session_id[1])) == math.ceil(duration / 0.2)
     assert "capital" in done.stdout and "heard: What is the capital of France?" in done.stderr
     assert "first audio" in done.stderr and "saved" in done.stderr
     pcm, rate = read_wav(answer.read_bytes())

@@ -206,13 +206,14 @@ async def test_finish_without_chunks_is_refused(store: SessionStore) -> None:
 
 
 async def test_reaper_expires_idle_sessions_and_fails_incomplete_ones(store: SessionStore) -> None:
-    await new_session(store, "idle", timeout_ms=1, start=None)
-    await new_session(store, "gappy", timeout_ms=1, start=None)
+    # Input past a session's deadline is refused even before a tender expired it: take it before.
+    await new_session(store, "idle", timeout_ms=300, start=None)
+    await new_session(store, "gappy", timeout_ms=300, start=None)
     await store.append("gappy", text(1, "b"), "r1", TOO_LARGE)
     await store.finish("gappy", 1, "r1")
     await new_session(store, "fresh", timeout_ms=60_000)
     import asyncio
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0.35)
     ended = {o.session_id: o.state for o in await tended(store, "r1", 0)}
     assert ended == {"idle": SessionState.EXPIRED, "gappy": SessionState.FAILED}
     assert (await store.view("gappy")).error["error"]["missing_sequence_ids"] == [0]

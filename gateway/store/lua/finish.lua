@@ -5,6 +5,7 @@ local state = redis.call('HGET', META, 'state')
 if not state or foreign(ARGV[4]) then return {'not_found'} end
 if state == 'expired' then return {'expired'} end
 if state == 'failed' or state == 'cancelled' then return {'closed', state} end
+if past_deadline(state, now) then return {'expired'} end
 
 local final_seq = meta_num('final_seq')
 if asked ~= nil and final_seq ~= nil and asked ~= final_seq then return {'input_closed', final_seq} end

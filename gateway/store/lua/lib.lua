@@ -14,18 +14,34 @@ local function meta_num(field)
 end
 
 -- Keys die after the session can no longer be used: the idle deadline (or
--- the generation budget) plus the time terminal results stay readable.
+-- the generation budget) plus the time terminal results stay readable. The
+-- chunks are the exception: only engine work reads them (its owner, or a new
+-- owner rebuilding the engine session from them), and only while the session
+-- runs. They go when it ends, and a live session's die with its deadline
+-- (plus a lease's time, for a reader a moment behind), not a result's life
+-- later: their bytes are what the session caps bound, and an ended session no
+-- longer counts against any cap. The digests stay (dedupe of a retried chunk).
 local function refresh_ttl(state, now)
   local keep = meta_num('result_ttl_ms')
-  local at
   if TERMINAL[state] then
-    at = now + keep
-  elseif state == 'generating' then
-    at = now + meta_num('generation_ttl_ms') + keep
-  else
-    at = meta_num('expires_at') + keep
+    redis.call('DEL', CHUNKS)
+    for _, key in ipairs({META, DIGESTS, INPUT, OUTPUT}) do redis.call('PEXPIREAT', key, now + keep) end
+    return
   end
-  for i = 1, 5 do redis.call('PEXPIREAT', KEYS[i], at) end
+  local live
+  if state == 'generating' then
+    live = now + meta_num('generation_ttl_ms')
+  else
+    live = meta_num('expires_at')
+  end
+  redis.call('PEXPIREAT', CHUNKS, live + (meta_num('lease_ttl_ms') or 0))
+  for _, key in ipairs({META, DIGESTS, INPUT, OUTPUT}) do redis.call('PEXPIREAT', key, live + keep) end
+end
+
+-- Past its idle deadline a session takes no more input, even before a tender
+-- has expired it (none may be running): its chunks may be gone already.
+local function past_deadline(state, now)
+  return (state == 'open' or state == 'streaming') and meta_num('expires_at') <= now
 end
 
 local function move(from, to, now)
@@ -191,6 +207,7 @@ local function append_chunk(now, replica, seq, record, blob, eoi, too_large_json
   -- A completed session falls through: its input is closed, so retries of
   -- its chunks are duplicates and anything new is input_closed.
   if state == 'failed' or state == 'cancelled' then return {'closed', state} end
+  if past_deadline(state, now) then return {'expired'} end
 
   local known = redis.call('HGET', DIGESTS, seq)
   if known then

@@ -9,6 +9,7 @@ local state = redis.call('HGET', META, 'state')
 if not state or foreign(ARGV[6]) then return {'not_found'} end
 if state == 'expired' then return {'expired'} end
 if state == 'failed' or state == 'cancelled' then return {'closed', state} end
+if past_deadline(state, now) then return {'expired'} end
 local next_seq = meta_num('next_seq')
 if state ~= 'open' and state ~= 'streaming' then return {'input_closed', meta_num('final_seq') or next_seq - 1} end
 local known = redis.call('HGET', DIGESTS, seq)
