@@ -11,7 +11,8 @@ collector's reach (``gc.freeze``), so a full collection of the test
 process's heap is not measured either.
 
 A lone surrogate (JSON's ``\\ud800``, a text UTF-8 cannot hold) anywhere in a
-request is the client's error, named by its place, before any engine work.
+request is the client's error, named by its place, before any engine work;
+an error that is the server's names the request's id, as its answer says.
 """
 
 from __future__ import annotations
@@ -24,11 +25,14 @@ from collections.abc import AsyncIterator, Callable, Iterator
 
 import httpx
 import pytest
+from asgi_lifespan import LifespanManager
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from gateway.api.upload.lines import MAX_BLANK_LINES
+from gateway.runtime.app import create_app
 from gateway.settings import Settings
+from gateway.web.middleware.request_id import RequestIdLogFilter
 from omni_adapter.port import EngineRejectedError, EngineRequest, SamplingOptions
 from omni_adapter.scripted import ScriptedEngine
 from omni_adapter.vllm_engine import VllmEngine
@@ -211,6 +215,30 @@ async def test_a_lone_surrogate_anywhere_is_the_clients_error_named_by_its_place
             error = assert_error(response, 422 if path == BASE else 400, "invalid_payload", where)
             assert error["message"] == f"{where} is not valid Unicode (a lone surrogate)", (path, body)
     assert engine.sessions == [], "refused before any engine work"
+
+
+async def test_a_server_error_names_its_request_id(redis_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Starlette answers an error no handler took outside every middleware: the 500 still carries
+    the request's id, in its header and its log line, as its message says."""
+    app = create_app(make_settings(redis_url=redis_url), engine=ScriptedEngine())
+
+    async def broken() -> None:
+        raise RuntimeError("a bug")
+
+    app.add_api_route("/broken", broken)
+    caplog.handler.addFilter(RequestIdLogFilter())  # (as the CLI's log handler has it)
+    async with LifespanManager(app) as manager:
+        transport = httpx.ASGITransport(app=manager.app, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
+            named = await client.get("/broken", headers={"X-Request-Id": "req-42"})
+            unnamed = await client.get("/broken")
+    for response in (named, unnamed):
+        assert_error(response, 500, "internal_error")
+        assert "request id is in the logs" in response.json()["error"]["message"]
+    assert named.headers["x-request-id"] == "req-42" and len(unnamed.headers["x-request-id"]) == 32
+    logged = [r for r in caplog.records if r.name == "gateway.web.error_handlers"]
+    assert [getattr(r, "request_id", None) for r in logged] == ["req-42", unnamed.headers["x-request-id"]]
+    assert all(r.exc_info for r in logged), "with its traceback"
 
 
 @pytest.mark.engine
