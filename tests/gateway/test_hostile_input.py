@@ -214,6 +214,9 @@ async def test_a_lone_surrogate_anywhere_is_the_clients_error_named_by_its_place
             response = await client.post(path, content=json.dumps(sent), headers={"Content-Type": "application/json"})
             error = assert_error(response, 422 if path == BASE else 400, "invalid_payload", where)
             assert error["message"] == f"{where} is not valid Unicode (a lone surrogate)", (path, body)
+        call = await client.post("/v1/realtime/calls", files={  # a WebRTC call's form, as the SDK sends it
+            "sdp": (None, "v=0\r\nm=audio 9"), "session": (None, json.dumps({"instructions": LONE}))})
+        assert_error(call, 400, "invalid_payload", "session.instructions")
     assert engine.sessions == [], "refused before any engine work"
 
 
