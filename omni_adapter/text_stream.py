@@ -39,6 +39,7 @@ the end of input: still exact, just not incremental.
 from __future__ import annotations
 
 import codecs
+import contextlib
 import functools
 import inspect
 import logging
@@ -47,6 +48,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 from uuid import uuid4
+
+from omni_adapter.port import EngineRejectedError
 
 logger = logging.getLogger(__name__)
 
@@ -112,6 +115,20 @@ def _unhide(text: str, contents: Sequence[str], hidden: re.Pattern[str]) -> Fram
         pieces += [*trusted(text[at:match.start()]).pieces, *client(contents[int(match.group(1))]).pieces]
         at = match.end()
     return Framed((*pieces, *trusted(text[at:]).pieces))
+
+
+@contextlib.contextmanager
+def _unicode_checked(text: str) -> Iterator[None]:
+    """A text UTF-8 cannot hold (a lone surrogate: JSON's ``\\ud800`` escape) is the client's error,
+    not the ``TypeError`` tokenizers raise for it (a 500)."""
+    try:
+        yield
+    except (TypeError, UnicodeEncodeError) as exc:
+        try:
+            text.encode()
+        except UnicodeEncodeError:
+            raise EngineRejectedError("the text is not valid Unicode (a lone surrogate)") from exc
+        raise
 
 
 class HfTokenizer(Protocol):
@@ -267,15 +284,17 @@ class StreamingTokenizer:
 
     def encode(self, text: str) -> list[int]:
         """Trusted text: its special tokens are control tokens."""
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        with _unicode_checked(text):
+            return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def encode_plain(self, text: str) -> list[int]:
         """Client text: ``<|im_end|>`` in it is ordinary text."""
-        if self._plain is None:  # no fast backend to clone
-            return list(self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
-        # encode_batch releases the GIL while it works (encode does not), so
-        # other threads (the event loop) run meanwhile.
-        return list(self._plain.encode_batch([text], add_special_tokens=False)[0].ids)
+        with _unicode_checked(text):
+            if self._plain is None:  # no fast backend to clone
+                return list(self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
+            # encode_batch releases the GIL while it works (encode does not), so
+            # other threads (the event loop) run meanwhile.
+            return list(self._plain.encode_batch([text], add_special_tokens=False)[0].ids)
 
     def split_trusted(self, text: str) -> list[str | int]:
         """Trusted text as plain runs and the ids of its special tokens, in order."""

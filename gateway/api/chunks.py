@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from starlette.requests import Request
 
 from gateway import errors
-from gateway.service.models import MAX_SAMPLE_RATE, MIN_SAMPLE_RATE, ChunkIn
+from gateway.service.models import MAX_SAMPLE_RATE, MIN_SAMPLE_RATE, ChunkIn, not_unicode
 from gateway.settings import Settings
 from gateway.store.records import ChunkRecord
 from gateway.web.validation import read_body_capped, validation_error
@@ -82,7 +82,7 @@ def record_from_json(chunk: ChunkIn, max_chunk_bytes: int) -> ChunkRecord:
         try:
             data = chunk.text.encode()
         except UnicodeEncodeError as exc:  # JSON's \ud800 escapes parse into a str UTF-8 cannot hold
-            raise errors.InvalidPayload("text is not valid Unicode (a lone surrogate)", param="text") from exc
+            raise not_unicode("text") from exc
     else:
         try:
             data = b64decode_in_slices(chunk.payload or "")

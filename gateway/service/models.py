@@ -18,10 +18,11 @@ from pydantic import (
     model_serializer,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
 from gateway.domain.policies import MinLengthKind, StartPolicy
 from gateway.domain.states import SessionState
-from gateway.errors import ErrorDetail
+from gateway.errors import ErrorDetail, InvalidPayload
 
 #: The most messages (or Responses items) a request's conversation holds. Each is work on the
 #: event loop before any check (validating, dumping, rendering: ~10 µs), and no model's context
@@ -66,6 +67,63 @@ class StrictModel(BaseModel):
             unset = _not_nullable(cls)
             return {key: value for key, value in data.items() if value is not None or key not in unset}
         return data
+
+    @field_validator("*")
+    @classmethod
+    def _valid_unicode(cls, value: Any) -> Any:
+        """Every text a request carries is valid Unicode: JSON's ``\\ud800`` escape parses into a
+        string UTF-8 cannot hold, which the tokenizer, Redis and every reply fail on later (a 500).
+        Refused here, named by its place (``web/validation.py`` makes it ``invalid_payload``)."""
+        if value is None or isinstance(value, _NO_TEXT) or isinstance(value, str) and value.isascii():
+            return value  # (most fields: this runs for every field of every request)
+        within = lone_surrogate_at(value)
+        if within is not None:
+            raise PydanticCustomError(LONE_SURROGATE, "not valid Unicode (a lone surrogate)",
+                                      {"within": ".".join(map(str, within))})
+        return value
+
+
+#: The pydantic error type of a text with a lone surrogate.
+LONE_SURROGATE = "lone_surrogate"
+#: Values that hold no text of their own (a model checked its own fields).
+_NO_TEXT = (bool, int, float, BaseModel)
+
+
+def lone_surrogate_at(value: Any) -> list[str | int] | None:
+    """Where in ``value`` (a string, or JSON's lists and objects) a text holds a lone surrogate: the
+    keys and indexes that lead to it (an object's key: the object's place), or ``None``. A model
+    inside is left alone: it checked its own fields."""
+    todo: list[tuple[Any, tuple[str | int, ...]]] = [(value, ())]
+    while todo:  # (a loop, not recursion: JSON nests as deep as the parser let it)
+        item, place = todo.pop()
+        if isinstance(item, str):
+            if not _encodes(item):
+                return list(place)
+        elif isinstance(item, dict):
+            if not all(_encodes(key) for key in item if isinstance(key, str)):
+                return list(place)
+            todo.extend((inner, (*place, key)) for key, inner in reversed(item.items())
+                        if inner is not None and not isinstance(inner, _NO_TEXT))
+        elif isinstance(item, list | tuple):
+            todo.extend((inner, (*place, i)) for i, inner in reversed(list(enumerate(item)))
+                        if inner is not None and not isinstance(inner, _NO_TEXT))
+    return None
+
+
+def not_unicode(param: str | None) -> InvalidPayload:
+    """The error of a text with a lone surrogate at ``param`` (a chunk's text gets it too)."""
+    return InvalidPayload(f"{param or 'the request'} is not valid Unicode (a lone surrogate)", param=param)
+
+
+def _encodes(text: str) -> bool:
+    """Whether UTF-8 holds ``text`` (``isascii`` is a flag of the string: no scan for most text)."""
+    if text.isascii():
+        return True
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 @functools.cache

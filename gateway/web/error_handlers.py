@@ -13,6 +13,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive, Scope, Send
 
 from gateway import errors
+from gateway.web.middleware.request_id import named_again
 from gateway.web.validation import validation_error
 from gateway.web.websocket import refuse
 
@@ -96,5 +97,9 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
-        logger.exception("unhandled error")
-        return _envelope(errors.GatewayError("internal error; the request id is in the logs"), request)
+        # Starlette runs this one outside every middleware (its ServerErrorMiddleware): the
+        # request's id is named here, in the log line and the header.
+        with named_again(request.scope) as request_id:
+            logger.exception("unhandled error")
+        return _envelope(errors.GatewayError("internal error; the request id is in the logs"), request,
+                         {"X-Request-Id": request_id} if request_id is not None else None)

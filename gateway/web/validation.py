@@ -9,6 +9,7 @@ from fastapi import Header
 from starlette.requests import Request
 
 from gateway import errors
+from gateway.service.models import LONE_SURROGATE, not_unicode
 
 #: The ``Idempotency-Key`` header of the routes that make a session (create, chat).
 IdempotencyKey = Annotated[str | None, Header(
@@ -47,6 +48,8 @@ def validation_error(details: Sequence[Any]) -> errors.GatewayError:
         return errors.InvalidJson("request body is not valid JSON")
     message = str(first.get("msg", "invalid request")).removeprefix("Value error, ")
     param = ".".join(param_path(first.get("loc", ()))) or None
+    if first.get("type") in (LONE_SURROGATE, "string_unicode"):  # StrictModel's check, or pydantic's own
+        return not_unicode(".".join(filter(None, (param, (first.get("ctx") or {}).get("within")))) or None)
     if param:
         message = f"{param}: {message}"
     return errors.ValidationFailed(message, param=param)

@@ -1,4 +1,4 @@
-"""Hostile input never freezes the event loop (issue 29, item 3).
+"""Hostile input never freezes the event loop (issue 29, item 3), nor is it a server error.
 
 Every way input comes in (an NDJSON upload, Realtime frames, chunk bodies,
 SSE resume headers) gets the worst a client can send inside the limits,
@@ -9,6 +9,10 @@ thread of its own, so its own work is not counted against the server. As
 the CLI's server does at start, what was loaded is put out of the garbage
 collector's reach (``gc.freeze``), so a full collection of the test
 process's heap is not measured either.
+
+A lone surrogate (JSON's ``\\ud800``, a text UTF-8 cannot hold) anywhere in a
+request is the client's error, named by its place, before any engine work;
+an error that is the server's names the request's id, as its answer says.
 """
 
 from __future__ import annotations
@@ -21,14 +25,19 @@ from collections.abc import AsyncIterator, Callable, Iterator
 
 import httpx
 import pytest
+from asgi_lifespan import LifespanManager
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from gateway.api.upload.lines import MAX_BLANK_LINES
+from gateway.runtime.app import create_app
 from gateway.settings import Settings
-from omni_adapter.port import Engine
+from gateway.web.middleware.request_id import RequestIdLogFilter
+from omni_adapter.port import Engine, EngineRejectedError, EngineRequest, SamplingOptions
 from omni_adapter.scripted import ScriptedEngine
-from tests.gateway.client import BASE, live_app, make_settings
+from omni_adapter.vllm_engine import VllmEngine
+from tests.gateway.client import BASE, app_client, live_app, make_settings
+from tests.gateway.test_api import assert_error
 from tests.loop_lag import assert_loop_keeps_up
 
 UPLOAD = "/v1/streaming_input/upload"
@@ -177,3 +186,104 @@ async def test_a_history_of_many_short_messages(redis_url: str, vllm_engine: Eng
                                ("/v1/responses", {"input": many(10_001)["messages"]})):
                 refused = (await client.post(path, json=body)).json()["error"]
                 assert "at most 10,000" in refused["message"], (path, refused)
+
+
+#: A lone surrogate: ``json.dumps`` writes it as JSON's ``\\ud800`` escape, which parses back into it.
+LONE = "a\ud800b"
+USER = {"role": "user", "content": "hi"}
+CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+#: (path, body, where the lone surrogate is): each text a request carries.
+SURROGATES: list[tuple[str, dict[str, object], str]] = [
+    (BASE, {"messages": [{"role": "user", "content": LONE}]}, "messages.0.content"),
+    (BASE, {"messages": [{"role": "system", "content": [{"type": "text", "text": LONE}]}]},
+     "messages.0.content.0.text"),
+    (BASE, {"messages": [USER, {"role": "assistant", "refusal": LONE}]}, "messages.1.refusal"),
+    (BASE, {"messages": [USER, {"role": "assistant", "audio": {"id": "a", "transcript": LONE}}]},
+     "messages.1.audio.transcript"),
+    (BASE, {"messages": [USER, {"role": "assistant", "tool_calls": [
+        {**CALL, "function": {"name": "f", "arguments": '{"a": "' + LONE + '"}'}}]}]},
+     "messages.1.tool_calls.0.function.arguments"),
+    (BASE, {"messages": [{**USER, "name": LONE}]}, "messages.0.name"),
+    (BASE, {"tools": [{"type": "function", "function": {"name": "f", "description": LONE}}]},
+     "tools.0.function.description"),
+    (BASE, {"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"x": {"type": "string", "description": LONE}}}}}]},
+     "tools.0.function.parameters.properties.x.description"),
+    (BASE, {"stop": [LONE]}, "stop.0"),
+    (BASE, {"first_chunk": {"sequence_id": 0, "text": LONE}}, "first_chunk.text"),
+    ("/v1/chat/completions", {"messages": [{"role": "system", "content": LONE}, USER]}, "messages.0.content"),
+    ("/v1/chat/completions", {"messages": [USER, {"role": "assistant", "content": LONE}, USER]},
+     "messages.1.content"),
+    ("/v1/chat/completions", {"messages": [USER, {"role": "assistant", "tool_calls": [CALL]},
+                                           {"role": "tool", "tool_call_id": "c1", "content": LONE}, USER]},
+     "messages.2.content"),
+    ("/v1/chat/completions", {"messages": [USER], "structured_outputs": {"choice": ["yes", LONE]}},
+     "structured_outputs.choice.1"),
+    ("/v1/responses", {"instructions": LONE, "input": "hi"}, "instructions"),
+    ("/v1/responses", {"input": [USER, {"type": "message", "role": "assistant", "content": [
+        {"type": "output_text", "text": LONE}]}, USER]}, "input.1.message.content.0.output_text.text"),
+    ("/v1/responses", {"input": [USER, {"type": "function_call", "call_id": "c1", "name": "f", "arguments": LONE},
+                                 {"type": "function_call_output", "call_id": "c1", "output": "1"}]},
+     "input.1.function_call.arguments"),
+    ("/v1/audio/speech", {"model": "tts-1", "voice": "alloy", "input": LONE}, "input"),
+    ("/v1/realtime/client_secrets", {"session": {"type": "realtime", "instructions": LONE}}, "session.instructions"),
+]
+
+
+async def test_a_lone_surrogate_anywhere_is_the_clients_error_named_by_its_place(redis_url: str) -> None:
+    engine = ScriptedEngine()
+    async with app_client(make_settings(redis_url=redis_url), engine) as client:
+        for path, body, where in SURROGATES:
+            sent = {"max_tokens": 2, **body} if path in (BASE, "/v1/chat/completions") else body
+            response = await client.post(path, content=json.dumps(sent), headers={"Content-Type": "application/json"})
+            error = assert_error(response, 422 if path == BASE else 400, "invalid_payload", where)
+            assert error["message"] == f"{where} is not valid Unicode (a lone surrogate)", (path, body)
+        call = await client.post("/v1/realtime/calls", files={  # a WebRTC call's form, as the SDK sends it
+            "sdp": (None, "v=0\r\nm=audio 9"), "session": (None, json.dumps({"instructions": LONE}))})
+        assert_error(call, 400, "invalid_payload", "session.instructions")
+    assert engine.sessions == [], "refused before any engine work"
+
+
+async def test_a_server_error_names_its_request_id(redis_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Starlette answers an error no handler took outside every middleware: the 500 still carries
+    the request's id, in its header and its log line, as its message says."""
+    app = create_app(make_settings(redis_url=redis_url), engine=ScriptedEngine())
+
+    async def broken() -> None:
+        raise RuntimeError("a bug")
+
+    app.add_api_route("/broken", broken)
+    caplog.handler.addFilter(RequestIdLogFilter())  # (as the CLI's log handler has it)
+    async with LifespanManager(app) as manager:
+        transport = httpx.ASGITransport(app=manager.app, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
+            named = await client.get("/broken", headers={"X-Request-Id": "req-42"})
+            unnamed = await client.get("/broken")
+    for response in (named, unnamed):
+        assert_error(response, 500, "internal_error")
+        assert "request id is in the logs" in response.json()["error"]["message"]
+    assert named.headers["x-request-id"] == "req-42" and len(unnamed.headers["x-request-id"]) == 32
+    logged = [r for r in caplog.records if r.name == "gateway.web.error_handlers"]
+    assert [getattr(r, "request_id", None) for r in logged] == ["req-42", unnamed.headers["x-request-id"]]
+    assert all(r.exc_info for r in logged), "with its traceback"
+
+
+@pytest.mark.engine
+async def test_a_lone_surrogate_in_the_history_on_the_real_engine(redis_url: str, vllm_engine: VllmEngine) -> None:
+    """Refused at validation (a 400, not the tokenizer's TypeError as a 500); and the engine's own
+    checks, should such a text reach them, refuse it as the client's."""
+    async with app_client(make_settings(redis_url=redis_url), vllm_engine) as client:
+        response = await client.post("/v1/chat/completions", content=json.dumps({
+            "max_tokens": 2, "messages": [{"role": "system", "content": LONE}, USER]}),
+            headers={"Content-Type": "application/json"})
+        assert_error(response, 400, "invalid_payload", "messages.0.content")
+        fine = await client.post("/v1/chat/completions", json={"max_tokens": 2, "messages": [
+            {"role": "system", "content": "Be brief ☃."}, USER]})
+        assert fine.status_code == 200, fine.text
+    request = EngineRequest(request_id="r", model=vllm_engine.capabilities.model_names[0],
+                            messages=({"role": "system", "content": LONE},), sampling=SamplingOptions())
+    with pytest.raises(EngineRejectedError, match="not valid Unicode"):
+        vllm_engine.check_request(request)
+    for encode in (vllm_engine._streaming.encode_plain, vllm_engine._streaming.encode):  # client's, trusted
+        with pytest.raises(EngineRejectedError, match="not valid Unicode"):
+            encode(LONE)

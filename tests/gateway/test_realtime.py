@@ -158,6 +158,42 @@ async def test_bad_events_get_an_error_event_and_the_connection_goes_on(
         assert json.loads(await ws.recv())["type"] == "session.updated"
 
 
+async def test_a_lone_surrogate_is_refused_by_its_place_and_never_taken(server: tuple[str, ScriptedEngine]) -> None:
+    """JSON's ``\\ud800`` (a text UTF-8 cannot hold) in instructions or an item is an error naming
+    it, and nothing of the event is applied: taken, it failed every answer after it."""
+    url, engine = server
+    lone = "a\ud800b"
+    said = [{"type": "input_text", "text": lone}]
+    bad = [
+        ({"type": "session.update", "session": {"type": "realtime", "instructions": lone}}, "session.instructions"),
+        ({"type": "conversation.item.create", "item": {"type": "message", "role": "system", "content": said}},
+         "item.content.0.text"),
+        ({"type": "conversation.item.create", "item": {"type": "message", "role": "assistant", "content": [
+            {"type": "output_text", "text": lone}]}}, "item.content.0.text"),
+        ({"type": "conversation.item.create", "item": {"type": "function_call", "call_id": "c1", "name": "f",
+                                                       "arguments": lone}}, "item.arguments"),
+        ({"type": "conversation.item.create", "item": {"type": "function_call_output", "call_id": "c1",
+                                                       "output": lone}}, "item.output"),
+        ({"type": "response.create", "response": {"instructions": lone}}, "response.instructions"),
+    ]
+    async with websockets.connect(url.replace("http", "ws") + "/v1/realtime") as ws:
+        assert json.loads(await ws.recv())["type"] == "session.created"
+        await ws.send(json.dumps({"type": "session.update", "session": TEXT_ONLY}))
+        assert json.loads(await ws.recv())["type"] == "session.updated"
+        for n, (event, where) in enumerate(bad):
+            await ws.send(json.dumps({**event, "event_id": f"evt_{n}"}))  # (json writes it as \\ud800)
+            error = conforming(json.loads(await ws.recv()))["error"]
+            assert (error["code"], error["param"], error["event_id"]) == ("invalid_payload", where, f"evt_{n}")
+            assert error["message"] == f"{where} is not valid Unicode (a lone surrogate)"
+        await ws.send(json.dumps({"type": "conversation.item.create", "item": {
+            "type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi"}]}}))
+        await ws.send(json.dumps({"type": "response.create"}))
+        while (event := conforming(json.loads(await ws.recv())))["type"] != "response.done":
+            assert event["type"] != "error", event
+    assert event["response"]["status"] == "completed"
+    assert engine.sessions[-1].request.messages == ({"role": "system", "content": "You are a helpful assistant."},)
+
+
 async def test_a_commit_of_a_few_stray_bytes_is_refused_and_the_buffer_goes_on(
         server: tuple[str, ScriptedEngine]) -> None:
     """As at OpenAI: a commit of less than 100 ms of audio is input_audio_buffer_commit_empty;

@@ -12,28 +12,25 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from gateway import errors
 from gateway.api.realtime.config import TRANSCRIPTION, RealtimeConfig
 from gateway.api.realtime.events import new_id
+from gateway.service.models import StrictModel
 from gateway.web.client_secrets import mint
 from gateway.web.resources import Resources, get_identity, get_resources
 
 router = APIRouter(prefix="/v1/realtime", tags=["realtime"])
 
 
-class ExpiresAfter(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class ExpiresAfter(StrictModel):
     anchor: Literal["created_at"] = "created_at"
     #: OpenAI's bounds: ten seconds to two hours, ten minutes unless asked.
     seconds: int = Field(600, ge=10, le=7200)
 
 
-class ClientSecretRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class ClientSecretRequest(StrictModel):
     expires_after: ExpiresAfter = Field(default_factory=ExpiresAfter)
     #: A Realtime session configuration (``session.update``'s ``session``), ``model`` included.
     session: dict[str, Any] | None = None

@@ -34,7 +34,7 @@ from gateway.api.realtime.audio_formats import (
     PCM_RATE,
     format_object,
 )
-from gateway.service.models import NamedToolChoice, Tool
+from gateway.service.models import NamedToolChoice, Tool, lone_surrogate_at, not_unicode
 
 #: History room kept for the new input and for an answer with no ``max_output_tokens``.
 INPUT_RESERVE_TOKENS = 512
@@ -261,6 +261,9 @@ class RealtimeConfig:
 
     def update(self, session: dict[str, Any]) -> None:
         """Apply a ``session.update``; 422-style errors name the field."""
+        within = lone_surrogate_at(session)  # (a call's form, a client secret's: not only events)
+        if within is not None:
+            raise not_unicode(".".join(map(str, ["session", *within])))
         kind = session.get("type", self.session_type)
         if kind not in (REALTIME, TRANSCRIPTION):
             raise errors.ValidationFailed('type is "realtime" or "transcription"', param="session.type")

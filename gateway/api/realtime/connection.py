@@ -94,7 +94,14 @@ from gateway.api.realtime.vad import SpeechDetector
 from gateway.domain.policies import StartPolicy
 from gateway.domain.states import SessionState
 from gateway.metrics import Metrics
-from gateway.service.models import ChatMessage, ChunkIn, CreateSessionRequest, StreamOptions
+from gateway.service.models import (
+    ChatMessage,
+    ChunkIn,
+    CreateSessionRequest,
+    StreamOptions,
+    lone_surrogate_at,
+    not_unicode,
+)
 from gateway.service.sessions import SessionService
 from gateway.settings import Settings
 from gateway.store.records import event_id_key
@@ -488,6 +495,7 @@ class RealtimeConnection:
             if self.config.transcribing and kind in ANSWERING:
                 raise errors.InvalidRequest(f"a transcription session only hears its audio: {kind} is for "
                                             "realtime sessions", param="type")
+            _valid_unicode(message)
             await handler(self, message)
         except errors.GatewayError as exc:
             await self._refused(exc, client_event_id)
@@ -1389,6 +1397,14 @@ class RealtimeConnection:
             self._side.pop(run.answer.response_id, None)
         self._replay_held_soon()
         await self._save()
+
+
+def _valid_unicode(message: dict[str, Any]) -> None:
+    """An event's every text is valid Unicode, as a request's is (``StrictModel``): a lone surrogate
+    (JSON's ``\\ud800``) in instructions or an item would fail every answer after it, once taken."""
+    within = lone_surrogate_at(message)
+    if within is not None:
+        raise not_unicode(".".join(map(str, within)) or None)
 
 
 def _item_id(message: dict[str, Any]) -> str:
