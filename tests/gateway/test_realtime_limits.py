@@ -120,7 +120,7 @@ async def test_a_store_error_during_an_event_is_an_error_event_and_the_socket_st
                 "type": "message", "role": "user", "content": [{"type": "input_text", "text": "back"}]}}))
             await ws.send(json.dumps({"type": "response.create"}))
             events = await received(ws, 2.0)
-            assert events[-1]["type"] == "response.done" or "response.done" in [e["type"] for e in events]
+            assert events[-1]["type"] == "response.done" or "response.done" in [e["type"] for e in events], events
 
 
 async def test_a_pcm16_stream_cut_at_odd_byte_counts_reaches_the_engine_sample_for_sample(redis_url: str) -> None:
