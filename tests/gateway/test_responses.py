@@ -56,6 +56,25 @@ async def streamed(sdk: AsyncOpenAI, **request: Any) -> list[dict[str, Any]]:
     return events
 
 
+async def test_parallel_calls_each_end_before_the_next_begins(redis_url: str) -> None:
+    """A call's arguments are whole when the next call begins: its ``output_item.done`` comes
+    then, as OpenAI streams items one after another, so a client runs it while the next one
+    streams (it came with the answer's end before)."""
+    two = ScriptedEngine(Script(calls=lambda request, text: [("get_weather", '{"city": "Paris"}'),
+                                                             ("get_weather", '{"city": "Oslo"}')]))
+    async with live_app(make_settings(redis_url=redis_url), two) as url:
+        sdk = AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        events = await streamed(sdk, model="scripted", input="weather?", tools=[WEATHER], tool_choice="required")
+    order = [(e["type"], e.get("output_index")) for e in events
+             if e["type"] in ("response.output_item.added", "response.output_item.done")]
+    assert order == [(kind, index) for index in range(3)  # the text before the calls, then each call
+                     for kind in ("response.output_item.added", "response.output_item.done")], order
+    final = events[-1]["response"]
+    assert [(item["type"], item["status"]) for item in final["output"]] == [
+        ("message", "completed"), ("function_call", "completed"), ("function_call", "completed")]
+    assert [item["arguments"] for item in final["output"][1:]] == ['{"city": "Paris"}', '{"city": "Oslo"}']
+
+
 async def test_a_text_answer_streamed_and_not(sdk: AsyncOpenAI, engine: ScriptedEngine) -> None:
     response = await sdk.responses.create(model="scripted", input="hello world", instructions="Be brief.")
     assert response.status == "completed" and response.output_text == "echo: hello world"

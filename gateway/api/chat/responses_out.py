@@ -129,9 +129,10 @@ async def response_events(frames: AsyncGenerator[ServerSentEvent, None], shape: 
 class _EventStream:
     """The events of one response, numbered, and the output items they have built so far.
 
-    The answer's text goes to one message item, each function call (by its index in the
-    chat frames) to an item of its own: a call's pieces may come between pieces of text.
-    Items stay open until the answer ends.
+    The answer's text goes to a message item, each function call (by its index in the chat
+    frames) to an item of its own.
+    An item ends when a call begins after it (a call's arguments are whole then: a client runs
+    it on ``output_item.done`` while the next one streams); the others end with the answer.
     """
 
     def __init__(self, shape: ResponseShape, response_id: str) -> None:
@@ -141,6 +142,7 @@ class _EventStream:
         self._output: list[dict[str, Any]] = []
         self._message: int | None = None  # the message item's output index
         self._calls: dict[int, int] = {}  # a call's index in the frames -> its item's output index
+        self._done: set[int] = set()  # the output indexes of items already ended
         self.finish_reason: str | None = None
         self._usage: dict[str, Any] | None = None
         #: Log probabilities of tokens that said nothing yet (the answer's first, a held-back stop).
@@ -173,21 +175,26 @@ class _EventStream:
         return events
 
     def close_items(self, status: str) -> list[ServerSentEvent]:
-        """The end of every item, in output order, as ``status``."""
+        """The end of every item not ended yet, in output order, as ``status``."""
+        return [event for index in range(len(self._output)) if index not in self._done
+                for event in self._close(index, status)]
+
+    def _close(self, index: int, status: str) -> list[ServerSentEvent]:
+        self._done.add(index)
+        item = self._output[index]
+        item["status"] = status
         events = []
-        for index, item in enumerate(self._output):
-            item["status"] = status
-            if item["type"] == "function_call":
-                events.append(self.event("response.function_call_arguments.done", item_id=item["id"],
-                                         output_index=index, name=item["name"], arguments=item["arguments"]))
-            else:
-                part = item["content"][0]
-                part["logprobs"] += self._unsaid  # (the end of sequence's: it said nothing)
-                self._unsaid = []
-                at = {"item_id": item["id"], "output_index": index, "content_index": 0}
-                events += [self.event("response.output_text.done", **at, text=part["text"], logprobs=part["logprobs"]),
-                           self.event("response.content_part.done", **at, part=part)]
-            events.append(self.event("response.output_item.done", output_index=index, item=item))
+        if item["type"] == "function_call":
+            events.append(self.event("response.function_call_arguments.done", item_id=item["id"],
+                                     output_index=index, name=item["name"], arguments=item["arguments"]))
+        else:
+            part = item["content"][0]
+            part["logprobs"] += self._unsaid  # (the end of sequence's: it said nothing)
+            self._unsaid = []
+            at = {"item_id": item["id"], "output_index": index, "content_index": 0}
+            events += [self.event("response.output_text.done", **at, text=part["text"], logprobs=part["logprobs"]),
+                       self.event("response.content_part.done", **at, part=part)]
+        events.append(self.event("response.output_item.done", output_index=index, item=item))
         return events
 
     def _text(self, text: str) -> list[ServerSentEvent]:
@@ -215,6 +222,12 @@ class _EventStream:
         function = call.get("function") or {}
         index = self._calls.get(call["index"])
         if index is None:
+            # What came before this call is whole: the text so far (text after the call would be
+            # a message of its own, as OpenAI's items never interleave) and the calls before it.
+            for earlier in [*self._calls.values(), *([] if self._message is None else [self._message])]:
+                if earlier not in self._done:
+                    events += self._close(earlier, "completed")
+            self._message = None
             index = self._calls[call["index"]] = len(self._output)
             self._output.append(_call_item(call.get("id") or f"call_{self._id}_{call['index']}",
                                            function.get("name") or "", "", "in_progress"))
