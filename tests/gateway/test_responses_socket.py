@@ -124,6 +124,7 @@ async def test_what_cannot_be_taken_is_an_error_event_and_the_connection_goes_on
         assert (await refused("{not json"))["error"]["code"] == "invalid_json"
         unknown = await refused(json.dumps({"type": "response.cancel"}))
         assert unknown["status"] == 400 and unknown["error"]["param"] == "type"
+        assert "no event type" in (await refused(json.dumps({"input": "hi"})))["error"]["message"]
         hot = await refused(json.dumps({"type": "response.create", "input": "hi", "temperature": 5}))
         assert hot["status"] == 400 and hot["error"]["param"] == "temperature"
         behind = await refused(json.dumps({"type": "response.create", "input": "hi", "background": True}))

@@ -134,6 +134,9 @@ async def test_a_translation_is_the_english_speechs_transcript(client: httpx.Asy
     assert (verbose.text, verbose.language) == (translated.text, "english") and verbose.duration > 1
     with pytest.raises(openai.BadRequestError, match="no timings"):
         await oai.audio.translations.create(model="whisper-1", file=said, response_format="srt")
+    french = await client.post("/v1/audio/translations", files={"file": said},  # vLLM's source language
+                               data={"model": "whisper-1", "language": "fr"})
+    assert_error(french, 400, "invalid_request", "language")
 
 
 async def test_silence_is_an_empty_text(client: httpx.AsyncClient) -> None:

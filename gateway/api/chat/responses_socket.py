@@ -237,8 +237,9 @@ class ResponsesConnection:
         continued = event.get("previous_response_id")
         try:
             if event.get("type") != "response.create":
-                raise errors.InvalidRequest(f"unknown event type {str(event.get('type'))[:64]!r}: this connection "
-                                            "takes response.create", param="type")
+                told = "no event type" if event.get("type") is None else \
+                    f"unknown event type {str(event.get('type'))[:64]!r}"
+                raise errors.InvalidRequest(f"{told}: this connection takes response.create", param="type")
             if time.monotonic() - self._opened > LIFETIME_SEC:
                 raise errors.ConnectionLimitReached(
                     f"Responses websocket connection limit reached ({LIFETIME_SEC // 60} minutes). Create a new "

@@ -99,9 +99,13 @@ async def create_translation(
         prompt: Annotated[str | None, Form(description="taken; the recognizer takes no prompt")] = None,
         response_format: Annotated[ResponseFormat, Form()] = "json",
         temperature: Annotated[float | None, Form(ge=0, le=1, description="taken; decoding is greedy")] = None,
+        language: Annotated[str | None, Form(description="vLLM's: the speech's language; the recognizer hears en")
+                            ] = None,
 ) -> JSONResponse | PlainTextResponse | EventStream:
     """OpenAI's speech to English text. The recognizer hears English only, so this is the
     English speech's transcript: speech in another language is not understood."""
+    if language is not None:
+        check_heard(language, "language")
     return await _heard(request, identity, chat, file, response_format, "translate", stream=False)
 
 
