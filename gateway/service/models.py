@@ -720,6 +720,8 @@ class SessionView(BaseModel):
     start_policy: StartPolicy
     model: str
     created_at: float
+    #: A live session's idle deadline (it expires unless input comes); an ended one's end plus the
+    #: result's time to live (its result and events are readable until then).
     expires_at: float
     expires_in: float
     next_sequence_id: int

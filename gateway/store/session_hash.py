@@ -219,7 +219,8 @@ class NewSession:
 #: it only when asked: a voice answer's WAV makes it megabytes).
 RECORD_FIELDS = ("state", "policy", "model", "identity", "request", "created_at", "expires_at", "next_seq",
                  "received", "bytes", "final_seq", "input_done_at", "owner", "lease_until", "lease_epoch",
-                 "result_ttl_ms", "input_transcript", "error", "parked", "parks", "resumes", "replaced")
+                 "result_ttl_ms", "input_transcript", "error", "parked", "parks", "resumes", "replaced",
+                 "updated_at")
 
 
 @dataclass(frozen=True)
@@ -256,6 +257,14 @@ class SessionRecord:
     resumes: int = 0
     #: Chunks replaced (update mode) so far.
     replaced: int = 0
+    #: The last input call or transition (an ended session's: its end).
+    updated_at_ms: int = 0
+
+    @property
+    def expires_at_or_gone_ms(self) -> int:
+        """When a live session expires unless input comes (its idle deadline); when an ended one
+        is gone (its end plus ``result_ttl``: its result and events stay readable until then)."""
+        return self.updated_at_ms + self.result_ttl_ms if self.state.is_terminal else self.expires_at_ms
 
     @classmethod
     def from_hash(cls, session_id: str, fields: dict[str, str], missing: list[int]) -> SessionRecord:
@@ -284,5 +293,5 @@ class SessionRecord:
             input_transcript=transcript["input_transcript"] if transcript else None,
             result=document("result"), error=document("error"), missing_sequence_ids=missing,
             parked=fields.get("parked") == "1", parks=number("parks"), resumes=number("resumes"),
-            replaced=number("replaced"),
+            replaced=number("replaced"), updated_at_ms=number("updated_at"),
         )

@@ -135,6 +135,10 @@ async def test_a_completed_session_keeps_its_result_and_replay_not_its_chunks(
     # A retry of a chunk already taken is still a duplicate: dedupe reads the digests, not the chunks.
     again = await append(client, sid, 1, "world", end_of_input=True)
     assert again.status_code == 200 and again.json()["duplicate"] is True
+    # The view says how long the ended session stays readable: its result's time, not the idle deadline.
+    view = (await client.get(f"{BASE}/{sid}")).json()
+    assert RESULT_TTL_SEC - 30 < view["expires_in"] <= RESULT_TTL_SEC, view
+    assert abs(admin.pttl(key(sid, "meta")) / 1000 - view["expires_in"]) < 5, "the meta goes then"
 
 
 async def test_an_engine_failure_drops_the_chunks(client: httpx.AsyncClient, engine: ScriptedEngine,
